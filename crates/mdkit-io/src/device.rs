@@ -1,0 +1,230 @@
+//! The one block-device abstraction every layer speaks: member files, RAM disks, decorators,
+//! md arrays and thin volumes all implement [`BlockDevice`], so any of them can stack on any
+//! other and the NBD front end serves whichever it is given.
+//!
+//! Contract (every implementation, checked by [`check_io`]):
+//! - offsets and lengths are bytes, multiples of `topology().logical_block_bytes`;
+//! - a request must lie inside `[0, size_bytes)`; anything else fails with `InvalidInput`
+//!   (reads) or `InvalidInput` (writes) and touches nothing — the process never panics on it;
+//! - `write` with `fua` completes only when the data is durable; `flush` completes only when
+//!   every write that *completed before the flush was issued* is durable;
+//! - the buffer given to `read` comes back with the result, filled on success;
+//! - a future may be dropped before it completes: the I/O then still runs to completion (the
+//!   device keeps the buffer alive), its result is discarded.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::buf::{IoBuf, SharedBuf};
+
+/// Boxed future returned by device operations (dyn-compatible, `Send`).
+pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Result of a read: the buffer always comes back, filled on `Ok`.
+pub type ReadResult = (IoBuf, io::Result<()>);
+
+/// Shape and capabilities of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// Usable size in bytes (a multiple of `logical_block_bytes`).
+    pub size_bytes: u64,
+    /// Smallest addressable unit (512 or 4096).
+    pub logical_block_bytes: u32,
+    /// Smallest unit the device writes without an internal read-modify-write.
+    pub physical_block_bytes: u32,
+    /// Preferred I/O size; never smaller than 4096 for members (upstream md lesson 1).
+    pub optimal_io_bytes: u32,
+    /// Largest single request accepted.
+    pub max_io_bytes: u32,
+    /// FUA writes are native (otherwise the device emulates them with write + flush).
+    pub supports_fua: bool,
+    /// The device has a volatile cache, so `flush` matters.
+    pub volatile_cache: bool,
+    pub supports_discard: bool,
+    pub supports_write_zeroes: bool,
+    /// Discards are rounded inward to this granularity (bytes); 0 when unsupported.
+    pub discard_granularity_bytes: u32,
+    pub rotational: bool,
+}
+
+impl Topology {
+    /// A plain 4 KiB-native device of `size_bytes` with every capability.
+    pub fn simple(size_bytes: u64) -> Topology {
+        Topology {
+            size_bytes,
+            logical_block_bytes: 512,
+            physical_block_bytes: 4096,
+            optimal_io_bytes: 4096,
+            max_io_bytes: 32 << 20,
+            supports_fua: true,
+            volatile_cache: true,
+            supports_discard: true,
+            supports_write_zeroes: true,
+            discard_granularity_bytes: 4096,
+            rotational: false,
+        }
+    }
+
+    pub fn sectors(&self) -> u64 {
+        self.size_bytes / 512
+    }
+}
+
+/// Flags on a write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteFlags {
+    /// Force Unit Access: complete only once durable.
+    pub fua: bool,
+}
+
+impl WriteFlags {
+    pub const NONE: WriteFlags = WriteFlags { fua: false };
+    pub const FUA: WriteFlags = WriteFlags { fua: true };
+}
+
+/// Flags on a write-zeroes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    pub fua: bool,
+    /// The range must stay allocated (NBD NO_HOLE): do not punch/unmap.
+    pub no_unmap: bool,
+}
+
+/// The block-device interface. Implementations must be cheap to call concurrently from many
+/// tasks; each bounds its own in-flight work.
+pub trait BlockDevice: Send + Sync + 'static {
+    /// Human-readable name used in errors, traces and metrics (a path, "raid5:md0", ...).
+    fn name(&self) -> &str;
+
+    fn topology(&self) -> Topology;
+
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult>;
+
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>>;
+
+    fn flush(&self) -> IoFuture<'_, io::Result<()>>;
+
+    /// Advisory unmap; content of the range is undefined afterwards until rewritten.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>>;
+
+    /// The range reads back as zeroes afterwards.
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>>;
+}
+
+/// Shared handle used to stack devices chosen at run time.
+pub type DeviceRef = Arc<dyn BlockDevice>;
+
+/// Which operation a request is, for validation messages, traces and fault rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IoOp {
+    Read,
+    Write,
+    Flush,
+    Discard,
+    WriteZeroes,
+}
+
+impl IoOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+            IoOp::Discard => "discard",
+            IoOp::WriteZeroes => "write_zeroes",
+        }
+    }
+}
+
+/// Validates a request against a device's topology; every implementation calls this first.
+/// Returns `InvalidInput` naming the device, op, offset and length.
+pub fn check_io(name: &str, topo: &Topology, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+    let lbs = u64::from(topo.logical_block_bytes.max(1));
+    let fail = |why: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name}: {} of {len_bytes} bytes at offset {offset_bytes}: {why}", op.as_str()),
+        ))
+    };
+    if offset_bytes % lbs != 0 || len_bytes % lbs != 0 {
+        return fail(&format!("not aligned to the {lbs}-byte logical block"));
+    }
+    let Some(end) = offset_bytes.checked_add(len_bytes) else {
+        return fail("offset + length overflows");
+    };
+    if end > topo.size_bytes {
+        return fail(&format!("beyond the end of the device ({} bytes)", topo.size_bytes));
+    }
+    if matches!(op, IoOp::Read | IoOp::Write) && len_bytes > u64::from(topo.max_io_bytes) {
+        return fail(&format!("longer than the {}-byte maximum I/O", topo.max_io_bytes));
+    }
+    Ok(())
+}
+
+/// An `io::Error` for an operation that the device does not support.
+pub fn unsupported(name: &str, op: IoOp) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, format!("{name}: {} is not supported", op.as_str()))
+}
+
+/// Convenience wrappers for callers that hold plain slices (tests, metadata code). They copy.
+pub trait BlockDeviceExt: BlockDevice {
+    /// Reads `len` bytes at `offset_bytes` into a fresh buffer.
+    fn read_vec(&self, offset_bytes: u64, len: usize) -> IoFuture<'_, io::Result<Vec<u8>>> {
+        Box::pin(async move {
+            let (buf, r) = self.read(offset_bytes, IoBuf::uninit_contents(len)).await;
+            r.map(|()| buf.as_slice().to_vec())
+        })
+    }
+
+    /// Writes a copy of `data` at `offset_bytes`.
+    fn write_slice<'a>(&'a self, offset_bytes: u64, data: &[u8], flags: WriteFlags) -> IoFuture<'a, io::Result<()>> {
+        let buf = SharedBuf::from_slice(data);
+        self.write(offset_bytes, buf, flags)
+    }
+}
+
+impl<T: BlockDevice + ?Sized> BlockDeviceExt for T {}
+
+impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn topology(&self) -> Topology {
+        (**self).topology()
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        (**self).read(offset_bytes, buf)
+    }
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
+        (**self).write(offset_bytes, buf, flags)
+    }
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        (**self).flush()
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        (**self).discard(offset_bytes, len_bytes)
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
+        (**self).write_zeroes(offset_bytes, len_bytes, flags)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_io_rejects_misaligned_out_of_range_and_overflow() {
+        let t = Topology::simple(1 << 20);
+        assert!(check_io("d", &t, IoOp::Read, 0, 4096).is_ok());
+        assert!(check_io("d", &t, IoOp::Read, (1 << 20) - 512, 512).is_ok());
+        for (off, len) in [(1, 512), (0, 511), ((1 << 20) - 512, 1024), (u64::MAX - 511, 512)] {
+            let e = check_io("d", &t, IoOp::Write, off, len).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{off} {len}");
+        }
+        assert!(check_io("d", &t, IoOp::Read, 0, 64 << 20).is_err());
+        assert!(check_io("d", &t, IoOp::Discard, 0, 1 << 20).is_ok());
+    }
+}
