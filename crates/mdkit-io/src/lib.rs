@@ -5,6 +5,7 @@
 
 pub mod buf;
 pub mod device;
+pub mod file;
 pub mod mem;
 pub mod rng;
 
@@ -13,4 +14,6 @@ pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io,
     unsupported,
 };
+pub use file::{DirectMode, FileDevice, FileOptions};
 pub use mem::MemDevice;
+pub use rng::Rng;

@@ -1,0 +1,1019 @@
+//! `FileDevice`: a member backed by a regular file or a block device, driven through io_uring,
+//! with O_DIRECT whenever the filesystem really does direct I/O.
+//!
+//! ```text
+//!   caller task ──permit (Semaphore, queue_depth)──► Box<InFlight{buffer, reply, permit}>
+//!        │                                                   │ user_data = pointer
+//!        │  SQ push + io_uring_enter (short per-device lock)  ▼
+//!        │                                              kernel I/O
+//!        │                                                   │ CQE + eventfd signal
+//!        ◄──── oneshot reply (result, buffer) ◄──── reaper task (AsyncFd on the eventfd)
+//! ```
+//!
+//! * **Bounded.** At most `queue_depth` requests are in flight per device: every request holds a
+//!   semaphore permit, and the permit lives in the in-flight record, so it is released when the
+//!   kernel completes the request, not when a caller gives up waiting. The ring is sized so that
+//!   neither the SQ nor the CQ can overflow.
+//! * **No thread per request.** One reaper task per device, woken through an eventfd registered
+//!   with the ring, drains the CQ and answers each waiter through a oneshot channel. Block-device
+//!   discard/zero-out ioctls, which io_uring cannot issue, run on the blocking pool (still under a
+//!   permit).
+//! * **Cancellation-safe.** The buffer of a request lives in its in-flight record until the CQE
+//!   arrives. A caller future dropped mid-flight only drops the receiving end; the reaper then
+//!   frees the buffer after the kernel is done with it.
+//! * **Clean shutdown.** Dropping the device tells the reaper to finish; it keeps reaping until no
+//!   request is in flight and then releases the ring. If the runtime is gone first, the ring's
+//!   owner drains the remaining completions synchronously before unmapping it.
+//!
+//! Semantics per operation:
+//!
+//! | op            | regular file                               | block device               |
+//! |---------------|--------------------------------------------|----------------------------|
+//! | write + FUA   | IORING_OP_WRITE with RWF_DSYNC              | same (REQ_FUA or emulated) |
+//! | flush         | IORING_OP_FSYNC, DATASYNC                   | same (cache flush)         |
+//! | discard       | fallocate(PUNCH_HOLE\|KEEP_SIZE); a no-op where unsupported | BLKDISCARD |
+//! | write_zeroes  | PUNCH_HOLE (or ZERO_RANGE with `no_unmap`), falling back to writing zeroes | BLKZEROOUT |
+//!
+//! Short transfers are completed by resubmitting the remainder; EINTR/EAGAIN are retried.
+//!
+//! **Direct I/O.** With [`DirectMode::Auto`] the file is opened with O_DIRECT; where the
+//! filesystem refuses it (ramfs, some FUSE/overlay setups) or only emulates it through the page
+//! cache (tmpfs accepts O_DIRECT since Linux 6.6 but copies through the page cache), the device
+//! falls back to buffered I/O, logs a warning naming the path, and still honours FUA (RWF_DSYNC)
+//! and flush (fdatasync) — so durability semantics are identical, only the cache differs.
+//! [`DirectMode::Require`] turns that fallback into an error; [`DirectMode::Off`] never tries.
+//!
+//! **Topology.** Block devices: BLKGETSIZE64, BLKSSZGET, BLKPBSZGET, BLKIOOPT (optimal I/O never
+//! below 4096), cache/FUA/discard/rotational from sysfs when present. Regular files: size from
+//! the inode (rounded down to the logical block), logical block = the O_DIRECT offset alignment
+//! (statx STATX_DIOALIGN, else probed with a 512-byte direct read, else 4096), physical and
+//! optimal I/O 4096; buffered files use 512-byte logical blocks.
+//!
+//! The reaper task runs on the tokio runtime that called [`FileDevice::open`]; that runtime must
+//! keep running while the device is used (from any runtime or thread).
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use io_uring::{IoUring, opcode, squeue, types};
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+
+use crate::buf::{IoBuf, SharedBuf};
+use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+
+/// Default number of requests in flight per device.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
+/// Largest accepted queue depth (bounds the ring and the in-flight records).
+pub const MAX_QUEUE_DEPTH: u32 = 4096;
+/// Largest single read/write (bytes).
+const MAX_IO_BYTES: u32 = 32 << 20;
+/// Bound on EINTR/EAGAIN resubmissions of one request before it fails.
+const MAX_RETRIES: u32 = 1000;
+/// Chunk used when zeroes have to be written because fallocate is unsupported.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+// Block-device ioctls not exported by the libc crate for every target.
+#[cfg(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+))]
+const BLKGETSIZE64: libc::Ioctl = 0x4008_1272;
+#[cfg(not(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+)))]
+const BLKGETSIZE64: libc::Ioctl = 0x8008_1272;
+#[cfg(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+))]
+const BLKDISCARD: libc::Ioctl = 0x2000_1277;
+#[cfg(not(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+)))]
+const BLKDISCARD: libc::Ioctl = 0x1277;
+#[cfg(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+))]
+const BLKZEROOUT: libc::Ioctl = 0x2000_127f;
+#[cfg(not(any(
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc64"
+)))]
+const BLKZEROOUT: libc::Ioctl = 0x127f;
+
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+//------------------------------------------------------------------------------------------------
+
+/// Whether to use O_DIRECT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DirectMode {
+    /// O_DIRECT where the filesystem really does direct I/O; otherwise buffered I/O with a
+    /// warning (durability semantics unchanged).
+    #[default]
+    Auto,
+    /// O_DIRECT or an error.
+    Require,
+    /// Buffered I/O (page cache); FUA and flush still reach stable storage.
+    Off,
+}
+
+/// How to open a [`FileDevice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Open O_RDONLY; writes, discards and write-zeroes fail with `PermissionDenied`.
+    pub read_only: bool,
+    pub direct: DirectMode,
+    /// Requests in flight at most (1..=[`MAX_QUEUE_DEPTH`]).
+    pub queue_depth: u32,
+}
+
+impl Default for FileOptions {
+    fn default() -> FileOptions {
+        FileOptions { read_only: false, direct: DirectMode::Auto, queue_depth: DEFAULT_QUEUE_DEPTH }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    RegularFile,
+    BlockDevice,
+}
+
+/// What the kernel holds while a request is in flight: the buffer stays here until the CQE.
+enum Keep {
+    None,
+    Read(IoBuf),
+    Write(SharedBuf),
+}
+
+struct InFlight {
+    keep: Keep,
+    reply: oneshot::Sender<(i32, Keep)>,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The ring and the file, shared by the device handle, the reaper task and blocking ioctls.
+struct Shared {
+    name: String,
+    kind: Kind,
+    file: File,
+    topology: Topology,
+    direct: bool,
+    /// Required alignment of buffer addresses for O_DIRECT (1 when buffered).
+    mem_align_bytes: usize,
+    read_only: bool,
+    queue_depth: u32,
+    ring: IoUring,
+    /// Serialises access to the submission queue ring.
+    sq_lock: Mutex<()>,
+    /// Serialises access to the completion queue ring.
+    cq_lock: Mutex<()>,
+    permits: Arc<Semaphore>,
+    /// Requests pushed to the ring and not yet reaped.
+    inflight: AtomicUsize,
+    closing: AtomicBool,
+    shutdown: Notify,
+}
+
+/// A member on a regular file or block device, asynchronous through io_uring.
+/// See the module documentation for the exact semantics.
+pub struct FileDevice {
+    shared: Arc<Shared>,
+    path: PathBuf,
+    fallback_reason: Option<String>,
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn with_context(e: io::Error, what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+//------------------------------------------------------------------------------------------------
+// Opening
+
+impl FileDevice {
+    /// Opens `path` (a regular file or a block device). Must be called inside a tokio runtime with
+    /// the I/O driver enabled; the device's completion reaper runs on that runtime.
+    pub fn open(path: impl AsRef<Path>, options: FileOptions) -> io::Result<FileDevice> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        if options.queue_depth == 0 || options.queue_depth > MAX_QUEUE_DEPTH {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: queue_depth {} outside 1..={MAX_QUEUE_DEPTH}", options.queue_depth),
+            ));
+        }
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| io::Error::other(format!("{name}: FileDevice::open must be called inside a tokio runtime")))?;
+        let (file, direct, fallback_reason) = open_file(path, &name, &options)?;
+        let meta = file.metadata().map_err(|e| with_context(e, &name))?;
+        let kind = if meta.file_type().is_block_device() {
+            Kind::BlockDevice
+        } else if meta.file_type().is_file() {
+            Kind::RegularFile
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: not a regular file or block device"),
+            ));
+        };
+        let (topology, mem_align_bytes) = match kind {
+            Kind::BlockDevice => block_topology(&file, &name, &meta, direct, options.read_only)?,
+            Kind::RegularFile => file_topology(&file, &meta, direct, options.read_only)?,
+        };
+        let ring = build_ring(options.queue_depth).map_err(|e| with_context(e, format!("{name}: io_uring setup")))?;
+        ring.submitter()
+            .register_files(&[file.as_raw_fd()])
+            .map_err(|e| with_context(e, format!("{name}: io_uring register_files")))?;
+        // SAFETY: eventfd(2) with valid flags; the result is checked before use.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(with_context(errno(), format!("{name}: eventfd")));
+        }
+        // SAFETY: `efd` is a fresh descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        ring.submitter()
+            .register_eventfd(efd.as_raw_fd())
+            .map_err(|e| with_context(e, format!("{name}: io_uring register_eventfd")))?;
+        let efd = {
+            let _enter = runtime.enter();
+            // SAFETY: `efd` is an OwnedFd, so its descriptor stays open and unchanged for the
+            // AsyncFd's whole life.
+            unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }.map_err(|e| {
+                with_context(e.into_parts().1, format!("{name}: registering the completion eventfd with tokio"))
+            })?
+        };
+        let shared = Arc::new(Shared {
+            name,
+            kind,
+            file,
+            topology,
+            direct,
+            mem_align_bytes,
+            read_only: options.read_only,
+            queue_depth: options.queue_depth,
+            ring,
+            sq_lock: Mutex::new(()),
+            cq_lock: Mutex::new(()),
+            permits: Arc::new(Semaphore::new(options.queue_depth as usize)),
+            inflight: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            shutdown: Notify::new(),
+        });
+        runtime.spawn(reap_loop(shared.clone(), efd));
+        Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
+    }
+
+    /// Creates a new sparse file of `size_bytes` (a non-zero multiple of 512) at `path`; fails
+    /// with `AlreadyExists` rather than overwrite anything.
+    pub fn create_sparse(path: impl AsRef<Path>, size_bytes: u64) -> io::Result<()> {
+        let path = path.as_ref();
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: sparse size {size_bytes} bytes is not a non-zero multiple of 512", path.display()),
+            ));
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| with_context(e, format!("{}: creating sparse member file", path.display())))?;
+        file.set_len(size_bytes)
+            .map_err(|e| with_context(e, format!("{}: setting size to {size_bytes} bytes", path.display())))?;
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True when the device really does O_DIRECT.
+    pub fn is_direct(&self) -> bool {
+        self.shared.direct
+    }
+
+    /// Why direct I/O is not used when it was asked for (`DirectMode::Auto` fallback).
+    pub fn direct_fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    pub fn is_block_device(&self) -> bool {
+        self.shared.kind == Kind::BlockDevice
+    }
+
+    pub fn queue_depth(&self) -> u32 {
+        self.shared.queue_depth
+    }
+
+    /// Requests currently submitted to the kernel and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.shared.inflight.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for FileDevice {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.shutdown.notify_one();
+    }
+}
+
+fn open_file(path: &Path, name: &str, options: &FileOptions) -> io::Result<(File, bool, Option<String>)> {
+    let open = |direct: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(!options.read_only);
+        o.custom_flags(if direct { libc::O_DIRECT } else { 0 });
+        o.open(path)
+    };
+    if options.direct == DirectMode::Off {
+        let f = open(false).map_err(|e| with_context(e, format!("{name}: open")))?;
+        return Ok((f, false, None));
+    }
+    let refused = match open(true) {
+        // A block device node sits on devtmpfs; its O_DIRECT goes to the device itself.
+        Ok(f) if f.metadata().is_ok_and(|m| m.file_type().is_block_device()) => return Ok((f, true, None)),
+        Ok(f) => match emulated_direct_reason(&f) {
+            None => match direct_offset_align(&f) {
+                Ok(_) => return Ok((f, true, None)),
+                Err(reason) => reason,
+            },
+            Some(reason) => reason,
+        },
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => format!("O_DIRECT refused by the filesystem ({e})"),
+        Err(e) => return Err(with_context(e, format!("{name}: open"))),
+    };
+    if options.direct == DirectMode::Require {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{name}: direct I/O required but unavailable: {refused}"),
+        ));
+    }
+    tracing::warn!(
+        path = %name,
+        "{name}: {refused}; falling back to buffered I/O (flush and FUA use fdatasync semantics)"
+    );
+    let f = open(false).map_err(|e| with_context(e, format!("{name}: open")))?;
+    Ok((f, false, Some(refused)))
+}
+
+/// Filesystems that accept O_DIRECT but serve it from the page cache.
+fn emulated_direct_reason(file: &File) -> Option<String> {
+    // SAFETY: fstatfs on a valid fd into a zeroed struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    let magic = st.f_type as i64;
+    if magic == libc::TMPFS_MAGIC || magic == RAMFS_MAGIC {
+        return Some("tmpfs/ramfs has no direct I/O (O_DIRECT is served from the page cache)".to_string());
+    }
+    None
+}
+
+struct DioAlign {
+    mem_bytes: u32,
+    offset_bytes: u32,
+}
+
+fn statx_dio(file: &File) -> Option<DioAlign> {
+    // SAFETY: statx with AT_EMPTY_PATH on a valid fd writes into the zeroed struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let empty = CString::new("").expect("empty C string has no NUL inside");
+    // SAFETY: as above; pointers are valid for the call.
+    let r =
+        unsafe { libc::statx(file.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    if r != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    Some(DioAlign { mem_bytes: stx.stx_dio_mem_align, offset_bytes: stx.stx_dio_offset_align })
+}
+
+/// The O_DIRECT offset alignment of a regular file opened with O_DIRECT, or why there is none.
+fn direct_offset_align(file: &File) -> Result<u32, String> {
+    if let Some(dio) = statx_dio(file) {
+        return match dio.offset_bytes {
+            0 => Err("the filesystem reports no direct I/O support (statx DIOALIGN = 0)".to_string()),
+            n if n <= 512 => Ok(512),
+            n if n <= 4096 => Ok(n.next_power_of_two()),
+            n => Err(format!("O_DIRECT needs {n}-byte alignment, more than the 4096 we support")),
+        };
+    }
+    // No DIOALIGN (older kernel or filesystem): probe with a direct read at offset 0.
+    for align in [512usize, 4096] {
+        let mut buf = IoBuf::zeroed(align);
+        // SAFETY: pread into a live buffer of `align` bytes.
+        let r = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), align, 0) };
+        if r >= 0 {
+            return Ok(align as u32);
+        }
+        if errno().raw_os_error() != Some(libc::EINVAL) {
+            return Ok(align as u32); // not an alignment problem; let real I/O report it
+        }
+    }
+    Err("O_DIRECT reads fail even at 4096-byte alignment".to_string())
+}
+
+fn file_topology(
+    file: &File,
+    meta: &std::fs::Metadata,
+    direct: bool,
+    read_only: bool,
+) -> io::Result<(Topology, usize)> {
+    let (logical, mem_align) = if direct {
+        let logical = direct_offset_align(file).unwrap_or(4096).max(512);
+        let mem = statx_dio(file).map(|d| d.mem_bytes as usize).filter(|&m| m > 0).unwrap_or(logical as usize);
+        (logical, mem)
+    } else {
+        (512, 1)
+    };
+    // SAFETY: fstatfs on a valid fd into a zeroed struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let fs_block = if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } == 0 { st.f_bsize as u32 } else { 4096 };
+    let size_bytes = meta.len() - meta.len() % u64::from(logical);
+    let topology = Topology {
+        size_bytes,
+        logical_block_bytes: logical,
+        physical_block_bytes: 4096,
+        optimal_io_bytes: 4096,
+        max_io_bytes: MAX_IO_BYTES,
+        supports_fua: true,
+        volatile_cache: true,
+        supports_discard: !read_only,
+        supports_write_zeroes: !read_only,
+        discard_granularity_bytes: if read_only { 0 } else { fs_block.clamp(logical, 1 << 20) },
+        rotational: false,
+    };
+    Ok((topology, mem_align))
+}
+
+fn ioctl_u64(file: &File, name: &str, req: libc::Ioctl, what: &str) -> io::Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: `req` is a read ioctl writing one u64 into `v`.
+    if unsafe { libc::ioctl(file.as_raw_fd(), req, &mut v) } != 0 {
+        return Err(with_context(errno(), format!("{name}: ioctl {what}")));
+    }
+    Ok(v)
+}
+
+fn ioctl_u32(file: &File, name: &str, req: libc::Ioctl, what: &str) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: `req` is a read ioctl writing one int into `v`.
+    if unsafe { libc::ioctl(file.as_raw_fd(), req, &mut v) } != 0 {
+        return Err(with_context(errno(), format!("{name}: ioctl {what}")));
+    }
+    Ok(v.max(0) as u32)
+}
+
+/// Reads `/sys/dev/block/MAJ:MIN/queue/<attr>` (or the parent's queue for a partition).
+fn sysfs_queue_attr(meta: &std::fs::Metadata, attr: &str) -> Option<String> {
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    for dir in ["queue", "../queue"] {
+        let p = format!("/sys/dev/block/{major}:{minor}/{dir}/{attr}");
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            return Some(s.trim().to_string());
+        }
+    }
+    None
+}
+
+fn block_topology(
+    file: &File,
+    name: &str,
+    meta: &std::fs::Metadata,
+    direct: bool,
+    read_only: bool,
+) -> io::Result<(Topology, usize)> {
+    let size = ioctl_u64(file, name, BLKGETSIZE64, "BLKGETSIZE64")?;
+    let logical = ioctl_u32(file, name, libc::BLKSSZGET, "BLKSSZGET")?.max(512);
+    let physical = ioctl_u32(file, name, libc::BLKPBSZGET, "BLKPBSZGET")?.max(logical);
+    let optimal = ioctl_u32(file, name, libc::BLKIOOPT, "BLKIOOPT")?.max(4096);
+    let attr_u64 = |a: &str| sysfs_queue_attr(meta, a).and_then(|s| s.parse::<u64>().ok());
+    let volatile_cache = sysfs_queue_attr(meta, "write_cache").is_none_or(|s| s != "write through");
+    let supports_fua = attr_u64("fua").is_some_and(|v| v != 0);
+    let discard_max = attr_u64("discard_max_bytes").unwrap_or(u64::from(u32::MAX));
+    let discard_gran = attr_u64("discard_granularity").unwrap_or(u64::from(logical)) as u32;
+    let rotational = attr_u64("rotational").is_some_and(|v| v != 0);
+    let supports_discard = !read_only && discard_max > 0;
+    let mem_align = if direct {
+        statx_dio(file).map(|d| d.mem_bytes as usize).filter(|&m| m > 0).unwrap_or(logical as usize)
+    } else {
+        1
+    };
+    let topology = Topology {
+        size_bytes: size - size % u64::from(logical),
+        logical_block_bytes: logical,
+        physical_block_bytes: physical,
+        optimal_io_bytes: optimal,
+        max_io_bytes: MAX_IO_BYTES,
+        supports_fua,
+        volatile_cache,
+        supports_discard,
+        supports_write_zeroes: !read_only,
+        discard_granularity_bytes: if supports_discard { discard_gran.max(logical) } else { 0 },
+        rotational,
+    };
+    Ok((topology, mem_align))
+}
+
+fn build_ring(queue_depth: u32) -> io::Result<IoUring> {
+    let entries = queue_depth.next_power_of_two();
+    // SUBMIT_ALL (5.18+) keeps submitting after one bad SQE; fall back without it.
+    let with_all = IoUring::builder().dontfork().setup_submit_all().setup_cqsize(entries * 2).build(entries);
+    match with_all {
+        Ok(r) => Ok(r),
+        Err(_) => IoUring::builder().dontfork().setup_cqsize(entries * 2).build(entries),
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// Submission and completion
+
+impl Shared {
+    /// Submits one SQE carrying `keep` and waits for its completion; returns the CQE result
+    /// (bytes or -errno) and the buffer. `build` receives the buffer after it has moved into its
+    /// in-flight record, so pointers taken from it stay valid until the CQE.
+    async fn submit(&self, keep: Keep, build: impl FnOnce(&Keep) -> squeue::Entry) -> (i32, Keep) {
+        let permit = match self.permits.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => return (-libc::ESHUTDOWN, keep), // the semaphore is never closed
+        };
+        let (reply, rx) = oneshot::channel();
+        let record = Box::new(InFlight { keep, reply, _permit: permit });
+        let entry = build(&record.keep);
+        let ptr = Box::into_raw(record);
+        let entry = entry.user_data(ptr as u64);
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let pushed = {
+            let _sq = self.sq_lock.lock();
+            // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
+            let mut sq = unsafe { self.ring.submission_shared() };
+            // SAFETY: the entry's buffer lives in the in-flight record, which is freed only by
+            // the reaper after the CQE (or by the drain in `Drop`).
+            let r = unsafe { sq.push(&entry) };
+            sq.sync();
+            r.is_ok()
+        };
+        if !pushed {
+            // Invariant: in-flight <= queue_depth <= SQ entries, so the push cannot fail.
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            // SAFETY: the entry was not pushed; we still own the record.
+            let record = unsafe { Box::from_raw(ptr) };
+            return (-libc::EBUSY, record.keep);
+        }
+        if let Err(e) = self.enter().await {
+            tracing::error!(device = %self.name, "io_uring_enter failed: {e}");
+            // The SQE stays in the ring (its record is freed when it completes or leaked if the
+            // ring never runs it again); report the failure to the caller.
+            return (-e.raw_os_error().unwrap_or(libc::EIO), Keep::None);
+        }
+        match rx.await {
+            Ok(done) => done,
+            Err(_) => (-libc::ESHUTDOWN, Keep::None),
+        }
+    }
+
+    /// io_uring_enter until the SQ is empty, retrying transient errors.
+    async fn enter(&self) -> io::Result<()> {
+        for attempt in 0..MAX_RETRIES {
+            match self.ring.submit() {
+                Ok(_) => {
+                    // With SUBMIT_ALL absent, an SQE failing at submit stops the batch; go again.
+                    // SAFETY: reading the queue length only; guarded by `sq_lock`.
+                    let pending = {
+                        let _sq = self.sq_lock.lock();
+                        // SAFETY: `sq_lock` is held.
+                        unsafe { self.ring.submission_shared() }.len()
+                    };
+                    if pending == 0 {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                    if attempt > 10 {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::new(io::ErrorKind::TimedOut, "io_uring_enter kept returning EAGAIN/EBUSY"))
+    }
+
+    /// Drains the CQ, answering every waiter. Returns how many completions were reaped.
+    fn reap(&self) -> usize {
+        let mut done = Vec::new();
+        {
+            let _cq = self.cq_lock.lock();
+            // SAFETY: `cq_lock` is held, so this is the only CompletionQueue in existence.
+            let mut cq = unsafe { self.ring.completion_shared() };
+            cq.sync();
+            for cqe in &mut cq {
+                done.push((cqe.user_data(), cqe.result()));
+            }
+        }
+        let n = done.len();
+        for (user_data, result) in done {
+            // SAFETY: every SQE we push carries a pointer from `Box::into_raw(InFlight)`, and
+            // each CQE is seen exactly once.
+            let record = unsafe { Box::from_raw(user_data as *mut InFlight) };
+            let InFlight { keep, reply, _permit } = *record;
+            // A dropped waiter drops the buffer here, after the kernel is done with it.
+            let _ = reply.send((result, keep));
+            drop(_permit);
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+        n
+    }
+
+    fn fd(&self) -> types::Fixed {
+        types::Fixed(0)
+    }
+
+    fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
+        let e = io::Error::from_raw_os_error(-res);
+        io::Error::new(
+            e.kind(),
+            format!("{}: {} of {len_bytes} bytes at offset {offset_bytes}: {e}", self.name, op.as_str()),
+        )
+    }
+
+    fn read_only_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: {} of {len_bytes} bytes at offset {offset_bytes}: device opened read-only",
+                self.name,
+                op.as_str()
+            ),
+        )
+    }
+
+    fn misaligned(&self, ptr: *const u8) -> bool {
+        self.direct && !(ptr as usize).is_multiple_of(self.mem_align_bytes)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The reaper is gone (it held an Arc). Wait for whatever the kernel still owns.
+        let mut stuck = 0;
+        while self.inflight.load(Ordering::Acquire) > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    stuck += 1;
+                    if stuck > 100 {
+                        // Leaking the in-flight records is memory-safe; freeing them is not.
+                        tracing::error!(device = %self.name, "giving up draining io_uring on close: {e}");
+                        return;
+                    }
+                }
+            }
+            self.reap();
+        }
+    }
+}
+
+async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>) {
+    loop {
+        shared.reap();
+        if shared.closing.load(Ordering::Acquire) {
+            if shared.inflight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            // A waiter dropped between push and io_uring_enter may have left an SQE behind.
+            let _ = shared.ring.submit();
+        }
+        tokio::select! {
+            ready = efd.readable() => {
+                let Ok(mut guard) = ready else {
+                    tracing::error!(device = %shared.name, "completion eventfd failed; stopping the reaper");
+                    return;
+                };
+                let mut counter = [0u8; 8];
+                // SAFETY: reading 8 bytes from a non-blocking eventfd into a local buffer.
+                let r = unsafe { libc::read(efd.get_ref().as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+                if r < 0 {
+                    guard.clear_ready();
+                }
+            }
+            _ = shared.shutdown.notified() => {}
+        }
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// Operations
+
+impl FileDevice {
+    async fn do_read(&self, offset_bytes: u64, buf: IoBuf) -> ReadResult {
+        let s = &*self.shared;
+        let len = buf.len();
+        if let Err(e) = check_io(&s.name, &s.topology, IoOp::Read, offset_bytes, len as u64) {
+            return (buf, Err(e));
+        }
+        if len == 0 {
+            return (buf, Ok(()));
+        }
+        let (mut work, original) =
+            if s.misaligned(buf.as_slice().as_ptr()) { (IoBuf::uninit_contents(len), Some(buf)) } else { (buf, None) };
+        let mut done = 0usize;
+        let mut retries = 0;
+        let result = loop {
+            let pos = offset_bytes + done as u64;
+            let want = (len - done) as u32;
+            let (res, keep) = s
+                .submit(Keep::Read(work), |k| {
+                    let Keep::Read(b) = k else { unreachable!("read keeps an IoBuf") };
+                    // SAFETY: `done < len`, inside the buffer.
+                    let p = unsafe { b.as_slice().as_ptr().add(done) }.cast_mut();
+                    opcode::Read::new(s.fd(), p, want).offset(pos).build()
+                })
+                .await;
+            work = match keep {
+                Keep::Read(b) => b,
+                _ => IoBuf::zeroed(len),
+            };
+            match res {
+                n if n > 0 => {
+                    done += n as usize;
+                    if done >= len {
+                        break Ok(());
+                    }
+                }
+                0 => {
+                    break Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{}: read of {len} bytes at offset {offset_bytes}: end of file after {done} bytes",
+                            s.name
+                        ),
+                    ));
+                }
+                e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
+                e => break Err(s.op_error(IoOp::Read, offset_bytes, len as u64, e)),
+            }
+        };
+        match original {
+            Some(mut orig) => {
+                if result.is_ok() {
+                    orig.as_mut_slice().copy_from_slice(work.as_slice());
+                }
+                (orig, result)
+            }
+            None => (work, result),
+        }
+    }
+
+    async fn do_write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> io::Result<()> {
+        let s = &*self.shared;
+        let len = buf.len();
+        check_io(&s.name, &s.topology, IoOp::Write, offset_bytes, len as u64)?;
+        if s.read_only {
+            return Err(s.read_only_error(IoOp::Write, offset_bytes, len as u64));
+        }
+        if len == 0 {
+            return if flags.fua { self.do_flush().await } else { Ok(()) };
+        }
+        let mut work = if s.misaligned(buf.as_ptr()) { IoBuf::from_slice(buf.as_slice()).freeze() } else { buf };
+        let rw_flags = if flags.fua { libc::RWF_DSYNC } else { 0 };
+        let mut done = 0usize;
+        let mut retries = 0;
+        loop {
+            let pos = offset_bytes + done as u64;
+            let want = (len - done) as u32;
+            let (res, keep) = s
+                .submit(Keep::Write(work), |k| {
+                    let Keep::Write(b) = k else { unreachable!("write keeps a SharedBuf") };
+                    // SAFETY: `done < len`, inside the buffer.
+                    let p = unsafe { b.as_ptr().add(done) };
+                    opcode::Write::new(s.fd(), p, want).offset(pos).rw_flags(rw_flags).build()
+                })
+                .await;
+            work = match keep {
+                Keep::Write(b) => b,
+                _ => return Err(s.op_error(IoOp::Write, offset_bytes, len as u64, res.min(-1))),
+            };
+            match res {
+                n if n > 0 => {
+                    done += n as usize;
+                    if done >= len {
+                        return Ok(());
+                    }
+                }
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!(
+                            "{}: write of {len} bytes at offset {offset_bytes}: no progress after {done} bytes",
+                            s.name
+                        ),
+                    ));
+                }
+                e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
+                e => return Err(s.op_error(IoOp::Write, offset_bytes, len as u64, e)),
+            }
+        }
+    }
+
+    async fn do_flush(&self) -> io::Result<()> {
+        let s = &*self.shared;
+        let mut retries = 0;
+        loop {
+            let (res, _) =
+                s.submit(Keep::None, |_| opcode::Fsync::new(s.fd()).flags(types::FsyncFlags::DATASYNC).build()).await;
+            match res {
+                r if r >= 0 => return Ok(()),
+                e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
+                e => return Err(s.op_error(IoOp::Flush, 0, 0, e)),
+            }
+        }
+    }
+
+    async fn fallocate(&self, offset_bytes: u64, len_bytes: u64, mode: i32) -> Result<(), i32> {
+        let s = &*self.shared;
+        let mut retries = 0;
+        loop {
+            let (res, _) = s
+                .submit(Keep::None, |_| {
+                    opcode::Fallocate::new(s.fd(), len_bytes).offset(offset_bytes).mode(mode).build()
+                })
+                .await;
+            match res {
+                r if r >= 0 => return Ok(()),
+                e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
+                e => return Err(e),
+            }
+        }
+    }
+
+    /// Runs a block-device ioctl taking a `[start, len]` range on the blocking pool, under a
+    /// queue permit.
+    async fn range_ioctl(&self, op: IoOp, req: libc::Ioctl, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let s = self.shared.clone();
+        let _permit = s
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| s.op_error(op, offset_bytes, len_bytes, -libc::ESHUTDOWN))?;
+        let s2 = s.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let range: [u64; 2] = [offset_bytes, len_bytes];
+            // SAFETY: BLKDISCARD/BLKZEROOUT read a `[u64; 2]` range from the pointer.
+            let r = unsafe { libc::ioctl(s2.file.as_raw_fd(), req, range.as_ptr()) };
+            if r == 0 { 0 } else { -errno().raw_os_error().unwrap_or(libc::EIO) }
+        })
+        .await
+        .unwrap_or(-libc::EIO);
+        if res == 0 { Ok(()) } else { Err(s.op_error(op, offset_bytes, len_bytes, res)) }
+    }
+
+    async fn do_discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let s = &*self.shared;
+        check_io(&s.name, &s.topology, IoOp::Discard, offset_bytes, len_bytes)?;
+        if s.read_only {
+            return Err(s.read_only_error(IoOp::Discard, offset_bytes, len_bytes));
+        }
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        match s.kind {
+            Kind::BlockDevice => {
+                if !s.topology.supports_discard {
+                    return Ok(()); // advisory: nothing to do on a device without discard
+                }
+                match self.range_ioctl(IoOp::Discard, BLKDISCARD, offset_bytes, len_bytes).await {
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
+                    r => r,
+                }
+            }
+            Kind::RegularFile => {
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                match self.fallocate(offset_bytes, len_bytes, mode).await {
+                    Ok(()) => Ok(()),
+                    // Discard is advisory: a filesystem that cannot punch keeps the data.
+                    Err(e) if e == -libc::EOPNOTSUPP => Ok(()),
+                    Err(e) => Err(s.op_error(IoOp::Discard, offset_bytes, len_bytes, e)),
+                }
+            }
+        }
+    }
+
+    async fn do_write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> io::Result<()> {
+        let s = &*self.shared;
+        check_io(&s.name, &s.topology, IoOp::WriteZeroes, offset_bytes, len_bytes)?;
+        if s.read_only {
+            return Err(s.read_only_error(IoOp::WriteZeroes, offset_bytes, len_bytes));
+        }
+        if len_bytes > 0 {
+            match s.kind {
+                Kind::BlockDevice => self.range_ioctl(IoOp::WriteZeroes, BLKZEROOUT, offset_bytes, len_bytes).await?,
+                Kind::RegularFile => self.zero_file_range(offset_bytes, len_bytes, flags.no_unmap).await?,
+            }
+        }
+        if flags.fua { self.do_flush().await } else { Ok(()) }
+    }
+
+    async fn zero_file_range(&self, offset_bytes: u64, len_bytes: u64, no_unmap: bool) -> io::Result<()> {
+        let s = &*self.shared;
+        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
+        let zero_range = libc::FALLOC_FL_ZERO_RANGE | keep;
+        let unsupported = |e: i32| e == -libc::EOPNOTSUPP || e == -libc::EINVAL;
+        let first = if no_unmap { zero_range } else { punch };
+        match self.fallocate(offset_bytes, len_bytes, first).await {
+            Ok(()) => return Ok(()),
+            Err(e) if unsupported(e) => {}
+            Err(e) => return Err(s.op_error(IoOp::WriteZeroes, offset_bytes, len_bytes, e)),
+        }
+        // tmpfs and others lack ZERO_RANGE: punch, then re-allocate to honour no_unmap.
+        if no_unmap
+            && self.fallocate(offset_bytes, len_bytes, punch).await.is_ok()
+            && self.fallocate(offset_bytes, len_bytes, keep).await.is_ok()
+        {
+            return Ok(());
+        }
+        // Last resort: write zeroes.
+        let zeroes = SharedBuf::zeroed(ZERO_CHUNK_BYTES);
+        let mut pos = offset_bytes;
+        let end = offset_bytes + len_bytes;
+        while pos < end {
+            let n = (end - pos).min(ZERO_CHUNK_BYTES as u64) as usize;
+            self.do_write(pos, zeroes.slice(0..n), WriteFlags::NONE).await?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn topology(&self) -> Topology {
+        self.shared.topology
+    }
+
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        Box::pin(self.do_read(offset_bytes, buf))
+    }
+
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.do_write(offset_bytes, buf, flags))
+    }
+
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.do_flush())
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.do_discard(offset_bytes, len_bytes))
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.do_write_zeroes(offset_bytes, len_bytes, flags))
+    }
+}
