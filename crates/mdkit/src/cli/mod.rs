@@ -1,0 +1,74 @@
+//! The `mdkit` command line: one module per verb group.
+//!
+//! Adding a verb group (e.g. the md verbs `create`, `assemble`, `examine`, `detail`, `stop`, or
+//! `mdkit thin ...`): write `cli/<group>.rs` with a clap `Args`/`Subcommand` type and a
+//! `run(args) -> Result<ExitCode>`, add a variant to [`Command`] and a line to [`run`]. Verbs
+//! that talk to a running service take [`ControlArgs`] (flattened) and call
+//! `args.control.client()?.call("cmd", json!({...}))`; the service side is a control command
+//! (see `control/mod.rs`).
+
+pub mod serve;
+pub mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, Overrides};
+use crate::control::client::ControlClient;
+
+#[derive(Parser)]
+#[command(name = "mdkit", version, about = "Software RAID (md) and thin provisioning in user space, served over NBD")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the service: open volumes, serve NBD exports and the control socket.
+    Serve(serve::ServeArgs),
+    /// Show volumes, exports, listeners and counters of a running service.
+    Status(status::StatusArgs),
+}
+
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Status(a) => status::run(a),
+    }
+}
+
+/// How a client verb finds the running service's control socket.
+#[derive(Args, Debug, Clone)]
+pub struct ControlArgs {
+    /// Control socket path (default: from --config, else <data dir>/mdkit.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The config file the service was started with (to find its control socket).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory of the service (default: $MDKIT_DATA_DIR, else ./mdkit-data).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Seconds to wait for an answer.
+    #[arg(long, default_value_t = 30)]
+    pub timeout_s: u64,
+}
+
+impl ControlArgs {
+    pub fn socket_path(&self) -> Result<PathBuf> {
+        if let Some(s) = &self.socket {
+            return Ok(s.clone());
+        }
+        let cfg = Config::load(self.config.as_deref(), &Overrides::from_cli(self.data_dir.clone(), Vec::new()))?;
+        Ok(cfg.control_socket)
+    }
+
+    pub fn client(&self) -> Result<ControlClient> {
+        ControlClient::connect(&self.socket_path()?, Duration::from_secs(self.timeout_s))
+    }
+}

@@ -1,0 +1,65 @@
+//! `mdkit serve`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::config::{Config, DEFAULT_CONFIG_TOML, Overrides};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// TOML config file (docs/CONFIG.md); without it the embedded default is used.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory (overrides $MDKIT_DATA_DIR and the config's data_dir).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// NBD listen address, repeatable (replaces nbd.listen): HOST:PORT or unix:PATH.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Print the embedded default config and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+    /// Parse and check the config, print the result and exit (opens nothing).
+    #[arg(long)]
+    pub check_config: bool,
+    /// Worker threads for the data path (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG_TOML}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = Config::load(args.config.as_deref(), &Overrides::from_cli(args.data_dir, args.listen))?;
+    if args.check_config {
+        println!("config: {}", config.source);
+        println!("data_dir: {}", config.data_dir.display());
+        println!("control_socket: {}", config.control_socket.display());
+        for l in &config.nbd.listen {
+            println!("listen: {l}");
+        }
+        for v in &config.volumes {
+            crate::volumes::kind_for(&v.kind).with_context(|| format!("volume {:?}", v.name))?;
+            println!("volume: {} (kind {})", v.name, v.kind);
+        }
+        for e in &config.exports {
+            println!("export: {} -> volume {}{}", e.name, e.volume, if e.read_only { " (read-only)" } else { "" });
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all().thread_name("mdkit-worker");
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.build().context("starting the tokio runtime")?;
+    rt.block_on(crate::service::run(config))?;
+    // Member devices drain their rings when dropped; give background tasks no chance to linger.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    Ok(ExitCode::SUCCESS)
+}

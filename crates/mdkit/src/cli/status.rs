@@ -1,0 +1,106 @@
+//! `mdkit status [--json]`.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::Value;
+
+use super::ControlArgs;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// Print the raw JSON answer.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: StatusArgs) -> Result<ExitCode> {
+    let v = args.control.client()?.call("status", Value::Null)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", human(&v));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human(v: &Value) -> String {
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let u = |v: &Value| v.as_u64().unwrap_or(0);
+    let mut out = String::new();
+    out += &format!(
+        "mdkit {} (pid {}), up {} s, data dir {}\n",
+        s(&v["version"]),
+        u(&v["pid"]),
+        u(&v["uptime_s"]),
+        s(&v["data_dir"])
+    );
+    let listeners: Vec<String> = v["listeners"].as_array().map(|a| a.iter().map(&s).collect()).unwrap_or_default();
+    out += &format!("listeners: {}\nconnections: {}\n\n", listeners.join(", "), u(&v["connections"]));
+    out += &format!("{:<16} {:<10} {:>12} {:<10}\n", "VOLUME", "KIND", "SIZE", "STATE");
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        out += &format!("{:<16} {:<10} {:>12} {:<10}\n", s(&vol["name"]), s(&vol["kind"]), size(u(&vol["size_bytes"])), s(&vol["state"]));
+    }
+    out += &format!(
+        "\n{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",
+        "EXPORT", "VOLUME", "MODE", "CONNS", "READS", "WRITES", "READ", "WRITTEN", "ERRORS", "INFLT"
+    );
+    for e in v["exports"].as_array().into_iter().flatten() {
+        let st = &e["stats"];
+        out += &format!(
+            "{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",
+            s(&e["name"]),
+            s(&e["volume"]),
+            if e["read_only"].as_bool().unwrap_or(false) { "ro" } else { "rw" },
+            u(&e["connections"]),
+            u(&st["reads"]),
+            u(&st["writes"]),
+            size(u(&st["read_bytes"])),
+            size(u(&st["written_bytes"])),
+            u(&st["errors"]),
+            u(&st["in_flight"]),
+        );
+    }
+    out
+}
+
+/// "1.0 GiB" style, for people.
+fn size(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut i = 0;
+    while x >= 1024.0 && i < UNITS.len() - 1 {
+        x /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{x:.1} {}", UNITS[i]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(1 << 30), "1.0 GiB");
+        assert_eq!(size(1536 << 20), "1.5 GiB");
+    }
+
+    #[test]
+    fn human_output_lists_volumes_and_exports() {
+        let v = serde_json::json!({
+            "version": "0.1.0", "pid": 1, "uptime_s": 2, "data_dir": "/d", "listeners": ["127.0.0.1:10809"],
+            "connections": 1,
+            "volumes": [{"name": "vol0", "kind": "file", "size_bytes": 1u64 << 30, "state": "active"}],
+            "exports": [{"name": "default", "volume": "vol0", "read_only": false, "connections": 1,
+                         "stats": {"reads": 3, "writes": 4, "read_bytes": 4096, "written_bytes": 8192, "errors": 0, "in_flight": 0}}]
+        });
+        let h = human(&v);
+        assert!(h.contains("vol0") && h.contains("1.0 GiB") && h.contains("active"), "{h}");
+        assert!(h.contains("default") && h.contains("127.0.0.1:10809"), "{h}");
+    }
+}

@@ -1,0 +1,50 @@
+//! Client side of the control socket, used by the CLI verbs (blocking; one request at a time).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use serde_json::Value;
+
+use super::{Request, Response};
+
+/// Longest response accepted (status of many volumes stays far below this).
+const RESPONSE_MAX_BYTES: u64 = 64 << 20;
+
+pub struct ControlClient {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl ControlClient {
+    pub fn connect(path: &Path, timeout: Duration) -> Result<ControlClient> {
+        let s = UnixStream::connect(path).with_context(|| {
+            format!("connecting to the mdkit control socket {} (is `mdkit serve` running?)", path.display())
+        })?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        let writer = s.try_clone()?;
+        Ok(ControlClient { path: path.to_path_buf(), reader: BufReader::new(s), writer })
+    }
+
+    /// Sends one command and returns its result, or the server's error as an `Err`.
+    pub fn call(&mut self, cmd: &str, args: Value) -> Result<Value> {
+        let mut line = serde_json::to_vec(&Request { cmd: cmd.to_string(), args })?;
+        line.push(b'\n');
+        self.writer.write_all(&line).with_context(|| format!("sending {cmd:?} to {}", self.path.display()))?;
+        let mut resp = Vec::new();
+        (&mut self.reader).take(RESPONSE_MAX_BYTES).read_until(b'\n', &mut resp)?;
+        if resp.is_empty() {
+            return Err(anyhow!("{}: connection closed without a response to {cmd:?}", self.path.display()));
+        }
+        let resp: Response = serde_json::from_slice(&resp).context("malformed response from the control socket")?;
+        if resp.ok {
+            Ok(resp.result.unwrap_or(Value::Null))
+        } else {
+            Err(anyhow!("{}", resp.error.unwrap_or_else(|| "unknown error".into())))
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `mdkit serve` at run time: open volumes, export them over NBD, answer the control socket,
+//! and shut down cleanly on SIGINT/SIGTERM.
+//!
+//! ```text
+//!   start:    data dir → volumes (config order) → NBD exports → listeners → control socket
+//!   SIGTERM:  control socket off → NBD: stop accepting, drain in-flight requests (bounded by
+//!             nbd.shutdown_grace_ms), flush exports → volumes closed newest first (flush)
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow};
+use mdkit_nbd::{Export, NbdServer};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::RwLock;
+
+use crate::config::{Config, ExportSpec};
+use crate::control::{self, ControlServer};
+use crate::volumes::Volumes;
+
+/// Everything the control commands can reach.
+pub struct Service {
+    pub config: Config,
+    pub volumes: RwLock<Volumes>,
+    pub exports: RwLock<Vec<ExportSpec>>,
+    pub default_export: Option<String>,
+    pub nbd: NbdServer,
+    pub started: Instant,
+}
+
+impl Service {
+    /// Exports `spec` over NBD (also used by later commands that create volumes at run time).
+    pub async fn add_export(&self, spec: ExportSpec) -> Result<()> {
+        let device = {
+            let vols = self.volumes.read().await;
+            let v = vols
+                .get(&spec.volume)
+                .ok_or_else(|| anyhow!("export {:?}: no volume named {:?}", spec.name, spec.volume))?;
+            v.device()
+        };
+        self.nbd.add_export(Export {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            device,
+            read_only: spec.read_only,
+        })?;
+        self.exports.write().await.push(spec);
+        Ok(())
+    }
+}
+
+/// Runs the service until SIGINT/SIGTERM. Returns an error if start-up or the final flush failed.
+pub async fn run(config: Config) -> Result<()> {
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    tracing::info!(config = %config.source, data_dir = %config.data_dir.display(), "starting mdkit {}", env!("CARGO_PKG_VERSION"));
+    let volumes = Volumes::open_all(&config.volumes, &config.data_dir).await?;
+
+    let default_export = config
+        .nbd
+        .default_export
+        .clone()
+        .or_else(|| (config.exports.len() == 1).then(|| config.exports[0].name.clone()));
+    let nbd = NbdServer::new(config.nbd.server.clone());
+    nbd.set_default_export(default_export.clone());
+    let svc = Arc::new(Service {
+        config: config.clone(),
+        volumes: RwLock::new(volumes),
+        exports: RwLock::new(Vec::new()),
+        default_export,
+        nbd: nbd.clone(),
+        started: Instant::now(),
+    });
+
+    let control = match start(&svc).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = nbd.shutdown(config.nbd.shutdown_grace).await;
+            svc.volumes.read().await.close_all().await;
+            return Err(e);
+        }
+    };
+    tracing::info!(listeners = ?nbd.listeners().iter().map(|l| l.to_string()).collect::<Vec<_>>(), "mdkit ready");
+
+    let which = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    };
+    tracing::info!("{which}: shutting down (grace {} ms)", config.nbd.shutdown_grace.as_millis());
+    // A second signal means "now": exit without waiting for the drain.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = sigterm.recv() => {},
+            _ = sigint.recv() => {},
+        }
+        tracing::error!("second signal during shutdown: exiting immediately");
+        std::process::exit(1);
+    });
+
+    control.stop();
+    let report = nbd.shutdown(config.nbd.shutdown_grace).await;
+    let mut errors: Vec<anyhow::Error> = report
+        .flush_errors
+        .into_iter()
+        .map(|(name, e)| anyhow!("flushing export {name:?}: {e}"))
+        .collect();
+    errors.extend(svc.volumes.read().await.close_all().await);
+    if report.connections_aborted > 0 {
+        tracing::warn!(connections = report.connections_aborted, "connections cut at the end of the grace period");
+    }
+    if errors.is_empty() {
+        tracing::info!("shutdown complete: every volume flushed");
+        Ok(())
+    } else {
+        let msg: Vec<String> = errors.iter().map(|e| format!("{e:#}")).collect();
+        Err(anyhow!("shutdown finished with errors: {}", msg.join("; ")))
+    }
+}
+
+async fn start(svc: &Arc<Service>) -> Result<ControlServer> {
+    for spec in &svc.config.exports {
+        svc.add_export(spec.clone()).await?;
+    }
+    for addr in &svc.config.nbd.listen {
+        svc.nbd.listen(addr).await.with_context(|| format!("NBD listener {addr}"))?;
+    }
+    ControlServer::start(&svc.config.control_socket, svc.clone(), control::registry()).await
+}
