@@ -280,29 +280,26 @@ unsafe fn pq_lanes<const V: usize, B: Blocks + ?Sized>(
         }
     }
     let q_out = q.wrapping_add(out_at);
-    for (k, w) in wq.iter().enumerate() {
-        let dst = q_out.wrapping_add(k * LANE_BYTES);
-        let v = if accumulate {
+    let p_out = p.wrapping_add(out_at);
+    if accumulate {
+        // Load both outputs before storing either (4K aliasing, see mul_acc).
+        for k in 0..V {
             // SAFETY: q covers V lanes from out_at (caller).
-            _mm256_xor_si256(*w, unsafe { load(dst) })
-        } else {
-            *w
-        };
-        // SAFETY: as above.
-        unsafe { store(dst, v) };
+            wq[k] = _mm256_xor_si256(wq[k], unsafe { load(q_out.add(k * LANE_BYTES)) });
+            if !p.is_null() {
+                // SAFETY: p is non-null, so it covers V lanes from out_at (caller).
+                wp[k] = _mm256_xor_si256(wp[k], unsafe { load(p_out.add(k * LANE_BYTES)) });
+            }
+        }
+    }
+    for (k, w) in wq.iter().enumerate() {
+        // SAFETY: q covers V lanes from out_at (caller).
+        unsafe { store(q_out.add(k * LANE_BYTES), *w) };
     }
     if !p.is_null() {
-        let p_out = p.wrapping_add(out_at);
         for (k, w) in wp.iter().enumerate() {
-            let dst = p_out.wrapping_add(k * LANE_BYTES);
-            let v = if accumulate {
-                // SAFETY: p is non-null, so it covers V lanes from out_at (caller).
-                _mm256_xor_si256(*w, unsafe { load(dst) })
-            } else {
-                *w
-            };
-            // SAFETY: as above.
-            unsafe { store(dst, v) };
+            // SAFETY: p is non-null, so it covers V lanes from out_at (caller).
+            unsafe { store(p_out.add(k * LANE_BYTES), *w) };
         }
     }
 }
@@ -310,7 +307,9 @@ unsafe fn pq_lanes<const V: usize, B: Blocks + ?Sized>(
 //------------------------------------------------------------------------------------------------
 // Multiply-by-constant kernels
 
-/// See [`scalar::mul_acc`].
+/// See [`scalar::mul_acc`]. All loads of a step come before its stores: P and Q are usually
+/// 4 KiB-aligned buffers, and a load right after a store to the same address bits 0..11 is
+/// held back by the CPU's 4K-aliasing check.
 #[target_feature(enable = "avx2")]
 pub(crate) fn mul_acc(c: u8, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8]) {
     let len = old.len();
@@ -319,15 +318,17 @@ pub(crate) fn mul_acc(c: u8, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8])
         "block lengths differ"
     );
     let table = mul_table(c);
+    let (old_ptr, new_ptr) = (old.as_ptr(), new.as_ptr());
+    let (p_ptr, q_ptr) = (p.as_mut_ptr(), q.as_mut_ptr());
     let mut off = 0;
     while off + LANE_BYTES <= len {
         // SAFETY: all four slices have len bytes and off + 32 <= len.
         unsafe {
-            let d = _mm256_xor_si256(load(old.as_ptr().add(off)), load(new.as_ptr().add(off)));
-            let p_at = p.as_mut_ptr().add(off);
-            let q_at = q.as_mut_ptr().add(off);
-            store(p_at, _mm256_xor_si256(load(p_at), d));
-            store(q_at, _mm256_xor_si256(load(q_at), mul_const(d, table)));
+            let d = _mm256_xor_si256(load(old_ptr.add(off)), load(new_ptr.add(off)));
+            let pv = load(p_ptr.add(off));
+            let qv = load(q_ptr.add(off));
+            store(p_ptr.add(off), _mm256_xor_si256(pv, d));
+            store(q_ptr.add(off), _mm256_xor_si256(qv, mul_const(d, table)));
         }
         off += LANE_BYTES;
     }

@@ -454,22 +454,24 @@ impl Implementation {
         assert_len(format_args!("Q"), q.len(), len);
         assert_data_lens(data, len);
         assert_index_range(0, data.len());
-        let mut p_delta = [0u8; CHECK_SEGMENT_BYTES];
-        let mut q_delta = [0u8; CHECK_SEGMENT_BYTES];
+        let mut p_calc = [0u8; CHECK_SEGMENT_BYTES];
+        let mut q_calc = [0u8; CHECK_SEGMENT_BYTES];
         let mut culprit: Option<PqCheck> = None;
         let mut offset = 0;
         while offset < len {
             let seg = CHECK_SEGMENT_BYTES.min(len - offset);
-            let (pd, qd) = (&mut p_delta[..seg], &mut q_delta[..seg]);
-            pd.copy_from_slice(&p[offset..offset + seg]);
-            qd.copy_from_slice(&q[offset..offset + seg]);
-            // P ^ P(data) and Q ^ Q(data): zero where consistent.
-            self.k_pq(data, 0, offset, Some(&mut *pd), &mut *qd, true);
-            if !all_zero(pd) || !all_zero(qd) {
-                for (&pd_byte, &qd_byte) in pd.iter().zip(qd.iter()) {
-                    let verdict = match byte_culprit(pd_byte, qd_byte, data.len()) {
-                        None => continue,
-                        Some(verdict) => verdict,
+            let (pc, qc) = (&mut p_calc[..seg], &mut q_calc[..seg]);
+            let (p_seg, q_seg) = (&p[offset..offset + seg], &q[offset..offset + seg]);
+            self.k_pq(data, 0, offset, Some(&mut *pc), &mut *qc, false);
+            // The common case, a consistent stripe, costs one gen plus two memcmp.
+            if pc != p_seg || qc != q_seg {
+                for ((&pc_byte, &qc_byte), (&p_byte, &q_byte)) in
+                    pc.iter().zip(qc.iter()).zip(p_seg.iter().zip(q_seg))
+                {
+                    let Some(verdict) =
+                        byte_culprit(pc_byte ^ p_byte, qc_byte ^ q_byte, data.len())
+                    else {
+                        continue;
                     };
                     match culprit {
                         None => culprit = Some(verdict),
@@ -644,11 +646,6 @@ fn byte_culprit(p_delta: u8, q_delta: u8, data_count: usize) -> Option<PqCheck> 
             })
         }
     }
-}
-
-fn all_zero(bytes: &[u8]) -> bool {
-    // An OR-reduction vectorises; `all()` with an early exit does not.
-    bytes.iter().fold(0u8, |acc, &b| acc | b) == 0
 }
 
 //------------------------------------------------------------------------------------------------
