@@ -1,14 +1,6 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! mdkit-thin: dm-thin provisioning in user space.
+//!
+//! [`meta`] is the metadata library: kernel-compatible (version 2) btrees, space maps and
+//! transactions, with offline check / dump / restore. The pool runtime builds on it.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub mod meta;

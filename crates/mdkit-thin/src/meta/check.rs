@@ -1,0 +1,554 @@
+//! Offline metadata checker (the `thin_check` equivalent), independent of the engine's own
+//! loading code: it walks every structure from the superblock, verifies each block's checksum
+//! and location, every btree invariant (value size, max/min entries, key order within nodes,
+//! key ranges against parents), detects cycles and blocks reached in two roles, counts every
+//! reference to metadata and data blocks, and compares those counts with both space maps
+//! (bitmaps, overflow trees, nr_allocated, index entries). It never writes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::meta::block::{BlockBuf, BlockKind, get_u32, get_u64, verify, zeroed_block};
+use crate::meta::btree::{MAX_DEPTH, NodeView, validate_node};
+use crate::meta::error::{BlockPath, Corruption, MetaError};
+use crate::meta::io::MetaIo;
+use crate::meta::sm_format::{
+    ENTRIES_PER_BITMAP, INDEX_ENTRY_BYTES, IndexEntry, MAX_METADATA_BLOCKS, SmRoot, bitmap_decode, index_block_decode,
+    nr_bitmaps,
+};
+use crate::meta::superblock::Superblock;
+use crate::meta::thin::{DEVICE_DETAILS_BYTES, DeviceDetails, MAX_DEVICE_ID, ThinMetadata, unpack_block_time};
+
+/// What to check.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckOptions {
+    /// Stop recording individual problems after this many (they are still counted).
+    pub max_issues: usize,
+}
+
+impl Default for CheckOptions {
+    fn default() -> CheckOptions {
+        CheckOptions { max_issues: 1000 }
+    }
+}
+
+/// One problem found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckIssue {
+    pub block: Option<u64>,
+    pub path: BlockPath,
+    pub message: String,
+}
+
+impl fmt::Display for CheckIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.block {
+            Some(b) => write!(f, "block {b}{}: {}", self.path, self.message),
+            None => write!(f, "{}", self.message),
+        }
+    }
+}
+
+/// Result of a check.
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    pub device: String,
+    pub errors: Vec<CheckIssue>,
+    /// Not damage, but not what the kernel writes (e.g. index-entry hints).
+    pub warnings: Vec<CheckIssue>,
+    /// Errors beyond `max_issues` that were counted but not recorded.
+    pub errors_not_recorded: u64,
+    pub superblock: Option<Superblock>,
+    pub nr_devices: u64,
+    pub nr_mappings: u64,
+    pub metadata_blocks_referenced: u64,
+    pub data_blocks_referenced: u64,
+    pub needs_check_flag: bool,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty() && self.errors_not_recorded == 0
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}: {} devices, {} mappings, {} metadata blocks and {} data blocks referenced{}",
+            self.device,
+            self.nr_devices,
+            self.nr_mappings,
+            self.metadata_blocks_referenced,
+            self.data_blocks_referenced,
+            if self.needs_check_flag { ", NEEDS_CHECK set" } else { "" }
+        )?;
+        for e in &self.errors {
+            writeln!(f, "error: {e}")?;
+        }
+        if self.errors_not_recorded > 0 {
+            writeln!(f, "... and {} more errors", self.errors_not_recorded)?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "warning: {w}")?;
+        }
+        if self.is_clean() {
+            writeln!(f, "clean")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a metadata block was reached as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Superblock,
+    SnapSuperblock,
+    DetailsNode,
+    MappingTopNode,
+    MappingNode,
+    DataIndexNode,
+    DataRefCountNode,
+    MetaRefCountNode,
+    Bitmap,
+    MetaIndex,
+}
+
+impl Role {
+    /// Only btree nodes of the thin trees may be shared (snapshots, metadata snapshot).
+    fn shareable(self) -> bool {
+        matches!(self, Role::DetailsNode | Role::MappingTopNode | Role::MappingNode)
+    }
+}
+
+/// Data block reference counts, allocated per bitmap-sized chunk that is actually used.
+#[derive(Default)]
+struct DataRefs {
+    chunks: HashMap<u64, Box<[u8]>>,
+    big: HashMap<u64, u32>,
+    distinct: u64,
+}
+
+impl DataRefs {
+    fn inc(&mut self, b: u64) {
+        let chunk = self
+            .chunks
+            .entry(b / ENTRIES_PER_BITMAP)
+            .or_insert_with(|| vec![0u8; ENTRIES_PER_BITMAP as usize].into_boxed_slice());
+        let c = &mut chunk[(b % ENTRIES_PER_BITMAP) as usize];
+        if *c == 0 {
+            self.distinct += 1;
+        }
+        if *c == u8::MAX {
+            *self.big.entry(b).or_insert(u32::from(u8::MAX)) += 1;
+        } else {
+            *c += 1;
+            if *c == u8::MAX {
+                self.big.insert(b, u32::from(u8::MAX));
+            }
+        }
+    }
+
+    fn get(&self, b: u64) -> u32 {
+        if let Some(v) = self.big.get(&b) {
+            return *v;
+        }
+        self.chunks.get(&(b / ENTRIES_PER_BITMAP)).map_or(0, |c| u32::from(c[(b % ENTRIES_PER_BITMAP) as usize]))
+    }
+}
+
+enum Visit {
+    First,
+    Again,
+    Invalid,
+}
+
+struct Walker<'a> {
+    io: &'a dyn MetaIo,
+    opts: CheckOptions,
+    nr_meta: u64,
+    meta_refs: Vec<u32>,
+    roles: HashMap<u64, Role>,
+    on_path: Vec<u64>,
+    entries_below: HashMap<u64, u64>,
+    report: CheckReport,
+}
+
+impl Walker<'_> {
+    fn error(&mut self, block: Option<u64>, path: &[u64], message: String) {
+        if self.report.errors.len() < self.opts.max_issues {
+            self.report.errors.push(CheckIssue { block, path: BlockPath(path.to_vec()), message });
+        } else {
+            self.report.errors_not_recorded += 1;
+        }
+    }
+
+    fn warning(&mut self, block: Option<u64>, message: String) {
+        if self.report.warnings.len() < self.opts.max_issues {
+            self.report.warnings.push(CheckIssue { block, path: BlockPath::default(), message });
+        }
+    }
+
+    fn corruption(&mut self, block: u64, path: &[u64], c: Corruption) {
+        self.error(Some(block), path, c.to_string());
+    }
+
+    /// Counts one reference to `b` in `role`; says whether to descend.
+    fn reference(&mut self, b: u64, role: Role, path: &[u64]) -> Visit {
+        if b >= self.nr_meta {
+            self.corruption(b, path, Corruption::BeyondDevice { nr_blocks: self.nr_meta });
+            return Visit::Invalid;
+        }
+        self.meta_refs[b as usize] += 1;
+        match self.roles.get(&b).copied() {
+            None => {
+                self.roles.insert(b, role);
+                Visit::First
+            }
+            Some(have) if have != role => {
+                self.corruption(b, path, Corruption::ReferencedTwice(format!("reached as {have:?} and as {role:?}")));
+                Visit::Invalid
+            }
+            Some(_) if self.on_path.contains(&b) => {
+                self.corruption(b, path, Corruption::Cycle);
+                Visit::Invalid
+            }
+            Some(_) if !role.shareable() => {
+                self.corruption(b, path, Corruption::ReferencedTwice(format!("a {role:?} block cannot be shared")));
+                Visit::Invalid
+            }
+            Some(_) => Visit::Again,
+        }
+    }
+
+    fn read(&mut self, b: u64, kind: BlockKind, path: &[u64]) -> Option<Box<BlockBuf>> {
+        let mut buf = zeroed_block();
+        if let Err(e) = self.io.read_block(b, &mut buf) {
+            self.error(Some(b), path, format!("read failed: {e}"));
+            return None;
+        }
+        if let Err(c) = verify(&buf, kind, b) {
+            self.corruption(b, path, c);
+            return None;
+        }
+        Some(buf)
+    }
+
+    /// Walks one btree level from `b`; `f` sees each leaf entry once per distinct leaf.
+    /// Returns the number of entries below `b` (memoised for shared subtrees).
+    #[allow(clippy::too_many_arguments)]
+    fn walk(
+        &mut self,
+        b: u64,
+        role: Role,
+        leaf_value_size: usize,
+        lo: u64,
+        hi: Option<u64>,
+        is_root: bool,
+        path: &mut Vec<u64>,
+        f: &mut dyn FnMut(&mut Walker<'_>, u64, u64, &[u8], &[u64]),
+    ) -> u64 {
+        match self.reference(b, role, path) {
+            Visit::Invalid => return 0,
+            Visit::Again => return self.entries_below.get(&b).copied().unwrap_or(0),
+            Visit::First => {}
+        }
+        if path.len() >= MAX_DEPTH {
+            self.corruption(b, path, Corruption::TooDeep { depth: MAX_DEPTH });
+            return 0;
+        }
+        let Some(blk) = self.read(b, BlockKind::Node, path) else { return 0 };
+        if let Err(c) = validate_node(&blk) {
+            self.corruption(b, path, c);
+            return 0;
+        }
+        let n = NodeView::new(&blk);
+        let nr = n.nr_entries() as usize;
+        if n.is_leaf() && n.value_size() as usize != leaf_value_size {
+            self.corruption(b, path, Corruption::ValueSizeMismatch { expected: leaf_value_size as u32, found: n.value_size() });
+            return 0;
+        }
+        if !is_root && (nr as u32) < n.max_entries() / 3 {
+            self.corruption(b, path, Corruption::TooFewEntries { nr_entries: nr as u32, min_entries: n.max_entries() / 3 });
+        }
+        if nr > 0 {
+            if n.key(0) < lo {
+                self.corruption(b, path, Corruption::KeyRangeViolation(format!("first key {} is below the parent key {lo}", n.key(0))));
+            }
+            if let Some(hi) = hi {
+                if n.key(nr - 1) >= hi {
+                    self.corruption(
+                        b,
+                        path,
+                        Corruption::KeyRangeViolation(format!("last key {} is not below the next parent key {hi}", n.key(nr - 1))),
+                    );
+                }
+            }
+        }
+        path.push(b);
+        self.on_path.push(b);
+        let mut total = 0u64;
+        if n.is_leaf() {
+            for i in 0..nr {
+                f(self, b, n.key(i), n.value(i), path);
+            }
+            total = nr as u64;
+        } else {
+            for i in 0..nr {
+                let child_hi = if i + 1 < nr { Some(n.key(i + 1)) } else { hi };
+                total += self.walk(n.value_u64(i), role, leaf_value_size, n.key(i), child_hi, false, path, f);
+            }
+        }
+        path.pop();
+        self.on_path.pop();
+        self.entries_below.insert(b, total);
+        total
+    }
+
+    /// Walks a whole single-level tree collecting its entries.
+    fn collect(&mut self, root: u64, role: Role, value_size: usize) -> BTreeMap<u64, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        let mut path = Vec::new();
+        self.walk(root, role, value_size, 0, None, true, &mut path, &mut |_, _, k, v, _| {
+            out.insert(k, v.to_vec());
+        });
+        out
+    }
+}
+
+/// Checks the metadata on `io`. Never writes.
+pub fn check(io: &dyn MetaIo, opts: &CheckOptions) -> CheckReport {
+    let mut report = CheckReport { device: io.name().to_string(), ..Default::default() };
+    let sb = match ThinMetadata::read_superblock(io) {
+        Ok(sb) => sb,
+        Err(e) => {
+            let block = match &e {
+                MetaError::Corrupt { block, .. } => Some(*block),
+                _ => Some(0),
+            };
+            report.errors.push(CheckIssue { block, path: BlockPath::default(), message: e.to_string() });
+            return report;
+        }
+    };
+    report.needs_check_flag = sb.needs_check();
+    report.superblock = Some(sb.clone());
+    let nr_meta = sb.metadata_sm_root.nr_blocks;
+    if nr_meta > io.nr_blocks() || nr_meta > MAX_METADATA_BLOCKS || nr_meta < 2 {
+        report.errors.push(CheckIssue {
+            block: Some(0),
+            path: BlockPath::default(),
+            message: format!(
+                "metadata space map of {nr_meta} blocks does not fit the device ({} blocks, format maximum {MAX_METADATA_BLOCKS})",
+                io.nr_blocks()
+            ),
+        });
+        return report;
+    }
+    let mut w = Walker {
+        io,
+        opts: *opts,
+        nr_meta,
+        meta_refs: vec![0; nr_meta as usize],
+        roles: HashMap::new(),
+        on_path: Vec::new(),
+        entries_below: HashMap::new(),
+        report,
+    };
+    let mut data = DataRefs::default();
+    let nr_data = sb.data_sm_root.nr_blocks;
+
+    w.reference(0, Role::Superblock, &[]);
+    check_thin_trees(&mut w, &sb, &mut data, nr_data, true);
+    if sb.held_root != 0 {
+        if let Visit::First = w.reference(sb.held_root, Role::SnapSuperblock, &[0]) {
+            if let Some(blk) = w.read(sb.held_root, BlockKind::Superblock, &[0]) {
+                let snap = Superblock::unpack(&blk);
+                check_thin_trees(&mut w, &snap, &mut data, nr_data, false);
+            }
+        }
+    }
+    check_data_sm(&mut w, &sb.data_sm_root, &data);
+    check_metadata_sm(&mut w, &sb.metadata_sm_root);
+    w.report.data_blocks_referenced = data.distinct;
+    w.report.metadata_blocks_referenced = w.meta_refs.iter().filter(|&&c| c > 0).count() as u64;
+    w.report
+}
+
+/// Devices and mappings of one superblock (the live one or the metadata snapshot).
+fn check_thin_trees(w: &mut Walker<'_>, sb: &Superblock, data: &mut DataRefs, nr_data: u64, live: bool) {
+    let details: BTreeMap<u64, DeviceDetails> = w
+        .collect(sb.device_details_root, Role::DetailsNode, DEVICE_DETAILS_BYTES)
+        .into_iter()
+        .map(|(k, v)| (k, DeviceDetails::unpack(&v)))
+        .collect();
+    let roots: BTreeMap<u64, u64> =
+        w.collect(sb.data_mapping_root, Role::MappingTopNode, 8).into_iter().map(|(k, v)| (k, get_u64(&v, 0))).collect();
+    for k in details.keys().filter(|k| !roots.contains_key(k)) {
+        w.error(Some(sb.data_mapping_root), &[], format!("device {k} has details but no mapping tree"));
+    }
+    for k in roots.keys().filter(|k| !details.contains_key(k)) {
+        w.error(Some(sb.device_details_root), &[], format!("device {k} has a mapping tree but no details"));
+    }
+    for (&dev, &root) in &roots {
+        if dev > MAX_DEVICE_ID {
+            w.error(Some(sb.data_mapping_root), &[], format!("device id {dev} exceeds 24 bits"));
+        }
+        let mut path = vec![sb.data_mapping_root];
+        let count = w.walk(root, Role::MappingNode, 8, 0, None, true, &mut path, &mut |w, leaf, _k, v, path| {
+            let (b, _time) = unpack_block_time(get_u64(v, 0));
+            if b >= nr_data {
+                w.error(Some(leaf), path, format!("mapping to data block {b} beyond the {nr_data} data blocks"));
+            } else {
+                data.inc(b);
+            }
+        });
+        if let Some(d) = details.get(&dev) {
+            if d.mapped_blocks != count {
+                w.error(
+                    Some(root),
+                    &[],
+                    format!("device {dev}: details say {} mapped blocks, its tree has {count}", d.mapped_blocks),
+                );
+            }
+            if d.snapshotted_time > sb.time || d.creation_time > sb.time {
+                w.error(None, &[], format!("device {dev}: times {d:?} are after the pool time {}", sb.time));
+            }
+        }
+        if live {
+            w.report.nr_mappings += count;
+        }
+    }
+    if live {
+        w.report.nr_devices = roots.len() as u64;
+    }
+}
+
+fn check_data_sm(w: &mut Walker<'_>, root: &SmRoot, data: &DataRefs) {
+    let nb = nr_bitmaps(root.nr_blocks);
+    let index = w.collect(root.bitmap_root, Role::DataIndexNode, INDEX_ENTRY_BYTES);
+    let mut entries = Vec::with_capacity(nb as usize);
+    for (i, (k, v)) in index.iter().enumerate() {
+        if *k != i as u64 || *k >= nb {
+            w.error(Some(root.bitmap_root), &[], format!("data space-map index key {k} at position {i} (expected {nb} entries)"));
+            return;
+        }
+        entries.push(IndexEntry::unpack(v));
+    }
+    if entries.len() as u64 != nb {
+        w.error(Some(root.bitmap_root), &[], format!("data space-map index has {} entries, expected {nb}", entries.len()));
+        return;
+    }
+    let overflow: HashMap<u64, u32> =
+        w.collect(root.ref_count_root, Role::DataRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
+    let codes = read_bitmaps(w, &entries, root.nr_blocks, root.bitmap_root);
+    let Some(codes) = codes else { return };
+    compare_counts(w, "data", root, &entries, &codes, &overflow, |b| data.get(b));
+}
+
+fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
+    let nb = nr_bitmaps(root.nr_blocks) as usize;
+    if root.nr_blocks != w.nr_meta {
+        w.error(Some(0), &[], "metadata space-map size changed during the check".into());
+        return;
+    }
+    let Visit::First = w.reference(root.bitmap_root, Role::MetaIndex, &[0]) else { return };
+    let Some(blk) = w.read(root.bitmap_root, BlockKind::Index, &[0]) else { return };
+    let entries = index_block_decode(&blk, nb);
+    let overflow: HashMap<u64, u32> =
+        w.collect(root.ref_count_root, Role::MetaRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
+    let Some(codes) = read_bitmaps(w, &entries, root.nr_blocks, root.bitmap_root) else { return };
+    // Every reference is counted now (the space map's own blocks included).
+    let counted = std::mem::take(&mut w.meta_refs);
+    compare_counts(w, "metadata", root, &entries, &codes, &overflow, |b| counted[b as usize]);
+    w.meta_refs = counted;
+}
+
+fn read_bitmaps(w: &mut Walker<'_>, entries: &[IndexEntry], nr_blocks: u64, index_loc: u64) -> Option<Vec<u8>> {
+    let mut codes = vec![0u8; nr_blocks as usize];
+    let mut ok = true;
+    for (bm, ie) in entries.iter().enumerate() {
+        let path = [index_loc];
+        match w.reference(ie.blocknr, Role::Bitmap, &path) {
+            Visit::First => {}
+            _ => {
+                ok = false;
+                continue;
+            }
+        }
+        let Some(blk) = w.read(ie.blocknr, BlockKind::Bitmap, &path) else {
+            ok = false;
+            continue;
+        };
+        let start = bm * ENTRIES_PER_BITMAP as usize;
+        let end = (start + ENTRIES_PER_BITMAP as usize).min(nr_blocks as usize);
+        bitmap_decode(&blk, &mut codes[start..end]);
+    }
+    ok.then_some(codes)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare_counts(
+    w: &mut Walker<'_>,
+    what: &str,
+    root: &SmRoot,
+    entries: &[IndexEntry],
+    codes: &[u8],
+    overflow: &HashMap<u64, u32>,
+    expected: impl Fn(u64) -> u32,
+) {
+    let mut allocated = 0u64;
+    let mut mismatches = 0u64;
+    for (b, &code) in codes.iter().enumerate() {
+        let b = b as u64;
+        let on_disk = if code == 3 {
+            match overflow.get(&b) {
+                Some(&v) => v,
+                None => {
+                    w.error(Some(root.ref_count_root), &[], format!("{what} block {b} marked >= 3 but missing from the ref-count tree"));
+                    continue;
+                }
+            }
+        } else {
+            u32::from(code)
+        };
+        if on_disk != 0 {
+            allocated += 1;
+        }
+        let want = expected(b);
+        if on_disk != want {
+            mismatches += 1;
+            let kind = if on_disk > want { "leaked" } else { "under-counted" };
+            w.error(None, &[], format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"));
+        }
+    }
+    for (&b, &v) in overflow {
+        if b >= codes.len() as u64 || codes[b as usize] != 3 {
+            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds block {b} (count {v}) whose bitmap entry is not 3"));
+        } else if v < 3 {
+            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds count {v} < 3 for block {b}"));
+        }
+    }
+    if allocated != root.nr_allocated {
+        w.error(Some(0), &[], format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated));
+    }
+    for (bm, ie) in entries.iter().enumerate() {
+        let start = bm * ENTRIES_PER_BITMAP as usize;
+        let end = (start + ENTRIES_PER_BITMAP as usize).min(codes.len());
+        let used = codes[start..end].iter().filter(|&&c| c != 0).count() as u32;
+        let want_free = ENTRIES_PER_BITMAP as u32 - used;
+        if ie.nr_free != want_free {
+            w.warning(Some(ie.blocknr), format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free));
+        }
+        if let Some(first_free) = codes[start..end].iter().position(|&c| c == 0) {
+            if ie.none_free_before as usize > first_free {
+                w.error(
+                    Some(ie.blocknr),
+                    &[],
+                    format!("{what} bitmap {bm}: none_free_before {} skips free entry {first_free}", ie.none_free_before),
+                );
+            }
+        }
+    }
+    let _ = mismatches;
+}

@@ -1,0 +1,425 @@
+//! thin_dump / thin_restore XML interchange (thin-provisioning-tools format):
+//!
+//! ```text
+//! <superblock uuid="" time="1" transaction="0" flags="0" version="2" data_block_size="128" nr_data_blocks="16384">
+//!   <device dev_id="0" mapped_blocks="3" transaction="0" creation_time="0" snap_time="1">
+//!     <range_mapping origin_begin="0" data_begin="0" length="2" time="0"/>
+//!     <single_mapping origin_block="7" data_block="9" time="1"/>
+//!   </device>
+//! </superblock>
+//! ```
+//! The parser accepts exactly these elements (plus an `<?xml ...?>` prolog and comments) and
+//! reports the line of any problem; it never panics on input.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::sync::Arc;
+
+use crate::meta::error::{MetaError, Result};
+use crate::meta::io::MetaIo;
+use crate::meta::thin::{DeviceDetails, FormatOptions, MAX_DEVICE_ID, OpenOptions, ThinMetadata};
+
+/// One run of mappings: `length` consecutive virtual blocks to consecutive data blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XmlMapping {
+    pub origin_begin: u64,
+    pub data_begin: u64,
+    pub length: u64,
+    pub time: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XmlDevice {
+    pub dev_id: u64,
+    pub mapped_blocks: u64,
+    pub transaction: u64,
+    pub creation_time: u32,
+    pub snap_time: u32,
+    pub mappings: Vec<XmlMapping>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XmlMetadata {
+    pub uuid: String,
+    pub time: u32,
+    pub transaction: u64,
+    pub flags: u32,
+    pub version: u32,
+    pub data_block_size: u32,
+    pub nr_data_blocks: u64,
+    pub metadata_snap: Option<u64>,
+    pub devices: Vec<XmlDevice>,
+}
+
+impl XmlMetadata {
+    /// Every mapping as (dev, vblock) -> (data block, time), for comparisons.
+    pub fn mapping_table(&self) -> std::collections::BTreeMap<(u64, u64), (u64, u32)> {
+        let mut m = std::collections::BTreeMap::new();
+        for d in &self.devices {
+            for r in &d.mappings {
+                for i in 0..r.length {
+                    m.insert((d.dev_id, r.origin_begin + i), (r.data_begin + i, r.time));
+                }
+            }
+        }
+        m
+    }
+
+    /// Renders in thin_dump's layout.
+    pub fn to_xml_string(&self) -> String {
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "<superblock uuid=\"{}\" time=\"{}\" transaction=\"{}\" flags=\"{}\" version=\"{}\" data_block_size=\"{}\" nr_data_blocks=\"{}\"",
+            escape(&self.uuid),
+            self.time,
+            self.transaction,
+            self.flags,
+            self.version,
+            self.data_block_size,
+            self.nr_data_blocks
+        );
+        if let Some(m) = self.metadata_snap {
+            let _ = write!(s, " metadata_snap=\"{m}\"");
+        }
+        s.push_str(">\n");
+        for d in &self.devices {
+            let _ = writeln!(
+                s,
+                "  <device dev_id=\"{}\" mapped_blocks=\"{}\" transaction=\"{}\" creation_time=\"{}\" snap_time=\"{}\">",
+                d.dev_id, d.mapped_blocks, d.transaction, d.creation_time, d.snap_time
+            );
+            for r in &d.mappings {
+                if r.length == 1 {
+                    let _ = writeln!(
+                        s,
+                        "    <single_mapping origin_block=\"{}\" data_block=\"{}\" time=\"{}\"/>",
+                        r.origin_begin, r.data_begin, r.time
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        "    <range_mapping origin_begin=\"{}\" data_begin=\"{}\" length=\"{}\" time=\"{}\"/>",
+                        r.origin_begin, r.data_begin, r.length, r.time
+                    );
+                }
+            }
+            s.push_str("  </device>\n");
+        }
+        s.push_str("</superblock>\n");
+        s
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('"', "&quot;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// The current state of `md` (committed or not) as XML data.
+pub fn to_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
+    let mut x = XmlMetadata {
+        uuid: String::new(),
+        time: md.time(),
+        transaction: md.transaction_id(),
+        flags: u32::from(md.needs_check()),
+        version: 2,
+        data_block_size: md.data_block_size_sectors(),
+        nr_data_blocks: md.nr_data_blocks(),
+        metadata_snap: md.metadata_snap(),
+        devices: Vec::new(),
+    };
+    for dev in md.devices() {
+        let d = md.device_details(dev)?;
+        let mut mappings: Vec<XmlMapping> = Vec::new();
+        md.for_each_mapping(dev, 0, u64::MAX, &mut |vb, m| {
+            match mappings.last_mut() {
+                Some(r) if r.origin_begin + r.length == vb && r.data_begin + r.length == m.data_block && r.time == m.time => {
+                    r.length += 1;
+                }
+                _ => mappings.push(XmlMapping { origin_begin: vb, data_begin: m.data_block, length: 1, time: m.time }),
+            }
+            true
+        })?;
+        x.devices.push(XmlDevice {
+            dev_id: dev,
+            mapped_blocks: d.mapped_blocks,
+            transaction: d.transaction_id,
+            creation_time: d.creation_time,
+            snap_time: d.snapshotted_time,
+            mappings,
+        });
+    }
+    Ok(x)
+}
+
+/// Writes `md` as thin_dump XML.
+pub fn dump_xml(md: &ThinMetadata, out: &mut dyn Write) -> Result<()> {
+    let x = to_xml_metadata(md)?;
+    out.write_all(x.to_xml_string().as_bytes())
+        .map_err(|e| MetaError::InvalidArgument(format!("writing the XML dump failed: {e}")))
+}
+
+/// Formats `io` and fills it from `x` (thin_restore). Data block reference counts are the
+/// number of mappings to each block. Commits before returning.
+pub fn restore_xml(io: Arc<dyn MetaIo>, x: &XmlMetadata, opts: OpenOptions) -> Result<ThinMetadata> {
+    if x.version != 1 && x.version != 2 {
+        return Err(MetaError::InvalidArgument(format!("XML superblock version {} (supported: 1, 2)", x.version)));
+    }
+    let mut md = ThinMetadata::format_with(
+        io,
+        FormatOptions { data_block_size_sectors: x.data_block_size, nr_data_blocks: x.nr_data_blocks, metadata_nr_blocks: None },
+        opts,
+    )?;
+    md.restore_header(x.time, x.transaction, x.flags);
+    for d in &x.devices {
+        if d.dev_id > MAX_DEVICE_ID {
+            return Err(MetaError::InvalidArgument(format!("device id {} exceeds 24 bits", d.dev_id)));
+        }
+        md.restore_device(
+            d.dev_id,
+            DeviceDetails {
+                mapped_blocks: 0,
+                transaction_id: d.transaction,
+                creation_time: d.creation_time,
+                snapshotted_time: d.snap_time,
+            },
+        )?;
+        let mut count = 0u64;
+        for r in &d.mappings {
+            for i in 0..r.length {
+                let vb = r.origin_begin.checked_add(i);
+                let db = r.data_begin.checked_add(i);
+                let (Some(vb), Some(db)) = (vb, db) else {
+                    return Err(MetaError::InvalidArgument(format!("device {}: mapping run overflows", d.dev_id)));
+                };
+                md.restore_mapping(d.dev_id, vb, db, r.time)?;
+                count += 1;
+            }
+        }
+        if count != d.mapped_blocks {
+            return Err(MetaError::InvalidArgument(format!(
+                "device {}: mapped_blocks=\"{}\" but {count} mappings listed",
+                d.dev_id, d.mapped_blocks
+            )));
+        }
+    }
+    md.commit()?;
+    Ok(md)
+}
+
+//------------------------------------------------------------------------------------------------
+// Parser
+
+struct Tag<'a> {
+    name: &'a str,
+    attrs: Vec<(&'a str, String)>,
+    closing: bool,
+    self_closing: bool,
+    line: usize,
+}
+
+fn bad(line: usize, msg: impl std::fmt::Display) -> MetaError {
+    MetaError::InvalidArgument(format!("XML line {line}: {msg}"))
+}
+
+fn unescape(v: &str, line: usize) -> Result<String> {
+    let mut out = String::with_capacity(v.len());
+    let mut rest = v;
+    while let Some(p) = rest.find('&') {
+        out.push_str(&rest[..p]);
+        let after = &rest[p..];
+        let end = after.find(';').ok_or_else(|| bad(line, "unterminated entity"))?;
+        out.push(match &after[..=end] {
+            "&amp;" => '&',
+            "&lt;" => '<',
+            "&gt;" => '>',
+            "&quot;" => '"',
+            "&apos;" => '\'',
+            e => return Err(bad(line, format!("unknown entity {e}"))),
+        });
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn tokenize(s: &str) -> Result<Vec<Tag<'_>>> {
+    let mut tags = Vec::new();
+    let mut pos = 0usize;
+    let bytes = s.as_bytes();
+    let line_of = |p: usize| s[..p].bytes().filter(|&b| b == b'\n').count() + 1;
+    while pos < bytes.len() {
+        let c = bytes[pos];
+        if c.is_ascii_whitespace() {
+            pos += 1;
+            continue;
+        }
+        if c != b'<' {
+            return Err(bad(line_of(pos), "text outside of tags"));
+        }
+        let line = line_of(pos);
+        let rest = &s[pos..];
+        if rest.starts_with("<!--") {
+            let end = rest.find("-->").ok_or_else(|| bad(line, "unterminated comment"))?;
+            pos += end + 3;
+            continue;
+        }
+        if rest.starts_with("<?") {
+            let end = rest.find("?>").ok_or_else(|| bad(line, "unterminated processing instruction"))?;
+            pos += end + 2;
+            continue;
+        }
+        let end = rest.find('>').ok_or_else(|| bad(line, "unterminated tag"))?;
+        let mut inner = &rest[1..end];
+        pos += end + 1;
+        let closing = inner.starts_with('/');
+        if closing {
+            inner = &inner[1..];
+        }
+        let self_closing = inner.ends_with('/');
+        if self_closing {
+            inner = &inner[..inner.len() - 1];
+        }
+        let inner = inner.trim();
+        let name_end = inner.find(|c: char| c.is_ascii_whitespace()).unwrap_or(inner.len());
+        let name = &inner[..name_end];
+        if name.is_empty() {
+            return Err(bad(line, "tag without a name"));
+        }
+        let mut attrs = Vec::new();
+        let mut a = inner[name_end..].trim_start();
+        while !a.is_empty() {
+            let eq = a.find('=').ok_or_else(|| bad(line, format!("attribute without value in <{name}>")))?;
+            let key = a[..eq].trim();
+            let v = a[eq + 1..].trim_start();
+            let quote = v.chars().next().ok_or_else(|| bad(line, "missing attribute value"))?;
+            if quote != '"' && quote != '\'' {
+                return Err(bad(line, format!("unquoted value of {key}")));
+            }
+            let close = v[1..].find(quote).ok_or_else(|| bad(line, format!("unterminated value of {key}")))?;
+            attrs.push((key, unescape(&v[1..1 + close], line)?));
+            a = v[close + 2..].trim_start();
+        }
+        if closing && (self_closing || !attrs.is_empty()) {
+            return Err(bad(line, format!("malformed closing tag </{name}>")));
+        }
+        tags.push(Tag { name, attrs, closing, self_closing, line });
+    }
+    Ok(tags)
+}
+
+struct Attrs<'a, 't> {
+    tag: &'a Tag<'t>,
+}
+
+impl Attrs<'_, '_> {
+    fn raw(&self, key: &str) -> Option<&str> {
+        self.tag.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn num<T: std::str::FromStr>(&self, key: &str) -> Result<T> {
+        let v = self.raw(key).ok_or_else(|| bad(self.tag.line, format!("<{}> lacks {key}", self.tag.name)))?;
+        v.parse::<T>().map_err(|_| bad(self.tag.line, format!("{key}=\"{v}\" is not a valid number")))
+    }
+
+    fn num_or<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
+        if self.raw(key).is_some() { self.num(key) } else { Ok(default) }
+    }
+}
+
+/// Parses thin_dump XML.
+pub fn parse_xml(s: &str) -> Result<XmlMetadata> {
+    let tags = tokenize(s)?;
+    let mut it = tags.iter().peekable();
+    let sb = it.next().ok_or_else(|| bad(1, "empty document"))?;
+    if sb.name != "superblock" || sb.closing || sb.self_closing {
+        return Err(bad(sb.line, format!("expected <superblock>, found <{}>", sb.name)));
+    }
+    let a = Attrs { tag: sb };
+    let mut x = XmlMetadata {
+        uuid: a.raw("uuid").unwrap_or("").to_string(),
+        time: a.num("time")?,
+        transaction: a.num("transaction")?,
+        flags: a.num_or("flags", 0)?,
+        version: a.num_or("version", 1)?,
+        data_block_size: a.num("data_block_size")?,
+        nr_data_blocks: a.num("nr_data_blocks")?,
+        metadata_snap: if a.raw("metadata_snap").is_some() { Some(a.num("metadata_snap")?) } else { None },
+        devices: Vec::new(),
+    };
+    loop {
+        let t = it.next().ok_or_else(|| bad(sb.line, "missing </superblock>"))?;
+        match (t.name, t.closing) {
+            ("superblock", true) => break,
+            ("device", false) if !t.self_closing => {
+                let a = Attrs { tag: t };
+                let mut d = XmlDevice {
+                    dev_id: a.num("dev_id")?,
+                    mapped_blocks: a.num("mapped_blocks")?,
+                    transaction: a.num("transaction")?,
+                    creation_time: a.num("creation_time")?,
+                    snap_time: a.num("snap_time")?,
+                    mappings: Vec::new(),
+                };
+                loop {
+                    let m = it.next().ok_or_else(|| bad(t.line, "missing </device>"))?;
+                    let a = Attrs { tag: m };
+                    match (m.name, m.closing) {
+                        ("device", true) => break,
+                        ("single_mapping", false) if m.self_closing => d.mappings.push(XmlMapping {
+                            origin_begin: a.num("origin_block")?,
+                            data_begin: a.num("data_block")?,
+                            length: 1,
+                            time: a.num("time")?,
+                        }),
+                        ("range_mapping", false) if m.self_closing => {
+                            let r = XmlMapping {
+                                origin_begin: a.num("origin_begin")?,
+                                data_begin: a.num("data_begin")?,
+                                length: a.num("length")?,
+                                time: a.num("time")?,
+                            };
+                            if r.length == 0 {
+                                return Err(bad(m.line, "range_mapping of length 0"));
+                            }
+                            d.mappings.push(r);
+                        }
+                        _ => return Err(bad(m.line, format!("unexpected <{}{}> in a device", if m.closing { "/" } else { "" }, m.name))),
+                    }
+                }
+                x.devices.push(d);
+            }
+            _ => return Err(bad(t.line, format!("unexpected <{}{}> in the superblock", if t.closing { "/" } else { "" }, t.name))),
+        }
+    }
+    if let Some(t) = it.next() {
+        return Err(bad(t.line, "content after </superblock>"));
+    }
+    Ok(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_render_roundtrip_and_errors() {
+        let text = "<?xml version=\"1.0\"?>\n<!-- c -->\n<superblock uuid=\"\" time=\"1\" transaction=\"2\" flags=\"0\" version=\"2\" data_block_size=\"128\" nr_data_blocks=\"100\">\n  <device dev_id=\"0\" mapped_blocks=\"3\" transaction=\"0\" creation_time=\"0\" snap_time=\"1\">\n    <range_mapping origin_begin=\"0\" data_begin=\"10\" length=\"2\" time=\"0\"/>\n    <single_mapping origin_block=\"7\" data_block=\"9\" time=\"1\"/>\n  </device>\n</superblock>\n";
+        let x = parse_xml(text).unwrap();
+        assert_eq!(x.devices.len(), 1);
+        assert_eq!(x.mapping_table().len(), 3);
+        let again = parse_xml(&x.to_xml_string()).unwrap();
+        assert_eq!(again, x);
+        for bad_input in [
+            "",
+            "<superblock>",
+            "<superblock time=\"x\" transaction=\"0\" data_block_size=\"128\" nr_data_blocks=\"1\"></superblock>",
+            "<superblock time=\"0\" transaction=\"0\" data_block_size=\"128\" nr_data_blocks=\"1\"><foo/></superblock>",
+            "<superblock time=\"0\" transaction=\"0\" data_block_size=\"128\" nr_data_blocks=\"1\">text</superblock>",
+            "<superblock time=\"0 transaction=\"0\">",
+            "<superblock uuid=\"&bogus;\" time=\"0\" transaction=\"0\" data_block_size=\"128\" nr_data_blocks=\"1\"></superblock>",
+        ] {
+            assert!(parse_xml(bad_input).is_err(), "{bad_input}");
+        }
+    }
+}
