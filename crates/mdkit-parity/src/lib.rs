@@ -28,7 +28,7 @@
 //! # Entry points
 //! - RAID4/5: [`xor_gen`], [`xor_into`] (read-modify-write `P ^= old ^ new`, and recovery of a
 //!   single block).
-//! - RAID6 generation: [`pq_gen`]; read-modify-write: [`pq_update`] (one block) or
+//! - RAID6 generation: [`pq_gen`] ([`pq_gen_sparse`] with zero blocks); read-modify-write: [`pq_update`] (one block) or
 //!   [`pq_xor_syndrome`] (a run of blocks, the kernel's `xor_syndrome`).
 //! - RAID6 scrub: [`pq_check`] says whether P/Q match and, if not, which single member is wrong.
 //! - RAID6 recovery: [`recover`] for any combination of up to two missing members, or the
@@ -415,6 +415,16 @@ impl Implementation {
         self.k_pq(data, 0, 0, Some(p), q, false);
     }
 
+    /// [`pq_gen`](Implementation::pq_gen) where `None` blocks count as zeroes: the DDF layouts
+    /// (formats.md 3.3) compute the syndrome over all device slots with the P and Q slots as
+    /// zero blocks, and a short stripe can leave positions empty.
+    pub fn pq_gen_sparse(&self, data: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+        assert_len(format_args!("Q"), q.len(), p.len());
+        assert_optional_data_lens(data, p.len());
+        assert_index_range(0, data.len());
+        self.k_pq(data, 0, 0, Some(p), q, false);
+    }
+
     /// XORs the contribution of `blocks`, taken as data indices
     /// `first_index .. first_index + blocks.len()`, into P and Q:
     /// `P ^= ⊕ blocks[j]`, `Q ^= Σ g^(first_index + j)·blocks[j]` (the kernel's xor_syndrome
@@ -664,6 +674,11 @@ pub fn xor_into(dst: &mut [u8], srcs: &[&[u8]]) {
 /// [`Implementation::pq_gen`] with the selected implementation.
 pub fn pq_gen(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     implementation().pq_gen(data, p, q)
+}
+
+/// [`Implementation::pq_gen_sparse`] with the selected implementation.
+pub fn pq_gen_sparse(data: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+    implementation().pq_gen_sparse(data, p, q)
 }
 
 /// [`Implementation::pq_xor_syndrome`] with the selected implementation.

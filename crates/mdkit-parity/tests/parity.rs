@@ -106,6 +106,29 @@ fn pq_gen_and_xor_gen_match_reference() {
 }
 
 #[test]
+fn pq_gen_sparse_treats_holes_as_zero_blocks() {
+    let seed = 0x5eed_000a;
+    let mut rng = TestRng::new(seed);
+    for imp in implementations() {
+        for &len in LENGTHS {
+            let mut data = Blocks::random(&mut rng, 7, len, 0).owned();
+            let holes = [1usize, 5, 6];
+            for &h in &holes {
+                data[h] = vec![0u8; len];
+            }
+            let (p_ref, q_ref) = ref_pq(&data, len);
+            let (mut p, mut q) = (garbage_out(&mut rng, len, 0), garbage_out(&mut rng, len, 0));
+            imp.pq_gen_sparse(&with_holes(&data, &holes), &mut p, &mut q);
+            assert_eq!(
+                (&p, &q),
+                (&p_ref, &q_ref),
+                "{imp:?} seed {seed:#x} len {len}"
+            );
+        }
+    }
+}
+
+#[test]
 fn empty_data_gives_zero_parity() {
     for imp in implementations() {
         let mut p = vec![7u8; 300];

@@ -36,3 +36,47 @@ fn selection_is_observable_and_overridable() {
     ));
     assert!(!Implementation::available().is_empty());
 }
+
+/// `MDKIT_PARITY_IMPL` decides the first selection: the test re-runs itself as a child process
+/// with the variable set (the selection is per process).
+#[test]
+fn environment_override_applies_at_first_use() {
+    const CHILD_MARKER: &str = "MDKIT_PARITY_SELECTION_CHILD";
+    if let Some(expected) = std::env::var_os(CHILD_MARKER) {
+        assert_eq!(
+            mdkit_parity::implementation_name(),
+            expected.to_string_lossy()
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    for (value, expected) in [
+        ("scalar", "scalar"),
+        ("no-such-impl", Implementation::best().name()),
+    ] {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "environment_override_applies_at_first_use",
+                "--nocapture",
+            ])
+            .env(mdkit_parity::IMPLEMENTATION_ENV, value)
+            .env(CHILD_MARKER, expected)
+            .output()
+            .expect("re-run the test binary");
+        assert!(
+            out.status.success(),
+            "{}={value}: child failed:\n{}\n{}",
+            mdkit_parity::IMPLEMENTATION_ENV,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if value == "no-such-impl" {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("unknown parity implementation"),
+                "warning expected: {stderr}"
+            );
+        }
+    }
+}
