@@ -375,7 +375,7 @@ impl BitmapGeometry {
             return c..c;
         }
         let last = start_sector.saturating_add(len_sectors - 1);
-        self.chunk_of_sector(start_sector)..self.chunk_of_sector(last) + 1
+        self.chunk_of_sector(start_sector)..self.chunk_of_sector(last).saturating_add(1)
     }
 
     /// First sector and length of `chunk`, clipped to `sync_size`.
@@ -401,6 +401,9 @@ impl BitmapGeometry {
 /// Reads chunk `chunk`'s bit from a bitmap area buffer (starting at the bitmap superblock).
 /// Returns `None` when the buffer does not reach that bit.
 pub fn test_bit(area: &[u8], geo: &BitmapGeometry, chunk: u64) -> Option<bool> {
+    if chunk >= geo.chunks() {
+        return None;
+    }
     let loc = geo.bit_location(chunk);
     let byte = area.get(usize::try_from(loc.byte_in_area).ok()?)?;
     Some(byte & loc.mask != 0)
@@ -457,13 +460,15 @@ pub fn mdadm_chunk_bytes(room_sectors: u64, sync_size_sectors: u64, requested_ch
     if room <= 1 {
         return Err(BitmapError::NoRoom { room_sectors });
     }
-    let max_bits = (room * SECTOR_BYTES - BITMAP_SUPER_BYTES as u64) * 8;
-    let mut min_chunk: u64 = 4096;
-    let mut bits = (u128::from(sync_size_sectors) * 512 / u128::from(min_chunk)) as u64 + 1;
+    let max_bits = (u128::from(room) * u128::from(SECTOR_BYTES) - BITMAP_SUPER_BYTES as u128) * 8;
+    let mut min_chunk: u128 = 4096;
+    let mut bits = u128::from(sync_size_sectors) * 512 / min_chunk + 1;
     while bits > max_bits {
         min_chunk *= 2;
         bits = bits.div_ceil(2);
     }
+    // At most 2^64 * 512 / 4096 + 1 bits need at most ~50 doublings: min_chunk stays < 2^64.
+    let min_chunk = u64::try_from(min_chunk).unwrap_or(u64::MAX);
     let chunk = match requested_chunk_bytes {
         None => min_chunk.max(u64::from(MDADM_DEFAULT_CHUNK_BYTES)),
         Some(c) if u64::from(c) < min_chunk => {
@@ -507,7 +512,8 @@ pub fn mdadm_create_sync_size_sectors(level: i32, member_size_sectors: u64, raid
     if copies == 0 {
         return 0;
     }
-    (member_size_sectors / 2) * u64::from(raid_disks) / copies * 2
+    let sectors = u128::from(member_size_sectors / 2) * u128::from(raid_disks) / u128::from(copies) * 2;
+    u64::try_from(sectors).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -471,9 +471,10 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
     };
 
     let mut out_members = Vec::with_capacity(members);
-    for (i, sb) in planned.into_iter().enumerate() {
+    for (i, mut sb) in planned.into_iter().enumerate() {
         let member = assignment[i].0;
         let block = sb.encode().map_err(|source| CreateError::Superblock { member, source })?;
+        sb.sb_csum = super::le_u32(&block, superblock::off::SB_CSUM);
         sb.check_fits_device(req.member_sizes_sectors[member]).map_err(|source| CreateError::Superblock { member, source })?;
         let bitmap_offset_bytes = sb.bitmap_sector().map(|s| s * SECTOR_BYTES);
         out_members.push(MemberPlan {
@@ -532,8 +533,8 @@ fn place_member(
         }
         MetadataVersion::V1_1 | MetadataVersion::V1_2 => {
             sb.data_size_sectors = dev - data_offset;
-            let after_bitmap = sb_offset as i64 + bm_offset + bm_space as i64 + 8;
-            if data_offset as i64 >= after_bitmap {
+            let after_bitmap = i128::from(sb_offset) + i128::from(bm_offset) + i128::from(bm_space) + 8;
+            if i128::from(data_offset) >= after_bitmap {
                 sb.bblog_size_sectors = 8;
                 sb.bblog_offset_sectors = (bm_offset + bm_space as i64) as i32;
             } else if data_offset >= sb_offset + 16 {

@@ -205,9 +205,17 @@ fn delta_extra(sb: &Superblock) -> u32 {
 pub fn array_state(sb: &Superblock) -> (String, bool) {
     let slots = sb.raid_disks.saturating_add(delta_extra(sb));
     let mut inconsistent = false;
-    let mut s = String::new();
-    for d in 0..slots.min(u32::from(ROLE_MAX)) {
-        let cnt = sb.dev_roles.iter().filter(|r| u32::from(**r) == d).count();
+    // One character per slot (mdadm prints raid_disks of them; we stop at ROLE_MAX so a
+    // corrupt raid_disks cannot make the output unbounded).
+    let shown = slots.min(u32::from(ROLE_MAX)) as usize;
+    let mut counts = vec![0u32; shown];
+    for r in &sb.dev_roles {
+        if let Some(c) = counts.get_mut(*r as usize) {
+            *c += 1;
+        }
+    }
+    let mut s = String::with_capacity(shown);
+    for cnt in counts {
         s.push(match cnt {
             2 if sb.level > 0 => 'R',
             1 => 'A',

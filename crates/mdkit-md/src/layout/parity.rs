@@ -129,9 +129,10 @@ impl ParityGeometry {
         self.level == Level::Raid6 && (alg::ROTATING_ZERO_RESTART..=alg::ROTATING_N_CONTINUE).contains(&self.algorithm)
     }
 
-    /// Array size for a per-member size (`size` rounded down to a chunk, times data members).
-    pub fn array_sectors(&self, member_size_sectors: u64) -> u64 {
-        (member_size_sectors - member_size_sectors % self.chunk_sectors) * self.data_disks() as u64
+    /// Array size for a per-member size (`size` rounded down to a chunk, times data members);
+    /// `None` if it does not fit 64 bits.
+    pub fn array_sectors(&self, member_size_sectors: u64) -> Option<u64> {
+        (member_size_sectors - member_size_sectors % self.chunk_sectors).checked_mul(self.data_disks() as u64)
     }
 
     /// raid5_compute_sector for stripe `stripe` and logical data index `dd`:
@@ -346,7 +347,7 @@ impl ParityGeometry {
     }
 
     /// What `member_sector` of `member` holds (raid5_compute_blocknr); `None` for a member
-    /// outside the array.
+    /// outside the array or an array sector beyond 64 bits.
     pub fn unmap(&self, member: usize, member_sector: u64) -> Option<MemberBlock> {
         if member as u64 >= self.raid_disks {
             return None;
@@ -358,7 +359,11 @@ impl ParityGeometry {
             StripeBlock::P => MemberBlock::P { stripe },
             StripeBlock::Q => MemberBlock::Q { stripe },
             StripeBlock::Data(i) => MemberBlock::Data {
-                array_sector: (stripe * self.data_disks() as u64 + i as u64) * c + member_sector % c,
+                array_sector: stripe
+                    .checked_mul(self.data_disks() as u64)?
+                    .checked_add(i as u64)?
+                    .checked_mul(c)?
+                    .checked_add(member_sector % c)?,
                 stripe,
                 data_index: i,
             },

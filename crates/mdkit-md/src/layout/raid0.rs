@@ -97,8 +97,9 @@ impl Raid0Geometry {
             let len = per_member
                 .checked_mul(members.len() as u64)
                 .ok_or_else(|| invalid("array size overflows 64 bits".into()))?;
-            zones.push(Raid0Zone { start_sector: array_pos, end_sector: array_pos + len, dev_start_sector: dev_start, members });
-            array_pos += len;
+            let end = array_pos.checked_add(len).ok_or_else(|| invalid("array size overflows 64 bits".into()))?;
+            zones.push(Raid0Zone { start_sector: array_pos, end_sector: end, dev_start_sector: dev_start, members });
+            array_pos = end;
             dev_start = zone_top;
         }
         let effective = if zones.len() == 1 || zones[1].members.len() == 1 {

@@ -64,13 +64,21 @@ impl Raid10Geometry {
             stride_sectors: 0,
         };
         g.calc_sectors(member_size_sectors);
+        // Every address computed later is bounded by dev_sectors * raid_disks.
+        if u128::from(g.dev_sectors) * u128::from(n) > u128::from(u64::MAX) {
+            return Err(invalid(format!("member size {member_size_sectors} sectors x {raid_disks} devices overflows 64 bits")));
+        }
         Ok(g)
     }
 
-    /// calc_sectors: the sectors per member actually used and the far stride.
+    /// calc_sectors: the sectors per member actually used and the far stride. (u128: the
+    /// intermediate products of a corrupt superblock's `size` must not overflow.)
     fn calc_sectors(&mut self, size_sectors: u64) {
-        let array_chunks = (size_sectors >> self.chunk_shift) / self.far_copies * self.raid_disks / self.near_copies;
-        let dev_chunks = (array_chunks * self.near_copies * self.far_copies).div_ceil(self.raid_disks);
+        let (n, nc, fc) = (u128::from(self.raid_disks), u128::from(self.near_copies), u128::from(self.far_copies));
+        let array_chunks = u128::from(size_sectors >> self.chunk_shift) / fc * n / nc;
+        let dev_chunks = (array_chunks * nc * fc).div_ceil(n);
+        // dev_chunks <= size_sectors >> chunk_shift (copies <= raid_disks), so it fits.
+        let dev_chunks = u64::try_from(dev_chunks).unwrap_or(u64::MAX >> self.chunk_shift);
         self.dev_sectors = dev_chunks << self.chunk_shift;
         self.stride_sectors = if self.far_offset { 1 << self.chunk_shift } else { (dev_chunks / self.far_copies) << self.chunk_shift };
     }

@@ -1,0 +1,175 @@
+//! The kernel lab (`/work/shared/lab`): boots Debian's 6.1 kernel under qemu with host files as
+//! virtio disks, runs one shell script inside as root and returns its output.
+//!
+//! ```no_run
+//! let lab = match Lab::get() { Ok(l) => l, Err(why) => { eprintln!("SKIP: {why}"); return; } };
+//! let run = lab.run(&RunOptions::with_disks(vec![img]), "cat /proc/mdstat")?;
+//! assert_eq!(run.exit_code, 0, "{}", run.output);
+//! ```
+//! Or use [`lab_or_skip!`] in a `#[test]`, which prints "SKIP: ..." and returns when the lab
+//! cannot be built or booted. Boots cost about 5 s each (TCG), so batch work into one script.
+//!
+//! Environment: `MDKIT_LAB_DIR` (the lab directory, default `<workspace>/../shared/lab`, then
+//! `/work/shared/lab`), `LAB_CACHE` (passed through, default `/var/tmp/mdlab`),
+//! `MDKIT_SKIP_LAB=1` (skip every lab test).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A built, usable lab.
+#[derive(Debug)]
+pub struct Lab {
+    pub dir: PathBuf,
+    pub cache: PathBuf,
+}
+
+/// How to boot the guest for one script.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Host files attached as /dev/vda, /dev/vdb, ... in order (paths without commas).
+    pub disks: Vec<PathBuf>,
+    /// Extra files copied into the guest as /lab/files/NAME.
+    pub files: Vec<PathBuf>,
+    pub mem_mb: u32,
+    pub cpus: u32,
+    pub timeout_secs: u64,
+}
+
+impl RunOptions {
+    pub fn with_disks(disks: Vec<PathBuf>) -> RunOptions {
+        RunOptions { disks, files: Vec::new(), mem_mb: 2048, cpus: 2, timeout_secs: 600 }
+    }
+}
+
+/// What a guest script did.
+#[derive(Clone, Debug)]
+pub struct LabRun {
+    /// The script's exit code (124 = timeout, 125 = the guest died, see lab README).
+    pub exit_code: i32,
+    /// The script's stdout and stderr, interleaved as the guest wrote them.
+    pub output: String,
+    pub elapsed: Duration,
+}
+
+impl LabRun {
+    /// Lines after a marker line `=== NAME` up to the next `=== ` marker (for scripts that
+    /// print several sections).
+    pub fn section(&self, name: &str) -> Option<String> {
+        let marker = format!("=== {name}");
+        let mut lines = self.output.lines().skip_while(|l| l.trim_end() != marker);
+        lines.next()?;
+        Some(lines.take_while(|l| !l.starts_with("=== ")).map(|l| format!("{l}\n")).collect())
+    }
+}
+
+static LAB: OnceLock<Result<Lab, String>> = OnceLock::new();
+
+fn lab_dir() -> Option<PathBuf> {
+    if let Ok(d) = std::env::var("MDKIT_LAB_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [workspace.join("../shared/lab"), PathBuf::from("/work/shared/lab")].into_iter().find(|d| d.join("run.sh").exists())
+}
+
+fn which(tool: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+impl Lab {
+    /// The lab, running `build.sh` once per test process (idempotent, ~2 s when up to date).
+    /// `Err` says why it cannot be used; callers skip loudly.
+    pub fn get() -> Result<&'static Lab, String> {
+        LAB.get_or_init(Lab::init).as_ref().map_err(Clone::clone)
+    }
+
+    fn init() -> Result<Lab, String> {
+        if std::env::var("MDKIT_SKIP_LAB").is_ok_and(|v| v == "1") {
+            return Err("MDKIT_SKIP_LAB=1".into());
+        }
+        let dir = lab_dir().ok_or("no lab directory (set MDKIT_LAB_DIR)")?;
+        if !which("qemu-system-x86_64") {
+            return Err("qemu-system-x86_64 is not installed".into());
+        }
+        let cache = PathBuf::from(std::env::var("LAB_CACHE").unwrap_or_else(|_| "/var/tmp/mdlab".into()));
+        let t = Instant::now();
+        let out = Command::new(dir.join("build.sh"))
+            .env("LAB_CACHE", &cache)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}/build.sh: {e}", dir.display()))?;
+        if !out.status.success() {
+            let log = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = log.lines().rev().take(10).collect();
+            return Err(format!("build.sh failed ({}): {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+        }
+        eprintln!("lab: built/checked in {:.1} s ({})", t.elapsed().as_secs_f64(), dir.display());
+        Ok(Lab { dir, cache })
+    }
+
+    /// Reference images made by `examples/md-raid.sh` ($LAB_CACHE/images).
+    pub fn images_dir(&self) -> PathBuf {
+        self.cache.join("images")
+    }
+
+    /// A fresh directory on a disk-backed filesystem for member images (not tmpfs: the lab
+    /// attaches disks with O_DIRECT). Removed when the returned guard drops.
+    pub fn scratch_dir(&self, name: &str) -> tempfile::TempDir {
+        let base = self.cache.join("scratch");
+        std::fs::create_dir_all(&base).unwrap_or_else(|e| panic!("mkdir {}: {e}", base.display()));
+        tempfile::Builder::new().prefix(&format!("mdkit-{name}-")).tempdir_in(&base).expect("scratch dir")
+    }
+
+    /// Boots the guest and runs `script` (bash) in it.
+    pub fn run(&self, opts: &RunOptions, script: &str) -> Result<LabRun, String> {
+        let mut cmd = Command::new(self.dir.join("run.sh"));
+        cmd.env("LAB_CACHE", &self.cache)
+            .arg("--mem")
+            .arg(opts.mem_mb.to_string())
+            .arg("--cpus")
+            .arg(opts.cpus.to_string())
+            .arg("--timeout")
+            .arg(opts.timeout_secs.to_string());
+        for d in &opts.disks {
+            let s = d.to_string_lossy();
+            if s.contains(',') {
+                return Err(format!("disk path {s} contains a comma (qemu option syntax)"));
+            }
+            cmd.arg("--disk").arg(d);
+        }
+        for f in &opts.files {
+            cmd.arg("--file").arg(f);
+        }
+        let script_file = tempfile::Builder::new().prefix("mdkit-lab-").suffix(".sh").tempfile().map_err(|e| e.to_string())?;
+        std::fs::write(script_file.path(), format!("#!/bin/bash\n{script}\n")).map_err(|e| e.to_string())?;
+        cmd.arg(script_file.path()).stdin(Stdio::null());
+        let t = Instant::now();
+        let out = cmd.output().map_err(|e| format!("cannot run {}/run.sh: {e}", self.dir.display()))?;
+        let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.stderr.is_empty() {
+            output.push_str("\n--- run.sh stderr ---\n");
+            output.push_str(&String::from_utf8_lossy(&out.stderr));
+        }
+        let exit_code = out.status.code().unwrap_or(-1);
+        if exit_code == 124 || exit_code == 125 {
+            return Err(format!("guest timed out or died (exit {exit_code}):\n{output}"));
+        }
+        Ok(LabRun { exit_code, output, elapsed: t.elapsed() })
+    }
+}
+
+/// Returns the lab, or prints `SKIP: <test>: ...` and returns from the calling test.
+#[macro_export]
+macro_rules! lab_or_skip {
+    ($test:expr) => {
+        match $crate::common::lab::Lab::get() {
+            Ok(lab) => lab,
+            Err(why) => {
+                eprintln!("SKIP: {}: the kernel lab is unavailable: {}", $test, why);
+                return;
+            }
+        }
+    };
+}
