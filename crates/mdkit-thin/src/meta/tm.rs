@@ -186,13 +186,17 @@ impl Tm {
     /// Returns a writable location holding `b`'s contents, and whether `b` was shared (then
     /// the caller must add a reference to everything the copy points to).
     pub fn shadow(&mut self, b: u64, kind: BlockKind) -> Result<(u64, bool)> {
+        let count = self.msm.get(b);
         if let Some(&have) = self.new_this_txn.get(&b) {
             if have != kind {
                 return Err(self.corrupt(b, Corruption::ReferencedTwice(format!("block is a new {have}, shadowed as a {kind}"))));
             }
-            return Ok((b, false));
+            // New in this transaction and referenced once: writable in place. A new block
+            // that has been shared since (a snapshot taken in this transaction) is copied.
+            if count == 1 {
+                return Ok((b, false));
+            }
         }
-        let count = self.msm.get(b);
         if count == 0 {
             self.check_in_range(b)?;
             return Err(self.corrupt(b, Corruption::BadSpaceMap(format!("{kind} in use but its reference count is 0"))));
