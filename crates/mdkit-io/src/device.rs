@@ -138,6 +138,53 @@ impl IoOp {
     }
 }
 
+impl IoOp {
+    /// Every operation, in declaration order (the order of [`PerOp`] fields).
+    pub const ALL: [IoOp; 5] = [IoOp::Read, IoOp::Write, IoOp::Flush, IoOp::Discard, IoOp::WriteZeroes];
+
+    /// Whether the operation changes device contents.
+    pub fn modifies(self) -> bool {
+        matches!(self, IoOp::Write | IoOp::Discard | IoOp::WriteZeroes)
+    }
+}
+
+/// One value per operation kind (counters, histograms), indexed by [`IoOp`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerOp<T> {
+    pub read: T,
+    pub write: T,
+    pub flush: T,
+    pub discard: T,
+    pub write_zeroes: T,
+}
+
+impl<T> PerOp<T> {
+    pub fn get(&self, op: IoOp) -> &T {
+        match op {
+            IoOp::Read => &self.read,
+            IoOp::Write => &self.write,
+            IoOp::Flush => &self.flush,
+            IoOp::Discard => &self.discard,
+            IoOp::WriteZeroes => &self.write_zeroes,
+        }
+    }
+
+    pub fn get_mut(&mut self, op: IoOp) -> &mut T {
+        match op {
+            IoOp::Read => &mut self.read,
+            IoOp::Write => &mut self.write,
+            IoOp::Flush => &mut self.flush,
+            IoOp::Discard => &mut self.discard,
+            IoOp::WriteZeroes => &mut self.write_zeroes,
+        }
+    }
+
+    /// `(op, value)` pairs in [`IoOp::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (IoOp, &T)> {
+        IoOp::ALL.into_iter().map(move |op| (op, self.get(op)))
+    }
+}
+
 /// Validates a request against a device's topology; every implementation calls this first.
 /// Returns `InvalidInput` naming the device, op, offset and length.
 pub fn check_io(name: &str, topo: &Topology, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {

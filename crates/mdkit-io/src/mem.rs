@@ -117,6 +117,47 @@ impl MemDevice {
         v
     }
 
+    /// A copy of this device (contents and topology) under a new name; only allocated pages are
+    /// copied, so it stays as sparse as the original.
+    pub fn snapshot(&self, name: impl Into<String>) -> MemDevice {
+        let copy = MemDevice::with_topology(name, self.topology);
+        for (from, to) in self.shards.iter().zip(&copy.shards) {
+            let pages = from.lock();
+            let mut dst = to.lock();
+            for (&page, p) in pages.iter() {
+                dst.insert(page, p.clone());
+            }
+        }
+        copy
+    }
+
+    /// True when both devices have the same size and contents.
+    pub fn same_contents(&self, other: &MemDevice) -> bool {
+        if self.topology.size_bytes != other.topology.size_bytes {
+            return false;
+        }
+        let pages_of = |d: &MemDevice| {
+            let mut v: Vec<u64> = d.shards.iter().flat_map(|s| s.lock().keys().copied().collect::<Vec<_>>()).collect();
+            v.sort_unstable();
+            v
+        };
+        let mut pages = pages_of(self);
+        pages.extend(pages_of(other));
+        pages.sort_unstable();
+        pages.dedup();
+        let (mut a, mut b) = ([0u8; PAGE_BYTES], [0u8; PAGE_BYTES]);
+        for page in pages {
+            let off = page * PAGE_BYTES as u64;
+            let n = (PAGE_BYTES as u64).min(self.topology.size_bytes - off) as usize;
+            self.read_bytes(off, &mut a[..n]);
+            other.read_bytes(off, &mut b[..n]);
+            if a[..n] != b[..n] {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Bytes backed by allocated pages.
     pub fn allocated_bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.lock().len() as u64).sum::<u64>() * PAGE_BYTES as u64
