@@ -364,14 +364,14 @@ fn assert_optional_data_lens(data: &[Option<&[u8]>], len_bytes: usize) {
 }
 
 fn assert_index_range(first_index: usize, count: usize) {
+    let end = first_index.saturating_add(count);
     assert!(
-        first_index + count <= MAX_DATA_BLOCKS,
-        "data indices {first_index}..{} exceed the RAID6 limit of {MAX_DATA_BLOCKS} data blocks",
-        first_index + count
+        end <= MAX_DATA_BLOCKS,
+        "data indices {first_index}..{end} exceed the RAID6 limit of {MAX_DATA_BLOCKS} data blocks"
     );
 }
 
-/// Indices of the absent data blocks; panics unless there are exactly `expected` of them.
+/// Indices of the absent data blocks; panics unless there are exactly `N` of them.
 fn missing_data<const N: usize>(data: &[Option<&[u8]>], what: &str) -> [usize; N] {
     let mut found = [0usize; N];
     let mut count = 0;

@@ -15,7 +15,7 @@
 //! from mdkit's P/Q -- must return the same bytes.
 //!
 //! Skips (loudly) when the lab cannot be built or qemu is missing, or with MDKIT_SKIP_LAB=1.
-//! Takes about half a minute (two TCG boots).
+//! Takes 35-45 s (two TCG boots of the lab kernel).
 
 mod common;
 
