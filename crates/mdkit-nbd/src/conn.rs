@@ -274,14 +274,14 @@ fn validate(conn: &Conn, h: &RequestHeader) -> Result<(), (u32, String)> {
     if len == 0 {
         return Err((EINVAL, format!("{name} of zero bytes at offset {off}")));
     }
+    if h.kind == CMD_READ && h.len_bytes > conn.max_payload_bytes {
+        let errno = if conn.structured { EOVERFLOW } else { EINVAL };
+        return Err((errno, format!("READ of {len} bytes exceeds the {}-byte maximum payload", conn.max_payload_bytes)));
+    }
     let in_bounds = off.checked_add(len).is_some_and(|end| end <= conn.size_bytes);
     if !in_bounds {
         let errno = if matches!(h.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
         return Err((errno, format!("{name} of {len} bytes at offset {off} is beyond the end of the export ({} bytes)", conn.size_bytes)));
-    }
-    if h.kind == CMD_READ && h.len_bytes > conn.max_payload_bytes {
-        let errno = if conn.structured { EOVERFLOW } else { EINVAL };
-        return Err((errno, format!("READ of {len} bytes exceeds the {}-byte maximum payload", conn.max_payload_bytes)));
     }
     if conn.block_size_committed && (off % conn.min_block_bytes != 0 || len % conn.min_block_bytes != 0) {
         return Err((

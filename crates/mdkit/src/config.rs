@@ -242,11 +242,10 @@ impl Config {
                 bail!("export {:?} refers to volume {:?}, which is not defined", e.name, e.volume);
             }
         }
-        if let Some(d) = &self.nbd.default_export {
-            if !exports.contains(d.as_str()) {
+        if let Some(d) = &self.nbd.default_export
+            && !exports.contains(d.as_str()) {
                 bail!("nbd.default_export {d:?} is not an export");
             }
-        }
         Ok(())
     }
 }

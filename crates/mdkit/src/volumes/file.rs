@@ -76,11 +76,10 @@ impl VolumeKind for FileKind {
             }
             let dev = FileDevice::open(&path, opts)?;
             let have = dev.topology().size_bytes;
-            if let Some(size) = want {
-                if have != size {
+            if let Some(size) = want
+                && have != size {
                     bail!("{} is {have} bytes but the config says size = {size}; fix the config or the file", path.display());
                 }
-            }
             if let Some(why) = dev.direct_fallback_reason() {
                 tracing::warn!(volume = %spec.name, path = %path.display(), "not using O_DIRECT: {why}");
             }

@@ -45,7 +45,7 @@ impl VolumeKind for MemKind {
                 bail!("logical_block_bytes must be 512 or 4096, not {}", p.logical_block_bytes);
             }
             let size = p.size.bytes();
-            if size == 0 || size % u64::from(p.logical_block_bytes) != 0 {
+            if size == 0 || !size.is_multiple_of(u64::from(p.logical_block_bytes)) {
                 bail!("size {size} bytes is not a non-zero multiple of {} bytes", p.logical_block_bytes);
             }
             let mut topo = Topology::simple(size);

@@ -67,7 +67,7 @@ impl Server {
         let base = if Path::new("/var/tmp").is_dir() { "/var/tmp" } else { "/tmp" };
         let dir = tempfile::Builder::new().prefix("mdkit-test-").tempdir_in(base).expect("temp dir");
         let config = format!(
-            "data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\", \"unix:nbd.sock\"]\nshutdown_grace_ms = 10000\n{nbd_extra}\n{body}",
+            "data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\", \"unix:nbd.sock\"]\n{nbd_extra}\n{body}",
             dir.path().display()
         );
         let config_path = dir.path().join("mdkit.toml");
@@ -105,11 +105,10 @@ impl Server {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("mdkit serve exited early with {st}; log:\n{}", self.log_text());
             }
-            if self.control.exists() {
-                if let Ok(v) = self.try_status() {
+            if self.control.exists()
+                && let Ok(v) = self.try_status() {
                     return v;
                 }
-            }
             assert!(start.elapsed() < limit, "mdkit serve not ready after {limit:?}; log:\n{}", self.log_text());
             std::thread::sleep(Duration::from_millis(20));
         }
