@@ -94,8 +94,12 @@ pub fn assert_matches(md: &ThinMetadata, model: &Model, what: &str) {
             assert_eq!(m.shared, d.details.snapshotted_time > *t, "{what}: shared flag {dev}:{vb}");
         }
     }
+    // Counts are per referencing leaf *node*: a subtree shared by snapshots holds one
+    // reference until it is copied. So a block mapped by n devices has 1..=n references
+    // (exact node-level counts are verified by `check`).
     for (b, n) in model.data_refs() {
-        assert_eq!(md.data_block_ref_count(b).unwrap(), n, "{what}: refcount of data block {b}");
+        let c = md.data_block_ref_count(b).unwrap();
+        assert!((1..=n).contains(&c), "{what}: data block {b} mapped {n} times has refcount {c}");
     }
     assert_eq!(md.status().used_data_blocks, model.data_refs().len() as u64, "{what}: used data blocks");
 }
@@ -148,7 +152,7 @@ pub fn random_op(md: &mut ThinMetadata, model: &mut Model, rng: &mut Rng, max_de
         model.devices.remove(&dev);
         return format!("delete {dev}");
     }
-    if roll < 30 {
+    if roll < 29 {
         let a = rng.below(max_vblock);
         let b = a + rng.below(200);
         let n = md.remove_range(dev, a, b).unwrap();
