@@ -892,7 +892,7 @@ impl FileDevice {
     /// queue permit.
     async fn range_ioctl(&self, op: IoOp, req: libc::Ioctl, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         let s = self.shared.clone();
-        let _permit = s
+        let permit = s
             .permits
             .clone()
             .acquire_owned()
@@ -900,6 +900,8 @@ impl FileDevice {
             .map_err(|_| s.op_error(op, offset_bytes, len_bytes, -libc::ESHUTDOWN))?;
         let s2 = s.clone();
         let res = tokio::task::spawn_blocking(move || {
+            // The permit stays with the ioctl even if the caller stops waiting.
+            let _permit = permit;
             let range: [u64; 2] = [offset_bytes, len_bytes];
             // SAFETY: BLKDISCARD/BLKZEROOUT read a `[u64; 2]` range from the pointer.
             let r = unsafe { libc::ioctl(s2.file.as_raw_fd(), req, range.as_ptr()) };

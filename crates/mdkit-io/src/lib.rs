@@ -2,6 +2,22 @@
 //! aligned buffers ([`IoBuf`], [`SharedBuf`]); backends (io_uring files and block devices, a
 //! sparse RAM disk) and decorators (fault injection, crash recording, flash latency model,
 //! tracing) that stack over any backend.
+//!
+//! | module    | what                                                                     |
+//! |-----------|--------------------------------------------------------------------------|
+//! | [`device`] | the [`BlockDevice`] contract, [`check_io`], [`IoOp`], [`PerOp`]          |
+//! | [`buf`]    | [`IoBuf`] / [`SharedBuf`]: owned 4 KiB-aligned buffers                  |
+//! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
+//! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
+//! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
+//! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
+//! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
+//! | [`trace`]  | [`Tracer`] / [`TracedDevice`]: events, counters, histograms             |
+//! | [`timer`]  | [`MicroTimer`]: microsecond sleeps on tokio (timerfd)                   |
+//! | [`rng`]    | [`Rng`]: the deterministic PRNG of every simulation                     |
+//!
+//! Decorators are generic over `D: BlockDevice` (including `Arc<dyn BlockDevice>`) and each
+//! hands out a cheap clonable handle to control or inspect it while I/O runs.
 
 pub mod buf;
 pub mod crash;
