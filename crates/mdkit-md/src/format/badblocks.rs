@@ -33,6 +33,8 @@ pub enum BadBlockError {
     Unrepresentable { start_sector: u64, len_sectors: u64, shift: u8 },
     #[error("{count} bad-block entries do not fit in one 4 KiB page ({ENTRIES_PER_PAGE} max)")]
     TooMany { count: usize },
+    #[error("bad-block entry {index} does not fit 64-bit sectors with bblog_shift {shift}")]
+    OutOfRange { index: usize, shift: u8 },
 }
 
 /// Decodes a log read from disk (`bblog_size` sectors, at most one page).
@@ -50,8 +52,12 @@ pub fn decode(log: &[u8], shift: u8) -> Result<Vec<BadBlock>, BadBlockError> {
         if units == 0 {
             return Err(BadBlockError::ZeroLength { index });
         }
-        let start_sector = (raw >> 10).checked_shl(u32::from(shift)).unwrap_or(u64::MAX);
-        out.push(BadBlock { start_sector, len_sectors: units << shift });
+        // bblog_shift comes from disk: widen, then refuse what does not fit 64 bits.
+        let wide = |v: u64| (u32::from(shift) < 64).then(|| u128::from(v) << shift).and_then(|w| u64::try_from(w).ok());
+        let (Some(start_sector), Some(len_sectors)) = (wide(raw >> 10), wide(units)) else {
+            return Err(BadBlockError::OutOfRange { index, shift });
+        };
+        out.push(BadBlock { start_sector, len_sectors });
     }
     Ok(out)
 }
@@ -62,11 +68,17 @@ pub fn encode(blocks: &[BadBlock], shift: u8) -> Result<[u8; METADATA_BLOCK_BYTE
         return Err(BadBlockError::TooMany { count: blocks.len() });
     }
     let mut page = [0xffu8; METADATA_BLOCK_BYTES];
+    if shift >= 54 {
+        // Entries hold 54 bits of start; larger shifts cannot describe any block.
+        return match blocks.first() {
+            None => Ok(page),
+            Some(b) => Err(BadBlockError::Unrepresentable { start_sector: b.start_sector, len_sectors: b.len_sectors, shift }),
+        };
+    }
     let unit_mask = (1u64 << shift) - 1;
     for (i, b) in blocks.iter().enumerate() {
         let units = b.len_sectors >> shift;
-        let bad = shift >= 54
-            || b.start_sector & unit_mask != 0
+        let bad = b.start_sector & unit_mask != 0
             || b.len_sectors & unit_mask != 0
             || units == 0
             || units > MAX_ENTRY_UNITS
@@ -95,5 +107,11 @@ mod tests {
         assert!(encode(&[BadBlock { start_sector: 1, len_sectors: 8 }], 3).is_err());
         assert!(decode(&[0u8; 8], 0).is_err());
         assert!(decode(&[0u8; 7], 0).is_err());
+        // Shifts from disk may be anything: no panic, a clear error.
+        assert_eq!(encode(&[], 200).unwrap(), [0xff; 4096]);
+        assert!(encode(&shifted, 64).is_err());
+        let mut page = [0xffu8; 4096];
+        page[..8].copy_from_slice(&((1u64 << 10) | 1).to_le_bytes());
+        assert!(matches!(decode(&page, 64), Err(BadBlockError::OutOfRange { .. })));
     }
 }

@@ -197,8 +197,6 @@ pub enum SuperblockError {
     PplConflict { other: &'static str },
     #[error("device role is journal but the JOURNAL feature is not set")]
     JournalRoleWithoutFeature,
-    #[error("dev_number {dev_number} is not below max_dev {max_dev} and the role table is empty")]
-    NoRoleTable { dev_number: u32, max_dev: u32 },
 }
 
 /// Which of the three v1 placements a superblock uses.

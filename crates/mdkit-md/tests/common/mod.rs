@@ -4,6 +4,7 @@
 
 pub mod images;
 pub mod lab;
+pub mod verify;
 
 /// SplitMix64: deterministic, seedable, owned here so seeds reproduce across versions.
 #[derive(Clone, Debug)]
