@@ -328,6 +328,19 @@ fn check_node(tm: &Tm, b: u64, n: NodeView<'_>, leaf_value_size: usize) -> Resul
     Ok(())
 }
 
+/// Child `i` of internal node `b`, refusing references past the device or back up the path.
+fn child_of(tm: &Tm, b: u64, n: NodeView<'_>, i: usize, path: &[u64]) -> Result<u64> {
+    let c = n.value_u64(i);
+    let reason = if c >= tm.nr_blocks() {
+        Corruption::BeyondDevice { target: c, nr_blocks: tm.nr_blocks() }
+    } else if c == b || path.contains(&c) {
+        Corruption::Cycle
+    } else {
+        return Ok(c);
+    };
+    Err(MetaError::Corrupt { device: tm.name().to_string(), block: b, path: BlockPath(path.to_vec()), reason })
+}
+
 fn with_path(e: MetaError, path: &[u64]) -> MetaError {
     e.with_path_prefix(path)
 }
@@ -371,20 +384,20 @@ pub(crate) fn lookup(tm: &Tm, root: u64, key: u64, value_size: usize, mode: Read
         if n.is_leaf() {
             return Ok((n.key(i) == key).then(|| Value::new(n.value(i))));
         }
-        b = n.value_u64(i);
+        b = child_of(tm, b, n, i, &path[..depth])?;
     }
     Err(too_deep(tm, b, &path))
 }
 
 /// The first entry with key >= `key`.
 pub(crate) fn lookup_ge(tm: &Tm, root: u64, key: u64, value_size: usize) -> Result<Option<(u64, Value)>> {
-    fn rec(tm: &Tm, b: u64, key: u64, vs: usize, depth: usize) -> Result<Option<(u64, Value)>> {
-        if depth >= MAX_DEPTH {
-            return Err(too_deep(tm, b, &[]));
+    fn rec(tm: &Tm, b: u64, key: u64, vs: usize, path: &mut Vec<u64>) -> Result<Option<(u64, Value)>> {
+        if path.len() >= MAX_DEPTH {
+            return Err(too_deep(tm, b, path));
         }
-        let blk = tm.read(b, BlockKind::Node)?;
+        let blk = tm.read(b, BlockKind::Node).map_err(|e| with_path(e, path))?;
         let n = NodeView::new(&blk);
-        check_node(tm, b, n, vs)?;
+        check_node(tm, b, n, vs).map_err(|e| with_path(e, path))?;
         let nr = n.nr_entries() as usize;
         if n.is_leaf() {
             let start = match n.lower_bound(key) {
@@ -396,14 +409,17 @@ pub(crate) fn lookup_ge(tm: &Tm, root: u64, key: u64, value_size: usize) -> Resu
         }
         let start = n.lower_bound(key).unwrap_or(0);
         for i in start..nr {
-            let child = n.value_u64(i);
-            if let Some(r) = rec(tm, child, key, vs, depth + 1).map_err(|e| with_path(e, &[b]))? {
+            let child = child_of(tm, b, n, i, path)?;
+            path.push(b);
+            let r = rec(tm, child, key, vs, path);
+            path.pop();
+            if let Some(r) = r? {
                 return Ok(Some(r));
             }
         }
         Ok(None)
     }
-    rec(tm, root, key, value_size, 0)
+    rec(tm, root, key, value_size, &mut Vec::new())
 }
 
 /// Visits entries with `begin <= key < end` in key order; `f` returns false to stop.
@@ -421,15 +437,15 @@ pub(crate) fn walk_range(
         vs: usize,
         begin: u64,
         end: u64,
-        depth: usize,
+        path: &mut Vec<u64>,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
     ) -> Result<bool> {
-        if depth >= MAX_DEPTH {
-            return Err(too_deep(tm, b, &[]));
+        if path.len() >= MAX_DEPTH {
+            return Err(too_deep(tm, b, path));
         }
-        let blk = tm.read(b, BlockKind::Node)?;
+        let blk = tm.read(b, BlockKind::Node).map_err(|e| with_path(e, path))?;
         let n = NodeView::new(&blk);
-        check_node(tm, b, n, vs)?;
+        check_node(tm, b, n, vs).map_err(|e| with_path(e, path))?;
         let nr = n.nr_entries() as usize;
         if n.is_leaf() {
             for i in 0..nr {
@@ -448,14 +464,17 @@ pub(crate) fn walk_range(
             if n.key(i) >= end {
                 return Ok(false);
             }
-            let child = n.value_u64(i);
-            if !rec(tm, child, vs, begin, end, depth + 1, f).map_err(|e| with_path(e, &[b]))? {
+            let child = child_of(tm, b, n, i, path)?;
+            path.push(b);
+            let r = rec(tm, child, vs, begin, end, path, f);
+            path.pop();
+            if !r? {
                 return Ok(false);
             }
         }
         Ok(true)
     }
-    rec(tm, root, value_size, begin, end, 0, f).map(|_| ())
+    rec(tm, root, value_size, begin, end, &mut Vec::new(), f).map(|_| ())
 }
 
 /// Shadows `b` for modification, adding references to its children if it was shared.
@@ -608,7 +627,11 @@ pub(crate) fn remove_range(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, value_s
         let mut removed = Vec::new();
         let loc = remove_run_rec(tm, rc, root, k, end, 0, &mut removed)?;
         root = collapse_root(tm, loc)?;
-        assert!(!removed.is_empty(), "a present key was not removed");
+        if removed.is_empty() {
+            // lookup_ge found the key but the descent did not: keys are out of order
+            // across nodes.
+            return Err(tm.corrupt(root, Corruption::KeyRangeViolation(format!("key {k} is not where the tree's keys lead"))));
+        }
         count += removed.len() as u64;
         for v in &removed {
             rc.dec(tm, v.as_slice())?;

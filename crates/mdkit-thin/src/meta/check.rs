@@ -197,7 +197,12 @@ impl Walker<'_> {
     /// Counts one reference to `b` in `role`; says whether to descend.
     fn reference(&mut self, b: u64, role: Role, path: &[u64]) -> Visit {
         if b >= self.nr_meta {
-            self.corruption(b, path, Corruption::BeyondDevice { nr_blocks: self.nr_meta });
+            // Name the block holding the bad reference.
+            let (at, up) = match path.split_last() {
+                Some((p, rest)) => (*p, rest),
+                None => (0, path),
+            };
+            self.corruption(at, up, Corruption::BeyondDevice { target: b, nr_blocks: self.nr_meta });
             return Visit::Invalid;
         }
         self.meta_refs[b as usize] += 1;
@@ -427,23 +432,23 @@ fn check_thin_trees(w: &mut Walker<'_>, sb: &Superblock, data: &mut DataRefs, nr
 fn check_data_sm(w: &mut Walker<'_>, root: &SmRoot, data: &DataRefs) {
     let nb = nr_bitmaps(root.nr_blocks);
     let index = w.collect(root.bitmap_root, Role::DataIndexNode, INDEX_ENTRY_BYTES);
-    let mut entries = Vec::with_capacity(nb as usize);
+    // The index is bounded by the metadata device, so a bogus nr_blocks is caught here before
+    // anything is sized by it.
+    if index.len() as u64 != nb {
+        w.error(Some(root.bitmap_root), &[], format!("data space-map index has {} entries, expected {nb}", index.len()));
+        return;
+    }
+    let mut entries = Vec::with_capacity(index.len());
     for (i, (k, v)) in index.iter().enumerate() {
-        if *k != i as u64 || *k >= nb {
-            w.error(Some(root.bitmap_root), &[], format!("data space-map index key {k} at position {i} (expected {nb} entries)"));
+        if *k != i as u64 {
+            w.error(Some(root.bitmap_root), &[], format!("data space-map index key {k} at position {i}"));
             return;
         }
         entries.push(IndexEntry::unpack(v));
     }
-    if entries.len() as u64 != nb {
-        w.error(Some(root.bitmap_root), &[], format!("data space-map index has {} entries, expected {nb}", entries.len()));
-        return;
-    }
     let overflow: HashMap<u64, u32> =
         w.collect(root.ref_count_root, Role::DataRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
-    let codes = read_bitmaps(w, &entries, root.nr_blocks, root.bitmap_root);
-    let Some(codes) = codes else { return };
-    compare_counts(w, "data", root, &entries, &codes, &overflow, |b| data.get(b));
+    compare_space_map(w, "data", root, &entries, &overflow, |b| data.get(b));
 }
 
 fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
@@ -457,91 +462,87 @@ fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
     let entries = index_block_decode(&blk, nb);
     let overflow: HashMap<u64, u32> =
         w.collect(root.ref_count_root, Role::MetaRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
-    let Some(codes) = read_bitmaps(w, &entries, root.nr_blocks, root.bitmap_root) else { return };
-    // Every reference is counted now (the space map's own blocks included).
+    // Count the bitmaps' own references before comparing anything.
+    let mut ok = true;
+    for ie in &entries {
+        if !matches!(w.reference(ie.blocknr, Role::Bitmap, &[root.bitmap_root]), Visit::First) {
+            ok = false;
+        }
+    }
+    if !ok {
+        return;
+    }
     let counted = std::mem::take(&mut w.meta_refs);
-    compare_counts(w, "metadata", root, &entries, &codes, &overflow, |b| counted[b as usize]);
+    compare_space_map_counted(w, "metadata", root, &entries, &overflow, |b| counted[b as usize]);
     w.meta_refs = counted;
 }
 
-fn read_bitmaps(w: &mut Walker<'_>, entries: &[IndexEntry], nr_blocks: u64, index_loc: u64) -> Option<Vec<u8>> {
-    let mut codes = vec![0u8; nr_blocks as usize];
-    let mut ok = true;
-    for (bm, ie) in entries.iter().enumerate() {
-        let path = [index_loc];
-        match w.reference(ie.blocknr, Role::Bitmap, &path) {
-            Visit::First => {}
-            _ => {
-                ok = false;
-                continue;
-            }
-        }
-        let Some(blk) = w.read(ie.blocknr, BlockKind::Bitmap, &path) else {
-            ok = false;
-            continue;
-        };
-        let start = bm * ENTRIES_PER_BITMAP as usize;
-        let end = (start + ENTRIES_PER_BITMAP as usize).min(nr_blocks as usize);
-        bitmap_decode(&blk, &mut codes[start..end]);
-    }
-    ok.then_some(codes)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn compare_counts(
+/// Data space map: bitmaps are referenced (counted as metadata) as they are read.
+fn compare_space_map(
     w: &mut Walker<'_>,
     what: &str,
     root: &SmRoot,
     entries: &[IndexEntry],
-    codes: &[u8],
+    overflow: &HashMap<u64, u32>,
+    expected: impl Fn(u64) -> u32,
+) {
+    for ie in entries {
+        if !matches!(w.reference(ie.blocknr, Role::Bitmap, &[root.bitmap_root]), Visit::First) {
+            return;
+        }
+    }
+    compare_space_map_counted(w, what, root, entries, overflow, expected);
+}
+
+/// Compares every entry of the space map (bitmap by bitmap) with the counted references.
+fn compare_space_map_counted(
+    w: &mut Walker<'_>,
+    what: &str,
+    root: &SmRoot,
+    entries: &[IndexEntry],
     overflow: &HashMap<u64, u32>,
     expected: impl Fn(u64) -> u32,
 ) {
     let mut allocated = 0u64;
-    let mut mismatches = 0u64;
-    for (b, &code) in codes.iter().enumerate() {
-        let b = b as u64;
-        let on_disk = if code == 3 {
-            match overflow.get(&b) {
-                Some(&v) => v,
-                None => {
-                    w.error(Some(root.ref_count_root), &[], format!("{what} block {b} marked >= 3 but missing from the ref-count tree"));
-                    continue;
-                }
-            }
-        } else {
-            u32::from(code)
-        };
-        if on_disk != 0 {
-            allocated += 1;
-        }
-        let want = expected(b);
-        if on_disk != want {
-            mismatches += 1;
-            let kind = if on_disk > want { "leaked" } else { "under-counted" };
-            w.error(None, &[], format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"));
-        }
-    }
-    for (&b, &v) in overflow {
-        if b >= codes.len() as u64 || codes[b as usize] != 3 {
-            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds block {b} (count {v}) whose bitmap entry is not 3"));
-        } else if v < 3 {
-            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds count {v} < 3 for block {b}"));
-        }
-    }
-    if allocated != root.nr_allocated {
-        // thin_restore 0.9.0 writes an off-by-one metadata nr_allocated; thin_check accepts it.
-        w.warning(Some(0), format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated));
-    }
+    let mut codes = vec![0u8; ENTRIES_PER_BITMAP as usize];
+    let mut overflow_matched: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for (bm, ie) in entries.iter().enumerate() {
-        let start = bm * ENTRIES_PER_BITMAP as usize;
-        let end = (start + ENTRIES_PER_BITMAP as usize).min(codes.len());
-        let used = codes[start..end].iter().filter(|&&c| c != 0).count() as u32;
+        let Some(blk) = w.read(ie.blocknr, BlockKind::Bitmap, &[root.bitmap_root]) else { continue };
+        let base = bm as u64 * ENTRIES_PER_BITMAP;
+        let len = (root.nr_blocks - base).min(ENTRIES_PER_BITMAP) as usize;
+        bitmap_decode(&blk, &mut codes[..len]);
+        let mut used = 0u32;
+        for (i, &code) in codes[..len].iter().enumerate() {
+            let b = base + i as u64;
+            let on_disk = if code == 3 {
+                match overflow.get(&b) {
+                    Some(&v) => {
+                        overflow_matched.insert(b);
+                        v
+                    }
+                    None => {
+                        w.error(Some(root.ref_count_root), &[], format!("{what} block {b} marked >= 3 but missing from the ref-count tree"));
+                        continue;
+                    }
+                }
+            } else {
+                u32::from(code)
+            };
+            if on_disk != 0 {
+                allocated += 1;
+                used += 1;
+            }
+            let want = expected(b);
+            if on_disk != want {
+                let kind = if on_disk > want { "leaked" } else { "under-counted" };
+                w.error(None, &[], format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"));
+            }
+        }
         let want_free = ENTRIES_PER_BITMAP as u32 - used;
         if ie.nr_free != want_free {
             w.warning(Some(ie.blocknr), format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free));
         }
-        if let Some(first_free) = codes[start..end].iter().position(|&c| c == 0) {
+        if let Some(first_free) = codes[..len].iter().position(|&c| c == 0) {
             if ie.none_free_before as usize > first_free {
                 // A hint only (thin_restore 0.9.0 writes such hints); space is lost, not damaged.
                 w.warning(
@@ -551,5 +552,15 @@ fn compare_counts(
             }
         }
     }
-    let _ = mismatches;
+    for (&b, &v) in overflow {
+        if !overflow_matched.contains(&b) {
+            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds block {b} (count {v}) whose bitmap entry is not 3"));
+        } else if v < 3 {
+            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds count {v} < 3 for block {b}"));
+        }
+    }
+    if allocated != root.nr_allocated {
+        // thin_restore 0.9.0 writes an off-by-one metadata nr_allocated; thin_check accepts it.
+        w.warning(Some(0), format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated));
+    }
 }

@@ -54,7 +54,7 @@ impl DataSm {
     /// Opens the space map described by `root`.
     pub fn open(tm: &Tm, root: &SmRoot) -> Result<DataSm> {
         let nb = nr_bitmaps(root.nr_blocks);
-        let mut index = Vec::with_capacity(nb as usize);
+        let mut index = Vec::new();
         let mut bad: Option<MetaError> = None;
         btree::walk_range(tm, root.bitmap_root, INDEX_ENTRY_BYTES, 0, u64::MAX, &mut |k, v| {
             let ie = IndexEntry::unpack(v);
@@ -105,7 +105,7 @@ impl DataSm {
     }
 
     pub fn nr_free(&self) -> u64 {
-        self.nr_blocks - self.nr_allocated
+        self.nr_blocks.saturating_sub(self.nr_allocated)
     }
 
     /// Grows to `new_nr_blocks` (shrinking is refused).
@@ -168,17 +168,18 @@ impl DataSm {
             self.index_dirty.insert(bm);
         }
         bitmap_set(tm.get_mut(loc)?, entry, n.min(3) as u8);
+        // Saturating: index hints and nr_allocated come from disk and may be off.
         if old == 0 && n > 0 {
-            ie.nr_free -= 1;
+            ie.nr_free = ie.nr_free.saturating_sub(1);
             if entry == ie.none_free_before {
                 ie.none_free_before += 1;
             }
-            self.nr_allocated += 1;
+            self.nr_allocated = (self.nr_allocated + 1).min(self.nr_blocks);
             self.index_dirty.insert(bm);
         } else if old > 0 && n == 0 {
-            ie.nr_free += 1;
+            ie.nr_free = (ie.nr_free + 1).min(ENTRIES_PER_BITMAP as u32);
             ie.none_free_before = ie.none_free_before.min(entry);
-            self.nr_allocated -= 1;
+            self.nr_allocated = self.nr_allocated.saturating_sub(1);
             self.index_dirty.insert(bm);
             self.freed_this_txn.insert(b);
         }

@@ -30,8 +30,8 @@ pub enum Corruption {
     Cycle,
     /// Reached from more places than its reference count or its type allows.
     ReferencedTwice(String),
-    /// A reference points past the end of the metadata (or data) device.
-    BeyondDevice { nr_blocks: u64 },
+    /// A reference to block `target`, past the end of the metadata device.
+    BeyondDevice { target: u64, nr_blocks: u64 },
     /// A btree deeper than any valid tree (a cycle that was not caught otherwise).
     TooDeep { depth: usize },
     /// Superblock field out of range.
@@ -71,8 +71,8 @@ impl fmt::Display for Corruption {
             Corruption::KeyRangeViolation(s) => write!(f, "key range violation: {s}"),
             Corruption::Cycle => write!(f, "cycle: the block is its own descendant"),
             Corruption::ReferencedTwice(s) => write!(f, "block referenced twice: {s}"),
-            Corruption::BeyondDevice { nr_blocks } => {
-                write!(f, "reference beyond the end of the device ({nr_blocks} blocks)")
+            Corruption::BeyondDevice { target, nr_blocks } => {
+                write!(f, "references block {target}, beyond the end of the device ({nr_blocks} blocks)")
             }
             Corruption::TooDeep { depth } => write!(f, "btree deeper than {depth} levels (cycle?)"),
             Corruption::BadSuperblock(s) => write!(f, "bad superblock: {s}"),

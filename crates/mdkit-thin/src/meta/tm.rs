@@ -84,9 +84,13 @@ impl Tm {
         MetaError::Io { device: self.io.name().to_string(), op, block, source }
     }
 
+    pub fn nr_blocks(&self) -> u64 {
+        self.msm.nr_blocks()
+    }
+
     fn check_in_range(&self, b: u64) -> Result<()> {
         if b >= self.msm.nr_blocks() {
-            return Err(self.corrupt(b, Corruption::BeyondDevice { nr_blocks: self.msm.nr_blocks() }));
+            return Err(self.corrupt(b, Corruption::BeyondDevice { target: b, nr_blocks: self.msm.nr_blocks() }));
         }
         Ok(())
     }
