@@ -11,7 +11,7 @@
 //! LIST, ABORT, STRUCTURED_REPLY (other options: `NBD_REP_ERR_UNSUP`); commands READ, WRITE
 //! (FUA), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE, FAST_ZERO), DISC. Requests that are not aligned to
 //! the device block are served by read-modify-write when the client did not promise alignment
-//! (see [`gate`]). See `docs/NBD.md` for the error each malformed request gets.
+//! (see [`gate`]). The crate README lists the reply each malformed request gets.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {

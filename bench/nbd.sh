@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# NBD front-end benchmark: mdkit serve vs nbdkit's file plugin vs the raw file, same file,
+# same fio jobs, one run. Not part of the test suite.
+#
+#   bench/nbd.sh                    # defaults below; prints a table with ratios
+#   RUNTIME_S=20 SIZE=4G WORKDIR=/srv/bench bench/nbd.sh
+#
+# Fairness:
+# - One file on a real filesystem (not tmpfs), fully written once (no unwritten extents, no
+#   holes) and shared by all three targets.
+# - Identical fio job parameters for every target (bs, iodepth, rw, runtime, ramp, size,
+#   norandommap); fio's nbd engine (libnbd, one connection per job) for both servers, both
+#   over TCP loopback with TCP_NODELAY. Raw = fio io_uring O_DIRECT on the file: the ceiling.
+# - mdkit: release build, `kind = "file"` volume with direct = "require" (O_DIRECT, io_uring).
+# - nbdkit: `nbdkit --threads 16 file FILE cache=none` (its recommended setting to keep the
+#   page cache out; the file plugin is otherwise buffered). Page-cache state is reset before
+#   every run (drop_caches) so no target reads another's cached data. A second nbdkit row
+#   with the default cache (page cache, warmed by its own ramp) is printed for reference.
+# - Runs are interleaved (raw, mdkit, nbdkit per workload) so machine noise hits all alike.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_packages python3
+ensure_rust
+
+RUNTIME_S=${RUNTIME_S:-10}
+RAMP_S=${RAMP_S:-2}
+SIZE=${SIZE:-2G}
+WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-nbd}
+MDKIT_PORT=${MDKIT_PORT:-10871}
+NBDKIT_PORT=${NBDKIT_PORT:-10872}
+NBDKIT_CACHED_PORT=${NBDKIT_CACHED_PORT:-10873}
+NBDKIT_THREADS=${NBDKIT_THREADS:-16}
+
+cargo build --release -p mdkit >&2
+MDKIT=$PWD/target/release/mdkit
+
+mkdir -p "$WORKDIR"
+fstype=$(stat -f -c %T "$WORKDIR")
+case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+FILE=$WORKDIR/bench.img
+want=$(numfmt --from=iec "$SIZE")
+if [ ! -f "$FILE" ] || [ "$(stat -c %s "$FILE")" != "$want" ]; then
+    log "writing $SIZE test file $FILE (once)"
+    rm -f "$FILE"
+    dd if=/dev/zero of="$FILE" bs=1M count=$((want >> 20)) oflag=direct status=none
+fi
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+cat > "$WORKDIR/mdkit.toml" <<TOML
+data_dir = "$WORKDIR/mdkit"
+[nbd]
+listen = ["127.0.0.1:$MDKIT_PORT"]
+[[volume]]
+name = "bench"
+kind = "file"
+path = "$FILE"
+direct = "require"
+[[export]]
+name = "bench"
+volume = "bench"
+TOML
+"$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit.log" &
+pids+=($!)
+nbdkit -f -p "$NBDKIT_PORT" --threads "$NBDKIT_THREADS" file "$FILE" cache=none 2>"$WORKDIR/nbdkit.log" &
+pids+=($!)
+nbdkit -f -p "$NBDKIT_CACHED_PORT" --threads "$NBDKIT_THREADS" file "$FILE" 2>"$WORKDIR/nbdkit-cached.log" &
+pids+=($!)
+for port in "$MDKIT_PORT" "$NBDKIT_PORT" "$NBDKIT_CACHED_PORT"; do
+    for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
+    nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null
+done
+
+drop_caches() { sync; [ -w /proc/sys/vm/drop_caches ] && echo 3 > /proc/sys/vm/drop_caches || true; }
+
+# run_fio NAME TARGET RW BS QD -> JSON file path
+run_fio() {
+    local name=$1 target=$2 rw=$3 bs=$4 qd=$5 out="$WORKDIR/$1.json" eng
+    case $target in
+        raw) eng=(--ioengine=io_uring --direct=1 "--filename=$FILE") ;;
+        mdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/bench") ;;
+        nbdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_PORT/") ;;
+        nbdkit-cached) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_CACHED_PORT/") ;;
+    esac
+    [ "$target" = nbdkit-cached ] || drop_caches
+    fio --name="$name" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$SIZE" \
+        --runtime="$RUNTIME_S" --ramp_time="$RAMP_S" --time_based --norandommap --randrepeat=0 \
+        --output-format=json --output="$out" >/dev/null 2>&1
+    echo "$out"
+}
+
+WORKLOADS=("randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "write 1m 8")
+TARGETS=(raw mdkit nbdkit nbdkit-cached)
+results=$WORKDIR/results.txt
+: > "$results"
+for w in "${WORKLOADS[@]}"; do
+    set -- $w
+    for t in "${TARGETS[@]}"; do
+        log "$t: $1 bs=$2 qd=$3"
+        f=$(run_fio "$t-$1-$2-qd$3" "$t" "$1" "$2" "$3")
+        echo "$1 $2 $3 $t $f" >> "$results"
+    done
+done
+
+python3 - "$results" "$RUNTIME_S" "$NBDKIT_THREADS" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    rw, bs, qd, target, path = line.split()
+    j = json.load(open(path))["jobs"][0]
+    d = j["write"] if "write" in rw else j["read"]
+    rows.setdefault((rw, bs, qd), {})[target] = (d["iops"], d["bw_bytes"] / 1e6)
+print(f"\nfio {sys.argv[2]} s per run, 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}")
+hdr = f"{'workload':<22}{'raw':>16}{'mdkit':>16}{'nbdkit':>16}{'nbdkit(cache)':>16}{'mdkit/nbdkit':>14}{'mdkit/raw':>11}"
+print(hdr)
+print("-" * len(hdr))
+for (rw, bs, qd), r in rows.items():
+    big = bs.endswith("m")
+    def cell(t):
+        if t not in r: return f"{'-':>16}"
+        iops, mbs = r[t]
+        return f"{mbs:>12.0f} MB/s" if big else f"{iops:>11.0f} IOPS"
+    name = f"{rw} {bs} QD{qd}"
+    m, n, w = r["mdkit"], r["nbdkit"], r["raw"]
+    k = 1 if big else 0
+    ratio_n = m[k] / n[k] if n[k] else float("nan")
+    ratio_r = m[k] / w[k] if w[k] else float("nan")
+    print(f"{name:<22}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{cell('nbdkit-cached')}{ratio_n:>13.2f}x{ratio_r:>10.2f}x")
+print("\nnbdkit = file plugin cache=none with caches dropped before each run (the comparison);")
+print("nbdkit(cache) = default page-cache mode, for reference only (not a like-for-like number).")
+PY

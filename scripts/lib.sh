@@ -1,0 +1,40 @@
+# Shared setup for scripts/serve and scripts/test (sourced, not run). Debian 12.
+#
+# ensure_packages: installs the apt packages below that are missing (no apt call at all when
+#                  everything is present, so a prepared machine pays nothing).
+# ensure_rust:     installs a Rust toolchain with rustup when `cargo` is missing.
+
+# Host tools the test suite drives (NBD clients incl. nbdfuse, which Debian 12 ships in
+# libnbd-bin; fio; md/thin tools; filesystems), what the
+# kernel lab's build.sh needs (qemu, cpio, kmod, zstd, xz), and what building needs.
+MDKIT_APT_PACKAGES=(
+    build-essential pkg-config curl ca-certificates
+    fio qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-client
+    mdadm thin-provisioning-tools e2fsprogs fuse3 util-linux
+    cpio kmod zstd xz-utils
+)
+
+log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
+
+ensure_packages() {
+    local missing=() p
+    for p in "${MDKIT_APT_PACKAGES[@]}" "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    ((${#missing[@]})) || return 0
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    log "installing apt packages: ${missing[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+ensure_rust() {
+    [ -x "$HOME/.cargo/bin/cargo" ] && PATH="$HOME/.cargo/bin:$PATH"
+    if ! command -v cargo >/dev/null; then
+        log "installing the Rust toolchain with rustup"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain stable
+        PATH="$HOME/.cargo/bin:$PATH"
+    fi
+    export PATH
+}
