@@ -2,16 +2,18 @@
 # FileDevice (io_uring + O_DIRECT) vs fio --ioengine=io_uring --direct=1 on the same file, in the
 # same run, workload by workload (alternating, so both see the same machine state).
 #
-#   crates/mdkit-io/bench.sh [DIR] [RUNTIME_SECS] [SIZE_MIB]
+#   crates/mdkit-io/bench.sh [DIR] [RUNTIME_SECS] [SIZE_MIB] [REPEAT]
 #
 # DIR defaults to /var/tmp (must support O_DIRECT: not tmpfs). The file is fully written first so
-# neither side measures block allocation. Prints a table with the mdkit/fio ratio; both are single
-# threaded (one tokio current-thread runtime vs one fio job). Needs fio and python3.
+# neither side measures block allocation. Each workload runs REPEAT times (default 3) on each side,
+# alternating mdkit/fio; the table shows the median IOPS of each side and their ratio. Both are
+# single threaded (one tokio current-thread runtime vs one fio job). Needs fio and python3.
 set -euo pipefail
 
 dir=${1:-/var/tmp}
 runtime=${2:-10}
 size_mib=${3:-1024}
+repeat=${4:-3}
 file="$dir/mdkit-io-bench.img"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 
@@ -39,18 +41,41 @@ declare -A fio_args=(
 )
 order="randread4k-qd1 randread4k-qd32 randwrite4k-qd1 randwrite4k-qd32 seqwrite1m-qd4"
 
-fio_iops() {
+# Prints "<iops> <cpu_us_per_io>" for one fio run.
+fio_run() {
     # shellcheck disable=SC2086
     fio --name=ref --filename="$file" --ioengine=io_uring --direct=1 --size="${size_mib}M" \
         --time_based --runtime="$runtime" --norandommap --randrepeat=0 --output-format=json $1 |
-        python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))'
+        python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+cpu_us = (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1000
+print(round(j["read"]["iops"] + j["write"]["iops"]), f"{cpu_us / max(ios, 1):.2f}")'
 }
 
-printf "%-18s %12s %12s %8s\n" workload mdkit_iops fio_iops ratio
+# Prints "<iops> <cpu_us_per_io>" for one io_bench run.
+mdkit_run() {
+    "$bench" --file "$file" --runtime-secs "$runtime" --workloads "$1" |
+        sed -n 's/.* iops=\([0-9]*\).*cpu_us_per_io=\([0-9.]*\).*/\1 \2/p'
+}
+
+median() { python3 -c 'import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+
+printf "%-18s %11s %11s %6s %13s %13s   %s\n" workload mdkit_iops fio_iops ratio mdkit_cpu_us fio_cpu_us \
+    "iops per run (mdkit | fio)"
 for w in $order; do
-    ours=$("$bench" --file "$file" --runtime-secs "$runtime" --workloads "$w" |
-        sed -n 's/.*iops=\([0-9]*\).*/\1/p')
-    ref=$(fio_iops "${fio_args[$w]}")
+    ours_iops=() ours_cpu=() ref_iops=() ref_cpu=()
+    for _ in $(seq "$repeat"); do
+        read -r i c < <(mdkit_run "$w")
+        ours_iops+=("$i") ours_cpu+=("$c")
+        read -r i c < <(fio_run "${fio_args[$w]}")
+        ref_iops+=("$i") ref_cpu+=("$c")
+    done
+    ours=$(median "${ours_iops[@]}")
+    ref=$(median "${ref_iops[@]}")
     ratio=$(python3 -c "print(f'{$ours/$ref:.2f}' if $ref else 'n/a')")
-    printf "%-18s %12s %12s %8s\n" "$w" "$ours" "$ref" "$ratio"
+    printf "%-18s %11.0f %11.0f %6s %13.2f %13.2f   %s | %s\n" "$w" "$ours" "$ref" "$ratio" \
+        "$(median "${ours_cpu[@]}")" "$(median "${ref_cpu[@]}")" "${ours_iops[*]}" "${ref_iops[*]}"
 done
+echo "(ratio = median mdkit IOPS / median fio IOPS; *_cpu_us = median user+system CPU µs per I/O)"

@@ -7,7 +7,8 @@
 //! ```
 //! Workloads are `<kind><bs>-qd<N>` with kind one of `randread`, `randwrite`, `seqwrite` and
 //! bs like `4k` or `1m`. Prints one line per workload:
-//! `workload=<name> iops=<n> mib_per_s=<n> lat_avg_us=<n>`.
+//! `workload=<name> iops=<n> mib_per_s=<n> lat_avg_us=<n> cpu_us_per_io=<n>` (user + system CPU
+//! time of the process per I/O: the overhead measure that survives a busy machine).
 //! The file must exist and be at least as large as the region used (the whole file).
 
 use std::sync::Arc;
@@ -133,6 +134,16 @@ async fn run(dev: Arc<FileDevice>, w: Workload, runtime: Duration) -> (u64, Dura
     (done.load(Ordering::Relaxed), start.elapsed())
 }
 
+/// User + system CPU time of this process.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(a) => a,
@@ -158,12 +169,18 @@ fn main() {
                     std::process::exit(1);
                 }
             };
+            let cpu_before = cpu_time();
             let (ops, elapsed) = run(dev, w.clone(), args.runtime).await;
+            let cpu = cpu_time().saturating_sub(cpu_before);
             let secs = elapsed.as_secs_f64();
             let iops = ops as f64 / secs;
             let mib = iops * w.block_bytes as f64 / f64::from(1 << 20);
             let lat_us = if ops > 0 { secs * 1e6 * f64::from(w.queue_depth) / ops as f64 } else { 0.0 };
-            println!("workload={} iops={:.0} mib_per_s={:.1} lat_avg_us={:.1}", w.name, iops, mib, lat_us);
+            let cpu_us_per_io = if ops > 0 { cpu.as_secs_f64() * 1e6 / ops as f64 } else { 0.0 };
+            println!(
+                "workload={} iops={:.0} mib_per_s={:.1} lat_avg_us={:.1} cpu_us_per_io={:.2}",
+                w.name, iops, mib, lat_us, cpu_us_per_io
+            );
         }
     });
 }

@@ -99,10 +99,10 @@ async fn drive(shared: Arc<TimerShared>) {
                 let Ok(mut guard) = ready else { return };
                 let mut expirations = [0u8; 8];
                 // SAFETY: reading 8 bytes from a non-blocking timerfd into a local buffer.
-                let r = unsafe { libc::read(shared.tfd.get_ref().as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
-                if r < 0 {
-                    guard.clear_ready();
-                }
+                let _ = unsafe { libc::read(shared.tfd.get_ref().as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+                // Edge-triggered: the next expiry is a new event. Cleared before firing, and only
+                // if no newer event arrived, so no expiry is missed.
+                guard.clear_ready();
                 shared.fire_expired();
             }
             _ = shared.shutdown.notified() => return,
