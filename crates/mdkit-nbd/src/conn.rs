@@ -379,7 +379,11 @@ async fn read(conn: &Conn, off: u64, len: u64) -> OpResult<SharedBuf> {
 async fn read_device(dev: &dyn BlockDevice, off: u64, len: usize) -> io::Result<IoBuf> {
     let max_io = dev.topology().max_io_bytes.max(4096) as usize;
     let mut rest = IoBuf::uninit_contents(len);
-    let mut done = IoBuf::uninit_contents(0);
+    if len <= max_io {
+        let (buf, r) = dev.read(off, rest).await;
+        return r.map(|()| buf);
+    }
+    let mut done: Option<IoBuf> = None;
     let mut pos = off;
     while !rest.is_empty() {
         let piece = rest.split_to(rest.len().min(max_io));
@@ -387,12 +391,17 @@ async fn read_device(dev: &dyn BlockDevice, off: u64, len: usize) -> io::Result<
         let (piece, r) = dev.read(pos, piece).await;
         r?;
         pos += n as u64;
-        if let Err(piece) = done.unsplit(piece) {
-            // Cannot happen: pieces are consecutive views of one allocation.
-            return Err(io::Error::other(format!("{}: read buffer pieces out of order ({piece:?})", dev.name())));
+        match &mut done {
+            None => done = Some(piece),
+            Some(d) => {
+                if let Err(piece) = d.unsplit(piece) {
+                    // Cannot happen: pieces are consecutive views of one allocation.
+                    return Err(io::Error::other(format!("{}: read buffer pieces out of order ({piece:?})", dev.name())));
+                }
+            }
         }
     }
-    Ok(done)
+    Ok(done.expect("len > max_io > 0, so at least one piece was read"))
 }
 
 async fn write_device(dev: &dyn BlockDevice, off: u64, data: SharedBuf, fua: bool) -> io::Result<()> {
