@@ -345,6 +345,17 @@ impl FileDevice {
     }
 }
 
+impl std::fmt::Debug for FileDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileDevice")
+            .field("path", &self.path)
+            .field("direct", &self.shared.direct)
+            .field("queue_depth", &self.shared.queue_depth)
+            .field("topology", &self.shared.topology)
+            .finish()
+    }
+}
+
 impl Drop for FileDevice {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);

@@ -254,6 +254,24 @@ async fn bad_requests_return_invalid_input_and_change_nothing() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
 
+/// A read that crosses the end of a file truncated behind the device's back: the first
+/// submission returns the bytes before EOF (a short read), the resubmitted remainder returns 0,
+/// and the caller gets UnexpectedEof saying how far it got.
+#[tokio::test]
+async fn short_read_is_resubmitted_then_reports_eof() {
+    let dir = target_tmp();
+    let path = dir.path().join("m0");
+    FileDevice::create_sparse(&path, MIB).unwrap();
+    let dev = open_direct(&path);
+    dev.write_slice(MIB - 8192, &pattern(12, 8192), WriteFlags::FUA).await.unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(MIB - 4096).unwrap();
+    let (buf, r) = dev.read(MIB - 8192, IoBuf::zeroed(8192)).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(e.to_string().contains("after 4096 bytes"), "{e}");
+    assert_eq!(&buf.as_slice()[..4096], &pattern(12, 8192)[..4096], "the part before EOF was read");
+}
+
 #[tokio::test]
 async fn open_errors_are_clear() {
     let dir = target_tmp();
