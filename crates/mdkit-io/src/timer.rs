@@ -15,7 +15,8 @@ use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -58,6 +59,17 @@ struct TimerShared {
     tfd: AsyncFd<OwnedFd>,
     state: Mutex<TimerState>,
     shutdown: Notify,
+    /// False once the driver task ended (timer dropped, or its runtime shut down).
+    driver_alive: AtomicBool,
+}
+
+/// Marks the driver dead when its task ends or is dropped with its runtime.
+struct DriverAlive(Arc<TimerShared>);
+
+impl Drop for DriverAlive {
+    fn drop(&mut self) {
+        self.0.driver_alive.store(false, Ordering::Release);
+    }
 }
 
 impl TimerShared {
@@ -93,6 +105,7 @@ impl TimerShared {
 }
 
 async fn drive(shared: Arc<TimerShared>) {
+    let _alive = DriverAlive(shared.clone());
     loop {
         tokio::select! {
             ready = shared.tfd.readable() => {
@@ -142,7 +155,12 @@ impl MicroTimer {
         // SAFETY: the OwnedFd keeps the descriptor open and unchanged for the AsyncFd's life.
         let tfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
-        let shared = Arc::new(TimerShared { tfd, state: Mutex::new(TimerState::default()), shutdown: Notify::new() });
+        let shared = Arc::new(TimerShared {
+            tfd,
+            state: Mutex::new(TimerState::default()),
+            shutdown: Notify::new(),
+            driver_alive: AtomicBool::new(true),
+        });
         runtime.spawn(drive(shared.clone()));
         Ok(MicroTimer { handle: Arc::new(TimerHandle { shared }) })
     }
@@ -174,10 +192,13 @@ impl MicroTimer {
     }
 }
 
-/// A timer created on first use, with a blocking fallback where none can be created.
+/// A timer created on first use — and again whenever the runtime that drove the previous one
+/// has shut down (a device may outlive one test runtime and be used from the next) — with a
+/// blocking fallback where none can be created.
 #[derive(Default)]
 pub(crate) struct LazyTimer {
-    timer: OnceLock<Option<MicroTimer>>,
+    timer: Mutex<Option<MicroTimer>>,
+    warned: AtomicBool,
 }
 
 impl LazyTimer {
@@ -185,13 +206,21 @@ impl LazyTimer {
         if duration.is_zero() {
             return;
         }
-        let timer = self.timer.get_or_init(|| match MicroTimer::new() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::warn!("microsecond timer unavailable ({e}); simulated latencies block the thread");
-                None
+        let timer = {
+            let mut t = self.timer.lock();
+            if t.as_ref().is_none_or(|t| !t.handle.shared.driver_alive.load(Ordering::Acquire)) {
+                *t = match MicroTimer::new() {
+                    Ok(new) => Some(new),
+                    Err(e) => {
+                        if !self.warned.swap(true, Ordering::Relaxed) {
+                            tracing::warn!("microsecond timer unavailable ({e}); simulated latencies block the thread");
+                        }
+                        None
+                    }
+                };
             }
-        });
+            t.clone()
+        };
         match timer {
             Some(t) => t.sleep(duration).await,
             None => std::thread::sleep(duration),
@@ -234,5 +263,20 @@ mod tests {
             assert_eq!(*order.lock(), vec![100, 200, 300]);
             eprintln!("micro timer: requested 50/200/1000/75 µs, took {waits:?}");
         });
+    }
+
+    #[test]
+    fn lazy_timer_outlives_the_runtime_that_created_it() {
+        let lazy = LazyTimer::default();
+        for _ in 0..3 {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let start = Instant::now();
+                let slept = tokio::time::timeout(Duration::from_secs(5), lazy.sleep(Duration::from_micros(200))).await;
+                assert!(slept.is_ok(), "sleep on a timer whose runtime is gone never ends");
+                assert!(start.elapsed() >= Duration::from_micros(200));
+            });
+            drop(rt); // the driver dies with its runtime; the next sleep makes a new timer
+        }
     }
 }
