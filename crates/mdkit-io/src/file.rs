@@ -202,6 +202,8 @@ struct Shared {
     /// Requests pushed to the ring and not yet reaped.
     inflight: AtomicUsize,
     closing: AtomicBool,
+    /// False once the reaper task ended (device dropped, or its runtime shut down).
+    reaper_alive: AtomicBool,
     shutdown: Notify,
 }
 
@@ -291,9 +293,10 @@ impl FileDevice {
             permits: Arc::new(Semaphore::new(options.queue_depth as usize)),
             inflight: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
+            reaper_alive: AtomicBool::new(true),
             shutdown: Notify::new(),
         });
-        runtime.spawn(reap_loop(shared.clone(), efd));
+        runtime.spawn(reap_loop(shared.clone(), efd, ReaperAlive(shared.clone())));
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
     }
 
@@ -581,6 +584,10 @@ impl Shared {
     /// (bytes or -errno) and the buffer. `build` receives the buffer after it has moved into its
     /// in-flight record, so pointers taken from it stay valid until the CQE.
     async fn submit(&self, keep: Keep, build: impl FnOnce(&Keep) -> squeue::Entry) -> (i32, Keep) {
+        if !self.reaper_alive.load(Ordering::Acquire) {
+            // Nobody would ever reap the completion: fail instead of waiting forever.
+            return (-libc::ESHUTDOWN, keep);
+        }
         let permit = match self.permits.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => return (-libc::ESHUTDOWN, keep), // the semaphore is never closed
@@ -681,6 +688,17 @@ impl Shared {
     }
 
     fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
+        if res == -libc::ESHUTDOWN && !self.reaper_alive.load(Ordering::Acquire) {
+            return io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!(
+                    "{}: {} of {len_bytes} bytes at offset {offset_bytes}: the tokio runtime that opened the device \
+                     has shut down (its completion reaper is gone)",
+                    self.name,
+                    op.as_str()
+                ),
+            );
+        }
         let e = io::Error::from_raw_os_error(-res);
         io::Error::new(
             e.kind(),
@@ -726,7 +744,19 @@ impl Drop for Shared {
     }
 }
 
-async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>) {
+/// Marks the reaper dead when its task ends or is dropped with its runtime.
+struct ReaperAlive(Arc<Shared>);
+
+impl Drop for ReaperAlive {
+    fn drop(&mut self) {
+        self.0.reaper_alive.store(false, Ordering::Release);
+    }
+}
+
+/// `alive` is an argument (not created inside) so that it is dropped with the task even when the
+/// runtime shuts down before the task was ever polled.
+async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAlive) {
+    let _alive = alive;
     loop {
         shared.reap();
         if shared.closing.load(Ordering::Acquire) {

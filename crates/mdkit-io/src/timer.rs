@@ -104,8 +104,9 @@ impl TimerShared {
     }
 }
 
-async fn drive(shared: Arc<TimerShared>) {
-    let _alive = DriverAlive(shared.clone());
+/// `alive` is an argument so that it is dropped with the task even if never polled.
+async fn drive(shared: Arc<TimerShared>, alive: DriverAlive) {
+    let _alive = alive;
     loop {
         tokio::select! {
             ready = shared.tfd.readable() => {
@@ -161,7 +162,7 @@ impl MicroTimer {
             shutdown: Notify::new(),
             driver_alive: AtomicBool::new(true),
         });
-        runtime.spawn(drive(shared.clone()));
+        runtime.spawn(drive(shared.clone(), DriverAlive(shared.clone())));
         Ok(MicroTimer { handle: Arc::new(TimerHandle { shared }) })
     }
 

@@ -422,6 +422,24 @@ fn runtime_shutdown_with_requests_in_flight() {
     });
 }
 
+/// A device used after the runtime that opened it shut down fails clearly instead of hanging.
+#[test]
+fn use_after_the_opening_runtime_is_gone_is_an_error() {
+    let dir = target_tmp();
+    let path = dir.path().join("m0");
+    FileDevice::create_sparse(&path, MIB).unwrap();
+    let first = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dev = first.block_on(async { open_direct(&path) });
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    second.block_on(async {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), dev.read_vec(0, 4096)).await;
+        let e = r.expect("fails, does not hang").unwrap_err();
+        assert!(e.to_string().contains("runtime that opened the device"), "{e}");
+        assert!(dev.flush().await.is_err());
+    });
+}
+
 //------------------------------------------------------------------------------------------------
 // Block device (loop) — needs root and losetup.
 
