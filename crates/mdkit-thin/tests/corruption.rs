@@ -146,6 +146,11 @@ fn corrupt_mapping_trees_name_the_block_and_write_nothing() {
         let r = check(&*io, &CheckOptions::default());
         assert!(!r.is_clean(), "{}: check missed it", case.name);
         assert!(r.errors.iter().any(|e| e.block == Some(case.block)), "{}: check does not name block {}:\n{r}", case.name, case.block);
+        // thin_check agrees that the image is damaged.
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("corrupt-{}.meta", case.name.replace(' ', "-")));
+        std::fs::write(&path, &case.image).unwrap();
+        let tc = std::process::Command::new("thin_check").arg(&path).output().expect("thin_check (thin-provisioning-tools)");
+        assert!(!tc.status.success(), "{}: thin_check accepted the damaged image", case.name);
         eprintln!("{}: {text}\n  check: {}", case.name, r.errors[0]);
     }
 }

@@ -64,11 +64,10 @@ fn every_flush_point_holds_the_last_commit() {
         }
         let last_done = commits.iter().rposition(|c| c.finished <= p).expect("format finished before p");
         let mut acceptable = vec![&commits[last_done].model];
-        if let Some(next) = commits.get(last_done + 1) {
-            if next.started < p {
+        if let Some(next) = commits.get(last_done + 1)
+            && next.started < p {
                 acceptable.push(&next.model);
             }
-        }
         for (ci, policy) in CrashPolicy::ALL.into_iter().enumerate() {
             let mut rng = Rng::new(seed ^ (pi as u64) << 8 ^ ci as u64);
             let images = group.image_at(p, &mut rng, policy).unwrap();

@@ -105,8 +105,8 @@ fn kernel_reads_what_mdkit_wrote_and_mdkit_reads_what_the_kernel_wrote() {
         thin0[vb as usize] = p;
     }
     assert_eq!(md.remove_range(0, 60, 64).unwrap(), 4);
-    for vb in 60..64 {
-        thin0[vb] = vec![0u8; BLOCK_BYTES as usize];
+    for block in &mut thin0[60..64] {
+        *block = vec![0u8; BLOCK_BYTES as usize];
     }
     md.commit().unwrap();
     data.sync_all().unwrap();
@@ -189,7 +189,7 @@ echo "=== done"
     let m1 = md.lookup(1, 3).unwrap().expect("snapshot block 3");
     assert_eq!(read_block(&data, m1.data_block), kernel_block, "the kernel broke sharing into a new block");
     assert_eq!(md.lookup(3, 3).unwrap().unwrap().data_block, m1.data_block, "snapshot 3 of 1 shares it");
-    assert_eq!(md.lookup(3, 3).unwrap().unwrap().shared, true);
+    assert!(md.lookup(3, 3).unwrap().unwrap().shared);
     let m0 = md.lookup(0, 3).unwrap().unwrap();
     assert_eq!(read_block(&data, m0.data_block), pattern(0, 3, 1), "volume 0 keeps its own block");
     assert_eq!(md.device_details(2).unwrap().mapped_blocks, 0);

@@ -158,7 +158,7 @@ fn out_of_metadata_space_is_refused_up_front_and_commit_still_fits() {
             Ok(_) => mapped += 1,
             Err(e) => break e,
         }
-        if mapped % 500 == 0 {
+        if mapped.is_multiple_of(500) {
             md.commit().unwrap();
         }
     };

@@ -61,12 +61,11 @@ proptest! {
         let p = pos % v.len();
         v[p] = byte;
         v.truncate(cut.max(1).min(v.len()));
-        if let Ok(s) = String::from_utf8(v) {
-            if let Ok(x) = parse_xml(&s) {
+        if let Ok(s) = String::from_utf8(v)
+            && let Ok(x) = parse_xml(&s) {
                 let io: Arc<dyn MetaIo> = Arc::new(MemMetaIo::new("x", 256));
                 let _ = restore_xml(io, &x, OpenOptions::default());
             }
-        }
     }
 }
 
@@ -151,11 +150,10 @@ fn engine_never_panics_on_damaged_metadata() {
                 };
             }
             // Usually re-seal so the damage passes the checksum.
-            if let Some(kind) = kind {
-                if rng.chance(3, 4) {
+            if let Some(kind) = kind
+                && rng.chance(3, 4) {
                     seal((&mut *blk).try_into().unwrap(), kind, b as u64);
                 }
-            }
         }
         exercise(&img, &mut rng);
         if round % 100 == 0 {

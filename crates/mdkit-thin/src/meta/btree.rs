@@ -169,7 +169,7 @@ pub fn validate_node(b: &BlockBuf) -> Result<(), Corruption> {
         return Err(Corruption::ValueSizeMismatch { expected: 8, found: vs as u32 });
     }
     let max = n.max_entries() as usize;
-    if max == 0 || max % 3 != 0 || NODE_HEADER_BYTES + max * (8 + vs) > BLOCK_SIZE {
+    if max == 0 || !max.is_multiple_of(3) || NODE_HEADER_BYTES + max * (8 + vs) > BLOCK_SIZE {
         return Err(Corruption::BadNodeHeader(format!("max_entries {max} impossible for value_size {vs}")));
     }
     let nr = n.nr_entries();

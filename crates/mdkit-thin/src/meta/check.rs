@@ -158,6 +158,9 @@ impl DataRefs {
     }
 }
 
+/// Called once per entry of each distinct leaf: (walker, leaf block, key, value, path).
+type LeafFn<'f> = dyn FnMut(&mut Walker<'_>, u64, u64, &[u8], &[u64]) + 'f;
+
 enum Visit {
     First,
     Again,
@@ -252,7 +255,7 @@ impl Walker<'_> {
         hi: Option<u64>,
         is_root: bool,
         path: &mut Vec<u64>,
-        f: &mut dyn FnMut(&mut Walker<'_>, u64, u64, &[u8], &[u64]),
+        f: &mut LeafFn<'_>,
     ) -> u64 {
         match self.reference(b, role, path) {
             Visit::Invalid => return 0,
@@ -281,15 +284,14 @@ impl Walker<'_> {
             if n.key(0) < lo {
                 self.corruption(b, path, Corruption::KeyRangeViolation(format!("first key {} is below the parent key {lo}", n.key(0))));
             }
-            if let Some(hi) = hi {
-                if n.key(nr - 1) >= hi {
+            if let Some(hi) = hi
+                && n.key(nr - 1) >= hi {
                     self.corruption(
                         b,
                         path,
                         Corruption::KeyRangeViolation(format!("last key {} is not below the next parent key {hi}", n.key(nr - 1))),
                     );
                 }
-            }
         }
         path.push(b);
         self.on_path.push(b);
@@ -339,7 +341,7 @@ pub fn check(io: &dyn MetaIo, opts: &CheckOptions) -> CheckReport {
     report.needs_check_flag = sb.needs_check();
     report.superblock = Some(sb.clone());
     let nr_meta = sb.metadata_sm_root.nr_blocks;
-    if nr_meta > io.nr_blocks() || nr_meta > MAX_METADATA_BLOCKS || nr_meta < 2 {
+    if nr_meta > io.nr_blocks() || !(2..=MAX_METADATA_BLOCKS).contains(&nr_meta) {
         report.errors.push(CheckIssue {
             block: Some(0),
             path: BlockPath::default(),
@@ -365,14 +367,12 @@ pub fn check(io: &dyn MetaIo, opts: &CheckOptions) -> CheckReport {
 
     w.reference(0, Role::Superblock, &[]);
     check_thin_trees(&mut w, &sb, &mut data, nr_data, true);
-    if sb.held_root != 0 {
-        if let Visit::First = w.reference(sb.held_root, Role::SnapSuperblock, &[0]) {
-            if let Some(blk) = w.read(sb.held_root, BlockKind::Superblock, &[0]) {
+    if sb.held_root != 0
+        && let Visit::First = w.reference(sb.held_root, Role::SnapSuperblock, &[0])
+            && let Some(blk) = w.read(sb.held_root, BlockKind::Superblock, &[0]) {
                 let snap = Superblock::unpack(&blk);
                 check_thin_trees(&mut w, &snap, &mut data, nr_data, false);
             }
-        }
-    }
     check_data_sm(&mut w, &sb.data_sm_root, &data);
     check_metadata_sm(&mut w, &sb.metadata_sm_root);
     w.report.data_blocks_referenced = data.distinct;
@@ -542,15 +542,14 @@ fn compare_space_map_counted(
         if ie.nr_free != want_free {
             w.warning(Some(ie.blocknr), format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free));
         }
-        if let Some(first_free) = codes[..len].iter().position(|&c| c == 0) {
-            if ie.none_free_before as usize > first_free {
+        if let Some(first_free) = codes[..len].iter().position(|&c| c == 0)
+            && ie.none_free_before as usize > first_free {
                 // A hint only (thin_restore 0.9.0 writes such hints); space is lost, not damaged.
                 w.warning(
                     Some(ie.blocknr),
                     format!("{what} bitmap {bm}: none_free_before {} skips free entry {first_free}", ie.none_free_before),
                 );
             }
-        }
     }
     for (&b, &v) in overflow {
         if !overflow_matched.contains(&b) {

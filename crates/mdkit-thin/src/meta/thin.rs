@@ -462,12 +462,11 @@ impl ThinMetadata {
             self.tm.writeback_if_needed()?;
             Ok(v)
         });
-        if let Err(e) = &r {
-            if !matches!(e, MetaError::OutOfDataSpace { .. }) {
+        if let Err(e) = &r
+            && !matches!(e, MetaError::OutOfDataSpace { .. }) {
                 tracing::error!(device = self.io.name(), error = %e, "metadata transaction poisoned");
                 self.poisoned = Some(e.to_string());
             }
-        }
         r
     }
 
@@ -1017,11 +1016,6 @@ impl ThinMetadata {
             d.details_dirty = true;
             Ok(())
         })
-    }
-
-    #[cfg(test)]
-    pub(crate) fn tm(&self) -> &Tm {
-        &self.tm
     }
 }
 
