@@ -30,6 +30,7 @@ WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-nbd}
 MDKIT_PORT=${MDKIT_PORT:-10871}
 NBDKIT_PORT=${NBDKIT_PORT:-10872}
 NBDKIT_CACHED_PORT=${NBDKIT_CACHED_PORT:-10873}
+MDKIT_BUFFERED_PORT=${MDKIT_BUFFERED_PORT:-10874}
 NBDKIT_THREADS=${NBDKIT_THREADS:-16}
 
 cargo build --release -p mdkit >&2
@@ -65,11 +66,17 @@ volume = "bench"
 TOML
 "$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit.log" &
 pids+=($!)
+# The same service with a buffered member (page cache, like nbdkit's file plugin): reference
+# row that separates the protocol path from the cost of waiting for the device.
+sed -e "s/$MDKIT_PORT/$MDKIT_BUFFERED_PORT/" -e 's/direct = "require"/direct = "off"/' \
+    -e "s|^data_dir = .*|data_dir = \"$WORKDIR/mdkit-buffered\"|" "$WORKDIR/mdkit.toml" > "$WORKDIR/mdkit-buffered.toml"
+"$MDKIT" serve --config "$WORKDIR/mdkit-buffered.toml" 2>"$WORKDIR/mdkit-buffered.log" &
+pids+=($!)
 nbdkit -f -p "$NBDKIT_PORT" --threads "$NBDKIT_THREADS" file "$FILE" cache=none 2>"$WORKDIR/nbdkit.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_CACHED_PORT" --threads "$NBDKIT_THREADS" file "$FILE" 2>"$WORKDIR/nbdkit-cached.log" &
 pids+=($!)
-for port in "$MDKIT_PORT" "$NBDKIT_PORT" "$NBDKIT_CACHED_PORT"; do
+for port in "$MDKIT_PORT" "$MDKIT_BUFFERED_PORT" "$NBDKIT_PORT" "$NBDKIT_CACHED_PORT"; do
     for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
     nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null
 done
@@ -82,10 +89,11 @@ run_fio() {
     case $target in
         raw) eng=(--ioengine=io_uring --direct=1 "--filename=$FILE") ;;
         mdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/bench") ;;
+        mdkit-buffered) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_BUFFERED_PORT/bench") ;;
         nbdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_PORT/") ;;
         nbdkit-cached) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_CACHED_PORT/") ;;
     esac
-    [ "$target" = nbdkit-cached ] || drop_caches
+    case $target in nbdkit-cached|mdkit-buffered) ;; *) drop_caches ;; esac
     fio --name="$name" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$SIZE" \
         --runtime="$RUNTIME_S" --ramp_time="$RAMP_S" --time_based --norandommap --randrepeat=0 \
         --output-format=json --output="$out" >/dev/null 2>&1
@@ -93,7 +101,7 @@ run_fio() {
 }
 
 WORKLOADS=("randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "write 1m 8")
-TARGETS=(raw mdkit nbdkit nbdkit-cached)
+TARGETS=(raw mdkit nbdkit mdkit-buffered nbdkit-cached)
 results=$WORKDIR/results.txt
 : > "$results"
 for w in "${WORKLOADS[@]}"; do
@@ -114,21 +122,22 @@ for line in open(sys.argv[1]):
     d = j["write"] if "write" in rw else j["read"]
     rows.setdefault((rw, bs, qd), {})[target] = (d["iops"], d["bw_bytes"] / 1e6)
 print(f"\nfio {sys.argv[2]} s per run, 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}")
-hdr = f"{'workload':<22}{'raw':>16}{'mdkit':>16}{'nbdkit':>16}{'nbdkit(cache)':>16}{'mdkit/nbdkit':>14}{'mdkit/raw':>11}"
+hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
 print(hdr)
 print("-" * len(hdr))
 for (rw, bs, qd), r in rows.items():
     big = bs.endswith("m")
     def cell(t):
-        if t not in r: return f"{'-':>16}"
+        if t not in r: return f"{'-':>15}"
         iops, mbs = r[t]
-        return f"{mbs:>12.0f} MB/s" if big else f"{iops:>11.0f} IOPS"
+        return f"{mbs:>10.0f} MB/s" if big else f"{iops:>10.0f} IOPS"
     name = f"{rw} {bs} QD{qd}"
     m, n, w = r["mdkit"], r["nbdkit"], r["raw"]
     k = 1 if big else 0
     ratio_n = m[k] / n[k] if n[k] else float("nan")
     ratio_r = m[k] / w[k] if w[k] else float("nan")
-    print(f"{name:<22}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{cell('nbdkit-cached')}{ratio_n:>13.2f}x{ratio_r:>10.2f}x")
-print("\nnbdkit = file plugin cache=none with caches dropped before each run (the comparison);")
-print("nbdkit(cache) = default page-cache mode, for reference only (not a like-for-like number).")
+    print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
+print("\nmdkit = O_DIRECT member (io_uring); nbdkit = file plugin cache=none; caches dropped before")
+print("each raw/mdkit/nbdkit run. Reference only (page cache, warmed during the run): mdkit(buf) =")
+print("mdkit with direct = \"off\"; nbdkit(cache) = nbdkit file plugin default cache mode.")
 PY
