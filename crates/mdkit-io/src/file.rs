@@ -50,7 +50,8 @@
 //! optimal I/O 4096; buffered files use 512-byte logical blocks.
 //!
 //! The reaper task runs on the tokio runtime that called [`FileDevice::open`]; that runtime must
-//! keep running while the device is used (from any runtime or thread).
+//! keep running while the device is used (from any runtime or thread). Requests issued after it
+//! shut down fail with `BrokenPipe` naming the cause instead of waiting forever.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};

@@ -222,6 +222,10 @@ impl<D: BlockDevice> FlashDevice<D> {
         &self.inner
     }
 
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
     async fn lock_unit(&self, unit: u64) -> UnitGuard<'_> {
         let lock = self.state.unit_locks.lock().entry(unit).or_default().clone();
         let started = Instant::now();
