@@ -247,7 +247,14 @@ fn tokenize(s: &str) -> Result<Vec<Tag<'_>>> {
     let mut tags = Vec::new();
     let mut pos = 0usize;
     let bytes = s.as_bytes();
-    let line_of = |p: usize| s[..p].bytes().filter(|&b| b == b'\n').count() + 1;
+    // Line numbers for messages, counted incrementally (linear in the input).
+    let mut line = 1usize;
+    let mut counted_to = 0usize;
+    let mut line_of = |p: usize| {
+        line += bytes[counted_to..p].iter().filter(|&&b| b == b'\n').count();
+        counted_to = p;
+        line
+    };
     while pos < bytes.len() {
         let c = bytes[pos];
         if c.is_ascii_whitespace() {
