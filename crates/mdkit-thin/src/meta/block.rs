@@ -102,6 +102,37 @@ pub fn identify(buf: &BlockBuf) -> Option<BlockKind> {
 }
 
 //------------------------------------------------------------------------------------------------
+// Maps keyed by block number. Keys are trusted integers, so a cheap mixing hash replaces
+// SipHash on the lookup path (every node access goes through one or two of these maps).
+
+/// Hasher for `u64` block numbers (splitmix64 finaliser).
+#[derive(Clone, Copy, Default)]
+pub struct BlockHasher(u64);
+
+impl std::hash::Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &x in bytes {
+            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(x);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
+pub type BuildBlockHasher = std::hash::BuildHasherDefault<BlockHasher>;
+/// `HashMap` keyed by block number.
+pub type BlockMap<V> = std::collections::HashMap<u64, V, BuildBlockHasher>;
+/// `HashSet` of block numbers.
+pub type BlockSet = std::collections::HashSet<u64, BuildBlockHasher>;
+
+//------------------------------------------------------------------------------------------------
 // Little-endian field access. Offsets are constants of the formats, always in bounds for a
 // 4096-byte block; slices shorter than the field are an internal invariant violation.
 

@@ -2,12 +2,11 @@
 //! readers. Sharded by block number, each shard a CLOCK ring behind a short mutex, so lookups
 //! from many threads rarely contend and never wait for I/O.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::meta::block::{BlockBuf, BlockKind};
+use crate::meta::block::{BlockBuf, BlockKind, BlockMap};
 
 const SHARDS: usize = 16;
 
@@ -22,7 +21,7 @@ struct Slot {
 }
 
 struct Shard {
-    index: HashMap<u64, usize>,
+    index: BlockMap<usize>,
     slots: Vec<Slot>,
     hand: usize,
     capacity: usize,
@@ -80,7 +79,7 @@ impl BlockCache {
         let per = capacity_blocks.div_ceil(SHARDS).max(1);
         BlockCache {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(Shard { index: HashMap::new(), slots: Vec::new(), hand: 0, capacity: per }))
+                .map(|_| Mutex::new(Shard { index: BlockMap::default(), slots: Vec::new(), hand: 0, capacity: per }))
                 .collect(),
         }
     }

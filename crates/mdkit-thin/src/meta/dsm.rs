@@ -8,9 +8,9 @@
 //! first change in a transaction. Data blocks freed in a transaction are not reused before it
 //! commits: the last commit's mappings may still point at them after a crash.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 
-use crate::meta::block::{BlockKind, get_u32};
+use crate::meta::block::{BlockKind, BlockSet, get_u32};
 use crate::meta::btree::{self, NoRc, ReadMode};
 use crate::meta::error::{Corruption, MetaError, Result};
 use crate::meta::sm_format::{
@@ -29,7 +29,7 @@ pub(crate) struct DataSm {
     index_root: u64,
     ref_count_root: u64,
     cursor: u64,
-    freed_this_txn: HashSet<u64>,
+    freed_this_txn: BlockSet,
 }
 
 impl DataSm {
@@ -45,7 +45,7 @@ impl DataSm {
             index_root,
             ref_count_root,
             cursor: 0,
-            freed_this_txn: HashSet::new(),
+            freed_this_txn: BlockSet::default(),
         };
         sm.extend(tm, nr_blocks)?;
         Ok(sm)
@@ -92,7 +92,7 @@ impl DataSm {
             index_root: root.bitmap_root,
             ref_count_root: root.ref_count_root,
             cursor: 0,
-            freed_this_txn: HashSet::new(),
+            freed_this_txn: BlockSet::default(),
         })
     }
 

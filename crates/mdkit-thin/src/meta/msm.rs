@@ -23,6 +23,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::meta::block::BlockMap;
+
 use crate::meta::sm_format::{ENTRIES_PER_BITMAP, IndexEntry, MAX_METADATA_BLOCKS, nr_bitmaps};
 
 pub(crate) struct MetadataSm {
@@ -34,7 +36,7 @@ pub(crate) struct MetadataSm {
     allocated_per_bitmap: Vec<u32>,
     cursor: u64,
     /// Count at the start of the transaction of every block touched since.
-    txn_old: HashMap<u64, u32>,
+    txn_old: BlockMap<u32>,
     /// Bitmaps with changed entries this transaction.
     pub dirty_bitmaps: BTreeSet<usize>,
     /// Blocks whose count is or was >= 3 and changed this transaction.
@@ -57,7 +59,7 @@ impl MetadataSm {
             nr_allocated: 0,
             allocated_per_bitmap: vec![0; nb],
             cursor: 0,
-            txn_old: HashMap::new(),
+            txn_old: BlockMap::default(),
             dirty_bitmaps: (0..nb).collect(),
             overflow_dirty: BTreeSet::new(),
             index_block: 0,
@@ -106,7 +108,7 @@ impl MetadataSm {
             nr_allocated,
             allocated_per_bitmap,
             cursor: 0,
-            txn_old: HashMap::new(),
+            txn_old: BlockMap::default(),
             dirty_bitmaps: BTreeSet::new(),
             overflow_dirty: BTreeSet::new(),
             index_block,

@@ -10,10 +10,9 @@
 //! Commit: write every dirty block (each sealed: location + checksum, verified, nodes
 //! structurally validated) -> flush -> write the superblock -> flush.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::meta::block::{BlockBuf, BlockKind, seal, verify, zeroed_block};
+use crate::meta::block::{BlockBuf, BlockKind, BlockMap, seal, verify, zeroed_block};
 use crate::meta::btree::{self, NoRc};
 use crate::meta::cache::BlockCache;
 use crate::meta::error::{BlockPath, Corruption, MetaError, Result};
@@ -45,9 +44,9 @@ pub(crate) struct Tm {
     io: Arc<dyn MetaIo>,
     cache: Arc<BlockCache>,
     /// Contents of new blocks not yet written (or modified since written).
-    dirty: HashMap<u64, Box<BlockBuf>>,
+    dirty: BlockMap<Box<BlockBuf>>,
     /// Blocks allocated in the open transaction, with their type.
-    new_this_txn: HashMap<u64, BlockKind>,
+    new_this_txn: BlockMap<BlockKind>,
     pub msm: MetadataSm,
     writeback_threshold_blocks: usize,
 }
@@ -57,8 +56,8 @@ impl Tm {
         Tm {
             io,
             cache,
-            dirty: HashMap::new(),
-            new_this_txn: HashMap::new(),
+            dirty: BlockMap::default(),
+            new_this_txn: BlockMap::default(),
             msm,
             writeback_threshold_blocks: DEFAULT_WRITEBACK_THRESHOLD_BLOCKS,
         }
