@@ -105,6 +105,12 @@ fn io_error_during_commit_poisons_then_abort_recovers() {
     let r = check(&*io, &CheckOptions::default());
     assert!(r.is_clean(), "{r}");
     assert!(r.needs_check_flag);
+    // What thin_check --clear-needs-check-flag does, offline.
+    drop(md);
+    let r = mdkit_thin::meta::clear_needs_check(&*io, &CheckOptions::default()).unwrap();
+    assert!(r.is_clean() && !r.needs_check_flag);
+    let mut md = ThinMetadata::open(io.clone()).unwrap();
+    assert!(!md.needs_check());
     // The pool works again.
     let mut model = committed;
     for _ in 0..300 {

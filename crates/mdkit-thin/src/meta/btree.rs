@@ -608,14 +608,23 @@ pub(crate) fn remove(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, key: u64) -> 
     let mut removed = Vec::new();
     let loc = remove_run_rec(tm, rc, root, key, key.saturating_add(1), 0, &mut removed)?;
     let new_root = collapse_root(tm, loc)?;
-    for v in &removed {
+    for (_, v) in &removed {
         rc.dec(tm, v.as_slice())?;
     }
-    Ok((new_root, removed.first().copied()))
+    Ok((new_root, removed.first().map(|(_, v)| *v)))
 }
 
 /// Removes every key in `[begin, end)`; returns the new root and how many entries went.
-pub(crate) fn remove_range(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, value_size: usize, begin: u64, end: u64) -> Result<(u64, u64)> {
+/// `sink` sees each removed entry before its value is released.
+pub(crate) fn remove_range(
+    tm: &mut Tm,
+    rc: &mut dyn ValueRc,
+    root: u64,
+    value_size: usize,
+    begin: u64,
+    end: u64,
+    sink: &mut dyn FnMut(u64, Value),
+) -> Result<(u64, u64)> {
     let mut root = root;
     let mut count = 0u64;
     let mut from = begin;
@@ -633,7 +642,8 @@ pub(crate) fn remove_range(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, value_s
             return Err(tm.corrupt(root, Corruption::KeyRangeViolation(format!("key {k} is not where the tree's keys lead"))));
         }
         count += removed.len() as u64;
-        for v in &removed {
+        for (key, v) in &removed {
+            sink(*key, *v);
             rc.dec(tm, v.as_slice())?;
         }
         from = k;
@@ -664,7 +674,7 @@ fn remove_run_rec(
     first: u64,
     end: u64,
     depth: usize,
-    removed: &mut Vec<Value>,
+    removed: &mut Vec<(u64, Value)>,
 ) -> Result<u64> {
     if depth >= MAX_DEPTH {
         return Err(too_deep(tm, b, &[]));
@@ -681,7 +691,7 @@ fn remove_run_rec(
         let Some(start) = pos.filter(|&i| n.key(i) == first) else { return Ok(loc) };
         let mut stop = start;
         while stop < nr && n.key(stop) < end {
-            removed.push(Value::new(n.value(stop)));
+            removed.push((n.key(stop), Value::new(n.value(stop))));
             stop += 1;
         }
         drop(blk);

@@ -563,3 +563,23 @@ fn compare_space_map_counted(
         w.warning(Some(0), format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated));
     }
 }
+
+/// `thin_check --clear-needs-check-flag`: checks, and only if the metadata is clean clears
+/// NEEDS_CHECK in the superblock (nothing else changes). Returns the report; `Ok` with a
+/// report that is not clean means nothing was written.
+pub fn clear_needs_check(io: &dyn MetaIo, opts: &CheckOptions) -> Result<CheckReport, MetaError> {
+    let report = check(io, opts);
+    let Some(sb) = report.superblock.clone() else { return Ok(report) };
+    if !report.is_clean() || !sb.needs_check() {
+        return Ok(report);
+    }
+    let mut s = sb;
+    s.flags &= !crate::meta::superblock::FLAG_NEEDS_CHECK;
+    let mut buf = zeroed_block();
+    s.pack(&mut buf);
+    crate::meta::block::seal(&mut buf, BlockKind::Superblock, 0);
+    let io_err = |op, source| MetaError::Io { device: io.name().to_string(), op, block: 0, source };
+    io.write_blocks(&[(0, &buf)]).map_err(|e| io_err("write", e))?;
+    io.flush().map_err(|e| io_err("flush", e))?;
+    Ok(CheckReport { needs_check_flag: false, superblock: Some(s), ..report })
+}

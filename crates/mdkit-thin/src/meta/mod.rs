@@ -59,7 +59,7 @@ mod tm;
 pub mod xml;
 
 pub use btree::{NodeView, ReadMode, calc_max_entries, validate_node};
-pub use check::{CheckOptions, CheckReport, check};
+pub use check::{CheckIssue, CheckOptions, CheckReport, check, clear_needs_check};
 pub use error::{BlockPath, Corruption, MetaError, Result};
 pub use io::{DeviceMetaIo, FileMetaIo, MemMetaIo, MetaIo};
 pub use superblock::Superblock;

@@ -711,6 +711,24 @@ impl ThinMetadata {
 
     /// Unmaps every block in `[begin, end)`; returns how many were mapped.
     pub fn remove_range(&mut self, dev: u64, begin: u64, end: u64) -> Result<u64> {
+        self.remove_range_with(dev, begin, end, &mut |_, _| {})
+    }
+
+    /// Like `remove_range`, and returns what was unmapped (vblock, old mapping) in order.
+    /// For discard passdown the way dm-thin does it: unmap, hold the blocks whose count went
+    /// to 0 with `inc_data_block`, commit, discard them on the data device, then
+    /// `dec_data_block` (so no block is reused, or discarded, while the last commit maps it).
+    pub fn remove_range_mappings(&mut self, dev: u64, begin: u64, end: u64) -> Result<Vec<(u64, Mapping)>> {
+        let snapshotted_time = self.device(dev)?.details.snapshotted_time;
+        let mut out = Vec::new();
+        self.remove_range_with(dev, begin, end, &mut |vb, v| {
+            let (data_block, time) = unpack_block_time(v.as_u64());
+            out.push((vb, Mapping { data_block, time, shared: snapshotted_time > time }));
+        })?;
+        Ok(out)
+    }
+
+    fn remove_range_with(&mut self, dev: u64, begin: u64, end: u64, sink: &mut dyn FnMut(u64, btree::Value)) -> Result<u64> {
         self.check_writable()?;
         self.device(dev)?;
         if begin >= end {
@@ -719,7 +737,7 @@ impl ThinMetadata {
         self.ensure_metadata_space(true)?;
         self.guard(|s| {
             let n = s.update_device_tree(dev, |tm, dsm, root| {
-                btree::remove_range(tm, &mut BlockTimeRc { dsm }, root, BLOCK_TIME_BYTES, begin, end)
+                btree::remove_range(tm, &mut BlockTimeRc { dsm }, root, BLOCK_TIME_BYTES, begin, end, sink)
             })?;
             let d = s.devices.get_mut(&dev).expect("checked");
             d.details.mapped_blocks = d.details.mapped_blocks.saturating_sub(n);

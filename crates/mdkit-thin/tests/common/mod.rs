@@ -155,9 +155,17 @@ pub fn random_op(md: &mut ThinMetadata, model: &mut Model, rng: &mut Rng, max_de
     if roll < 29 {
         let a = rng.below(max_vblock);
         let b = a + rng.below(200);
-        let n = md.remove_range(dev, a, b).unwrap();
         let d = model.devices.get_mut(&dev).unwrap();
         let keys: Vec<u64> = d.map.range(a..b).map(|(k, _)| *k).collect();
+        let n = if rng.chance(1, 2) {
+            md.remove_range(dev, a, b).unwrap()
+        } else {
+            let gone = md.remove_range_mappings(dev, a, b).unwrap();
+            let want: Vec<(u64, (u64, u32))> = d.map.range(a..b).map(|(k, v)| (*k, *v)).collect();
+            let got: Vec<(u64, (u64, u32))> = gone.iter().map(|(k, m)| (*k, (m.data_block, m.time))).collect();
+            assert_eq!(got, want, "remove_range_mappings {dev} {a}..{b}");
+            gone.len() as u64
+        };
         assert_eq!(n, keys.len() as u64, "remove_range count");
         for k in keys {
             d.map.remove(&k);

@@ -97,7 +97,7 @@ fn random_insert_remove_matches_model_and_keeps_invariants() {
         }
     }
     // Remove everything in ranges.
-    let (r, n) = remove_range(&mut tm, &mut NoRc, root, 8, 0, 7000).unwrap();
+    let (r, n) = remove_range(&mut tm, &mut NoRc, root, 8, 0, 7000, &mut |_, _| {}).unwrap();
     root = r;
     let expect = model.range(0..7000).count() as u64;
     assert_eq!(n, expect);
@@ -106,7 +106,7 @@ fn random_insert_remove_matches_model_and_keeps_invariants() {
     let got = check_tree(&tm, root, 8, &mut refs);
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), model.keys().copied().collect::<Vec<_>>());
     assert_counts(&tm, &refs);
-    let (r, _) = remove_range(&mut tm, &mut NoRc, root, 8, 0, u64::MAX).unwrap();
+    let (r, _) = remove_range(&mut tm, &mut NoRc, root, 8, 0, u64::MAX, &mut |_, _| {}).unwrap();
     let mut refs = HashMap::new();
     assert!(check_tree(&tm, r, 8, &mut refs).is_empty());
     assert_counts(&tm, &refs);
