@@ -118,7 +118,7 @@ impl std::hash::Hasher for BlockHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for &x in bytes {
-            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(x);
+            self.0 = self.0.rotate_left(8) ^ u64::from(x);
         }
     }
     fn write_u64(&mut self, n: u64) {
