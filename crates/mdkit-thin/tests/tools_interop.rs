@@ -340,3 +340,44 @@ fn growing_data_and_metadata_devices_stays_clean() {
     assert_eq!(md.status().total_metadata_blocks, 40_000);
     assert_eq!(md.device_details(0).unwrap().mapped_blocks, 30_000);
 }
+
+#[test]
+fn metadata_blocks_shared_three_times_or_more_use_the_overflow_tree() {
+    let (path, io) = meta_file("meta-overflow.meta", 8 << 20);
+    let mut md = ThinMetadata::format(
+        io.clone(),
+        FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 10_000, metadata_nr_blocks: None },
+    )
+    .unwrap();
+    md.create_thin(0).unwrap();
+    for vb in 0..2000 {
+        md.provision(0, vb).unwrap();
+    }
+    // Five snapshots of an unchanged origin: its root is referenced six times, its children
+    // once each until a write copies the root.
+    for s in 1..=5 {
+        md.create_snap(s, 0).unwrap();
+    }
+    md.commit().unwrap();
+    let sb = ThinMetadata::read_superblock(&*io).unwrap();
+    let mut blk = [0u8; 4096];
+    io.read_block(sb.metadata_sm_root.ref_count_root, &mut blk).unwrap();
+    assert!(mdkit_thin::meta::NodeView::new(&blk).nr_entries() > 0, "the metadata ref-count tree holds the root");
+    assert_thin_check_clean(&path, "root shared 6 times");
+    assert_own_check_pristine(&*io, "root shared 6 times");
+    // Writes to three of them copy the root (children now shared 3-4 times), deletes drop some.
+    for s in 1..=3 {
+        md.provision(s, 5).unwrap();
+    }
+    md.delete(4).unwrap();
+    md.commit().unwrap();
+    assert_thin_check_clean(&path, "children shared >= 3 times");
+    assert_own_check_pristine(&*io, "children shared >= 3 times");
+    for s in [0, 1, 2, 3, 5] {
+        md.delete(s).unwrap();
+    }
+    md.commit().unwrap();
+    assert_eq!(md.status().used_data_blocks, 0);
+    assert_thin_check_clean(&path, "everything deleted");
+    assert_own_check_pristine(&*io, "everything deleted");
+}
