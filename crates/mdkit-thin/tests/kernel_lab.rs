@@ -140,12 +140,31 @@ dmsetup status pool
 dmsetup remove snap1
 dmsetup remove thin0
 dmsetup remove pool
+echo "=== kernel formats a pool"
+d2=$(blockdev --getsz /dev/vdd)
+dmsetup create pool2 --table "0 $d2 thin-pool /dev/vdc /dev/vdd {bs} 16"
+dmsetup message pool2 0 "create_thin 0"
+dmsetup create t2 --table "0 {vol} thin /dev/mapper/pool2 0"
+yes 'kernel pool block A' | head -c 1048576 > /tmp/a
+dd if=/tmp/a of=/dev/mapper/t2 bs=64k count=16 oflag=direct conv=fsync 2>/dev/null
+dmsetup suspend t2
+dmsetup message pool2 0 "create_snap 1 0"
+dmsetup resume t2
+yes 'kernel pool block B' | head -c 65536 > /tmp/b
+dd if=/tmp/b of=/dev/mapper/t2 bs=64k seek=2 count=1 oflag=direct conv=fsync 2>/dev/null
+dmsetup remove t2
+dmsetup remove pool2
 echo "=== done"
 "#,
         bs = BLOCK_SECTORS,
         vol = VOLUME_BLOCKS * BLOCK_SECTORS as u64,
         nb = VOLUME_BLOCKS,
     );
+    // A second, all-zero metadata device for the kernel to format itself.
+    let (meta2_path, _) = meta_file("lab2.meta", 8 << 20);
+    let data2_path = tool_dir().join("lab2.data");
+    let data2 = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data2_path).unwrap();
+    data2.set_len(256 * BLOCK_BYTES).unwrap();
     let script_path = tool_dir().join("lab-thin.sh");
     std::fs::write(&script_path, script).unwrap();
     let out = Command::new(lab.join("run.sh"))
@@ -153,6 +172,10 @@ echo "=== done"
         .arg(&meta_path)
         .arg("--disk")
         .arg(&data_path)
+        .arg("--disk")
+        .arg(&meta2_path)
+        .arg("--disk")
+        .arg(&data2_path)
         .arg("--timeout")
         .arg("300")
         .arg(&script_path)
@@ -185,17 +208,17 @@ echo "=== done"
     assert!(md.status().total_metadata_blocks > 1024, "the kernel grew the metadata space map");
     let kernel_block: Vec<u8> = "kernel wrote this block\n".bytes().cycle().take(BLOCK_BYTES as usize).collect();
     let m = md.lookup(0, 62).unwrap().expect("the kernel provisioned volume 0 block 62");
-    assert_eq!(read_block(&data, m.data_block), kernel_block);
+    assert!(read_block(&data, m.data_block) == kernel_block, "volume 0 block 62 has the wrong contents");
     let m1 = md.lookup(1, 3).unwrap().expect("snapshot block 3");
-    assert_eq!(read_block(&data, m1.data_block), kernel_block, "the kernel broke sharing into a new block");
+    assert!(read_block(&data, m1.data_block) == kernel_block, "the kernel broke sharing into a new block");
     assert_eq!(md.lookup(3, 3).unwrap().unwrap().data_block, m1.data_block, "snapshot 3 of 1 shares it");
     assert!(md.lookup(3, 3).unwrap().unwrap().shared);
     let m0 = md.lookup(0, 3).unwrap().unwrap();
-    assert_eq!(read_block(&data, m0.data_block), pattern(0, 3, 1), "volume 0 keeps its own block");
+    assert!(read_block(&data, m0.data_block) == pattern(0, 3, 1), "volume 0 keeps its own block");
     assert_eq!(md.device_details(2).unwrap().mapped_blocks, 0);
     for vb in 16..60 {
         let a = md.lookup(0, vb).unwrap().unwrap();
-        assert_eq!(read_block(&data, a.data_block), pattern(0, vb, 0));
+        assert!(read_block(&data, a.data_block) == pattern(0, vb, 0), "volume 0 block {vb} has the wrong contents");
     }
     // And mdkit can go on modifying it.
     md.provision(2, 5).unwrap();
@@ -203,4 +226,35 @@ echo "=== done"
     md.commit().unwrap();
     drop(md);
     assert_thin_check_clean(&meta_path, "mdkit after the kernel");
+
+    // The pool the kernel formatted from zeroes (its own bootstrap layout).
+    assert_thin_check_clean(&meta2_path, "kernel-formatted pool");
+    let io2: Arc<dyn MetaIo> = Arc::new(FileMetaIo::open(&meta2_path, true).unwrap());
+    let r = check(&*io2, &CheckOptions::default());
+    assert!(r.is_clean(), "mdkit check of the kernel-formatted pool:\n{r}");
+    let mut md2 = ThinMetadata::open(io2.clone()).unwrap();
+    assert_eq!(md2.devices(), vec![0, 1]);
+    assert_eq!(md2.status().total_data_blocks, 256);
+    let b: Vec<u8> = "kernel pool block B\n".bytes().cycle().take(BLOCK_BYTES as usize).collect();
+    for vb in 0..16 {
+        let m1 = md2.lookup(1, vb).unwrap().expect("snapshot mapping");
+        assert!(m1.shared, "every snapshot block is shared");
+        // Block vb of the 1 MiB stream `yes 'kernel pool block A'` wrote.
+        let block_a: Vec<u8> =
+            "kernel pool block A\n".bytes().cycle().skip((vb * BLOCK_BYTES) as usize).take(BLOCK_BYTES as usize).collect();
+        assert!(read_block(&data2, m1.data_block) == block_a, "snapshot block {vb} has the wrong contents");
+        let m0 = md2.lookup(0, vb).unwrap().expect("origin mapping");
+        if vb == 2 {
+            assert_ne!(m0.data_block, m1.data_block, "the kernel broke sharing");
+            assert!(read_block(&data2, m0.data_block) == b, "origin block 2 has the wrong contents");
+        } else {
+            assert_eq!(m0.data_block, m1.data_block);
+        }
+    }
+    assert_eq!(md2.device_details(0).unwrap().mapped_blocks, 16);
+    md2.provision(1, 20).unwrap();
+    md2.create_snap(7, 1).unwrap();
+    md2.commit().unwrap();
+    drop(md2);
+    assert_thin_check_clean(&meta2_path, "mdkit after the kernel's own format");
 }
