@@ -567,6 +567,12 @@ fn insert_rec(tm: &mut Tm, rc: &mut dyn ValueRc, b: u64, key: u64, value: &[u8],
             0
         }
     };
+    let i = if make_room_in_child(tm, rc, loc, i, key)? {
+        // Entries moved between two children: find the one for `key` again.
+        NodeView::new(&*tm.read(loc, BlockKind::Node)?).lower_bound(key).unwrap_or(0)
+    } else {
+        i
+    };
     let child = NodeView::new(&*tm.read(loc, BlockKind::Node)?).value_u64(i);
     let below = insert_rec(tm, rc, child, key, value, depth + 1).map_err(|e| with_path(e, &[loc]))?;
     set_value(tm.get_mut(loc)?, i, &below.loc.to_le_bytes());
@@ -575,6 +581,78 @@ fn insert_rec(tm: &mut Tm, rc: &mut dyn ValueRc, b: u64, key: u64, value: &[u8],
         Some((rk, rloc)) => insert_or_split(tm, loc, nr, max, i + 1, rk, &rloc.to_le_bytes())?,
     };
     Ok(InsertOutcome { loc, split, old: below.old })
+}
+
+/// A sibling must have at least this many free entries to be worth sharing with (kernel
+/// SPACE_THRESHOLD).
+const SPACE_THRESHOLD: u32 = 8;
+
+/// Before descending into a full child, move entries into an unshared sibling that has room
+/// (the kernel's rebalance_left / rebalance_right). Splitting only when both siblings are full
+/// (or shared) keeps nodes nearly full for sequential inserts, instead of half full.
+/// Returns true if entries moved.
+fn make_room_in_child(tm: &mut Tm, rc: &mut dyn ValueRc, parent: u64, i: usize, key: u64) -> Result<bool> {
+    let (child, nr_parent) = {
+        let blk = tm.read(parent, BlockKind::Node)?;
+        let n = NodeView::new(&blk);
+        (n.value_u64(i), n.nr_entries() as usize)
+    };
+    let (c_flags, c_max) = {
+        let blk = tm.read(child, BlockKind::Node)?;
+        let n = NodeView::new(&blk);
+        let full = n.nr_entries() >= n.max_entries();
+        let overwrite = n.is_leaf() && n.lower_bound(key).is_some_and(|j| n.key(j) == key);
+        if !full || overwrite {
+            return Ok(false);
+        }
+        (n.flags(), n.max_entries())
+    };
+    let candidates = [i.checked_sub(1), (i + 1 < nr_parent).then_some(i + 1)];
+    for sib in candidates.into_iter().flatten() {
+        let sib_b = NodeView::new(&*tm.read(parent, BlockKind::Node)?).value_u64(sib);
+        if tm.ref_count(sib_b) > 1 {
+            continue; // shared with a snapshot: copying it would cost more than it saves
+        }
+        let room = {
+            let blk = tm.read(sib_b, BlockKind::Node)?;
+            let n = NodeView::new(&blk);
+            n.flags() == c_flags && n.max_entries() == c_max && n.max_entries() - n.nr_entries() >= SPACE_THRESHOLD
+        };
+        if !room {
+            continue;
+        }
+        let c_loc = shadow_node(tm, rc, child)?;
+        let s_loc = shadow_node(tm, rc, sib_b)?;
+        {
+            let p = tm.get_mut(parent)?;
+            set_value(p, i, &c_loc.to_le_bytes());
+            set_value(p, sib, &s_loc.to_le_bytes());
+        }
+        let (ri, l_loc, r_loc) = if sib < i { (i, s_loc, c_loc) } else { (sib, c_loc, s_loc) };
+        let (left, right) = redistribute(node_of(tm, l_loc)?, node_of(tm, r_loc)?);
+        left.encode(tm.get_mut(l_loc)?);
+        right.encode(tm.get_mut(r_loc)?);
+        set_key(tm.get_mut(parent)?, ri, right.keys[0]);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Splits the entries of two adjacent nodes evenly between them.
+fn redistribute(mut left: OwnedNode, mut right: OwnedNode) -> (OwnedNode, OwnedNode) {
+    let total = left.len() + right.len();
+    let target_left = total / 2;
+    if left.len() > target_left {
+        let mut moved = left.split_off(target_left);
+        moved.append(right);
+        right = moved;
+    } else {
+        let take = target_left - left.len();
+        let rest = right.split_off(take);
+        left.append(right);
+        right = rest;
+    }
+    (left, right)
 }
 
 fn node_of_key(tm: &Tm, loc: u64, i: usize) -> Result<(u64, Value)> {
@@ -739,7 +817,7 @@ fn fix_underflow(tm: &mut Tm, rc: &mut dyn ValueRc, parent: u64, i: usize) -> Re
         set_value(p, ri, &r_loc.to_le_bytes());
     }
     let mut left = node_of(tm, l_loc)?;
-    let mut right = node_of(tm, r_loc)?;
+    let right = node_of(tm, r_loc)?;
     if left.flags != right.flags || left.value_size != right.value_size || left.max_entries != right.max_entries {
         return Err(tm.corrupt(r_loc, Corruption::BadNodeHeader("sibling nodes of different shapes".into())));
     }
@@ -751,18 +829,7 @@ fn fix_underflow(tm: &mut Tm, rc: &mut dyn ValueRc, parent: u64, i: usize) -> Re
         // The right node's references now belong to the left node: free only the block.
         tm.dec(r_loc)?;
     } else {
-        let total = left.len() + right.len();
-        let target_left = total / 2;
-        if left.len() > target_left {
-            let mut moved = left.split_off(target_left);
-            moved.append(right);
-            right = moved;
-        } else {
-            let take = target_left - left.len();
-            let rest = right.split_off(take);
-            left.append(right);
-            right = rest;
-        }
+        let (left, right) = redistribute(left, right);
         left.encode(tm.get_mut(l_loc)?);
         right.encode(tm.get_mut(r_loc)?);
         set_key(tm.get_mut(parent)?, ri, right.keys[0]);
