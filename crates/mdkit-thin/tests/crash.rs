@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use mdkit_io::{CrashGroup, CrashPoint, CrashPolicy, DeviceRef, MemDevice, Rng};
-use mdkit_thin::meta::{CheckOptions, DeviceMetaIo, FormatOptions, MemMetaIo, MetaIo, ThinMetadata, check};
+use mdkit_thin::meta::{CheckOptions, DeviceMetaIo, FormatOptions, MemMetaIo, MetaIo, OpenOptions, ThinMetadata, check};
 
 struct Commit {
     started: CrashPoint,
@@ -30,9 +30,12 @@ fn every_flush_point_holds_the_last_commit() {
     let io: Arc<dyn MetaIo> = Arc::new(DeviceMetaIo::new(dev, rt.handle().clone()));
 
     let started = group.now();
-    let mut md = ThinMetadata::format(
+    // A small write-back threshold: transactions also write blocks out early, between
+    // commits, which must not disturb the last commit either.
+    let mut md = ThinMetadata::format_with(
         io.clone(),
         FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 20_000, metadata_nr_blocks: None },
+        OpenOptions { writeback_threshold_blocks: 32, ..Default::default() },
     )
     .unwrap();
     let mut commits = vec![Commit { started, finished: group.now(), model: Model::default() }];
