@@ -203,3 +203,45 @@ fn transaction_id_cas_and_bad_arguments() {
         assert!(matches!(r, Err(MetaError::InvalidArgument(_))), "{bad}");
     }
 }
+
+#[test]
+fn discard_passdown_protocol_holds_blocks_until_the_discard_is_done() {
+    let io: Arc<dyn MetaIo> = Arc::new(MemMetaIo::new("discard.meta", 1024));
+    let mut md = ThinMetadata::format(
+        io.clone(),
+        FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 64, metadata_nr_blocks: None },
+    )
+    .unwrap();
+    md.create_thin(0).unwrap();
+    for vb in 0..64 {
+        md.provision(0, vb).unwrap();
+    }
+    md.create_snap(1, 0).unwrap();
+    md.commit().unwrap();
+    // Discard 0..32 of the snapshot: the origin still maps those blocks, so none is free and
+    // nothing may be passed down.
+    let gone = md.remove_range_mappings(1, 0, 32).unwrap();
+    assert_eq!(gone.len(), 32);
+    assert!(gone.iter().all(|(_, m)| md.data_block_ref_count(m.data_block).unwrap() >= 1));
+    // Discard 0..16 of the origin: those blocks are now free -> hold, commit, "discard", release.
+    let gone = md.remove_range_mappings(0, 0, 16).unwrap();
+    let free: Vec<u64> =
+        gone.iter().map(|(_, m)| m.data_block).filter(|b| md.data_block_ref_count(*b).unwrap() == 0).collect();
+    assert_eq!(free.len(), 16);
+    for &b in &free {
+        md.inc_data_block(b).unwrap();
+    }
+    md.commit().unwrap();
+    // (discard on the data device happens here; nothing can allocate these blocks)
+    assert!(matches!(md.alloc_data_block(), Err(MetaError::OutOfDataSpace { .. })));
+    for &b in &free {
+        assert_eq!(md.dec_data_block(b).unwrap(), 0);
+    }
+    md.commit().unwrap();
+    let b = md.alloc_data_block().unwrap();
+    assert!(free.contains(&b));
+    md.dec_data_block(b).unwrap();
+    md.commit().unwrap();
+    let r = check(&*io, &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
+}

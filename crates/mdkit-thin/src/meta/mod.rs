@@ -43,6 +43,27 @@
 //!
 //! The metadata device I/O is synchronous ([`MetaIo`]); over an async `BlockDevice` use
 //! [`DeviceMetaIo`] from the dedicated metadata thread.
+//!
+//! # Using it from a pool runtime (dm-thin's rules)
+//! - Read to vblock: `lookup_cached` → mapped: read data block `m.data_block`; unmapped: zeroes
+//!   (or the external origin); `WouldBlock`: defer to the metadata thread (`lookup`).
+//! - Write to vblock: mapped and `!m.shared` → write in place (FUA/flush: commit first if
+//!   `changed_this_transaction(dev)`). Unmapped → `provision` (zero the block unless the write
+//!   covers it). Shared → `provision` as well (breaks sharing: new block, old reference
+//!   dropped; copy the old block's data first unless the write covers it).
+//! - Flush/FUA: `commit()` if anything changed (`has_uncommitted_changes`), at least every
+//!   second otherwise (dm-thin COMMIT_PERIOD).
+//! - Discard: `remove_range_mappings`; to pass down, `inc_data_block` every returned block
+//!   whose count is now 0, commit, discard on the data device, `dec_data_block` (a block the
+//!   last commit still maps is never discarded or reused).
+//! - `OutOfDataSpace` changes nothing (queue or error I/O, per `error_if_no_space`).
+//!   `OutOfMetadataSpace` before an operation changes nothing; the pool should go read-only.
+//!   Any other error leaves the transaction poisoned: `abort()`, `set_needs_check()`, go
+//!   read-only, report. On open, `needs_check()` means: run `check` before going read-write
+//!   (the kernel opens such a pool read-only).
+//! - Messages: `create_thin`, `create_snap` (origin quiesced first), `delete`,
+//!   `set_transaction_id`, `reserve_metadata_snap` / `release_metadata_snap`; status:
+//!   `status()` (the `dmsetup status` numbers), `device_details` + `highest_mapped` for a thin.
 
 pub mod block;
 mod btree;

@@ -760,12 +760,13 @@ impl ThinMetadata {
         self.guard(|s| s.dsm.alloc(&mut s.tm))
     }
 
-    /// Adds a reference to an allocated data block.
+    /// Adds a reference to a data block. A free block becomes allocated (count 1): that is how
+    /// blocks are held across a discard passdown (kernel `dm_pool_inc_data_range`).
     pub fn inc_data_block(&mut self, b: u64) -> Result<()> {
         self.check_writable()?;
         self.check_data_block(b)?;
         self.ensure_metadata_space(false)?;
-        self.guard(|s| s.dsm.inc(&mut s.tm, b))
+        self.guard(|s| s.dsm.inc_any(&mut s.tm, b))
     }
 
     /// Drops a reference; returns the new count (0 = free after commit).
