@@ -198,6 +198,12 @@ impl std::fmt::Debug for ThinMetadata {
     }
 }
 
+// The pool runtime shares the engine between its metadata thread and the data path.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<ThinMetadata>();
+};
+
 fn check_dev_id(dev: u64) -> Result<()> {
     if dev > MAX_DEVICE_ID {
         return Err(MetaError::InvalidArgument(format!("thin device id {dev} exceeds the 24-bit limit {MAX_DEVICE_ID}")));

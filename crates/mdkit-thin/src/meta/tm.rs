@@ -288,7 +288,9 @@ impl Tm {
         let mut steps = 0usize;
         while let Some(b) = self.msm.overflow_dirty.pop_first() {
             steps += 1;
-            assert!(steps <= 1 + 4 * self.msm.nr_blocks() as usize, "ref-count tree flush does not converge");
+            if steps > 1 + 4 * self.msm.nr_blocks() as usize {
+                return Err(self.corrupt(b, Corruption::BadSpaceMap("metadata ref-count tree flush does not converge".into())));
+            }
             let count = self.msm.get(b);
             let root = self.msm.ref_count_root;
             let new_root = if count >= 3 {
@@ -330,7 +332,10 @@ impl Tm {
                 }
             }
         }
-        assert!(self.msm.overflow_dirty.is_empty(), "bitmap moves changed a count >= 3");
+        if let Some(&b) = self.msm.overflow_dirty.first() {
+            // Only possible if a space-map block was also referenced elsewhere (corruption).
+            return Err(self.corrupt(b, Corruption::BadSpaceMap("moving space-map blocks changed a shared block's count".into())));
+        }
         // 4. Encode from the final counts.
         let dirty: Vec<usize> = self.msm.dirty_bitmaps.iter().copied().collect();
         for bm in dirty {
