@@ -98,7 +98,8 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Reply>(limits.max_in_flight_requests + 1);
-    let writer = AbortOnDrop(tokio::spawn(write_replies(writer, rx)));
+    let requests = Arc::new(Semaphore::new(limits.max_in_flight_requests));
+    let writer = AbortOnDrop(tokio::spawn(write_replies(writer, rx, requests.clone(), limits.max_in_flight_requests)));
     let topo = neg.export.topology();
     let bs = neg.export.block_sizes(limits.max_payload_bytes);
     let conn = Arc::new(Conn {
@@ -110,7 +111,6 @@ where
         export: neg.export,
         replies: tx,
     });
-    let requests = Arc::new(Semaphore::new(limits.max_in_flight_requests));
     let byte_units = (limits.max_in_flight_bytes as u64 / BYTE_PERMIT_UNIT).max(u64::from(bs.max_payload_bytes) / BYTE_PERMIT_UNIT + 2);
     let bytes = Arc::new(Semaphore::new(byte_units as usize));
     let mut rd = RequestReader::new(reader);
@@ -597,11 +597,34 @@ impl Reply {
 }
 
 /// Drains the reply channel into the socket, batching every ready reply into one writev.
-async fn write_replies<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Reply>) -> io::Result<()> {
+///
+/// `requests` is the connection's in-flight semaphore (a permit is held from dispatch until
+/// the reply is written), so `max - available - batch` is the number of requests whose replies
+/// are still to come. When some are, the writer yields once before writing: request tasks that
+/// were woken by the same completion batch then add their replies, and one `writev` carries
+/// them all. Each `writev` on a TCP socket costs a loopback transmit and a wake-up of the
+/// client, so fewer, larger writes are what makes QD32 cheap. With nothing else outstanding
+/// (QD1) the reply goes out at once.
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::Receiver<Reply>,
+    requests: Arc<Semaphore>,
+    max_in_flight: usize,
+) -> io::Result<()> {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH_MAX);
     loop {
         if rx.recv_many(&mut batch, WRITE_BATCH_MAX).await == 0 {
             break;
+        }
+        let outstanding = max_in_flight.saturating_sub(requests.available_permits());
+        if outstanding > batch.len() && batch.len() < WRITE_BATCH_MAX {
+            tokio::task::yield_now().await;
+            while batch.len() < WRITE_BATCH_MAX {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
         }
         write_batch(&mut w, &batch).await?;
         // Dropping the replies returns their permits: only now is the request finished.
