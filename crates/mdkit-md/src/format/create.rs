@@ -546,9 +546,6 @@ fn place_member(
     Ok(())
 }
 
-/// Re-exported for callers that only need the location rule.
-pub use superblock::superblock_locations;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,63 @@ impl Raid1Geometry {
     }
 }
 
+/// Any array's geometry, built from its superblock: the one value the runtime needs to place
+/// I/O.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArrayGeometry {
+    Raid0(Raid0Geometry),
+    Raid1(Raid1Geometry),
+    Raid10(Raid10Geometry),
+    /// raid4/5/6 and the per-member size they use.
+    Parity(ParityGeometry, u64),
+}
+
+impl ArrayGeometry {
+    /// Builds the geometry from a member's superblock (any member: the array fields are the
+    /// same on all). `member_data_sectors` is each slot's `data_size` (raid0 zones depend on
+    /// them; ignored by the other levels). raid0 without the RAID0_LAYOUT feature has an
+    /// unknown layout, which the kernel (and this) refuses for multi-zone arrays.
+    pub fn from_superblock(sb: &crate::format::superblock::Superblock, member_data_sectors: &[u64]) -> Result<ArrayGeometry, LayoutError> {
+        use crate::format::superblock::feature;
+        let level = Level::from_md_level(sb.level)
+            .ok_or_else(|| LayoutError::Invalid { level: "md", reason: format!("level {} is not supported", sb.level) })?;
+        Ok(match level {
+            Level::Raid0 => {
+                let layout = if sb.feature_map & feature::RAID0_LAYOUT != 0 { Raid0Layout::from_md(sb.layout) } else { None };
+                if member_data_sectors.len() != sb.raid_disks as usize {
+                    return Err(LayoutError::Invalid {
+                        level: "raid0",
+                        reason: format!("{} member sizes for {} raid disks", member_data_sectors.len(), sb.raid_disks),
+                    });
+                }
+                ArrayGeometry::Raid0(Raid0Geometry::new(member_data_sectors, sb.chunk_sectors, layout)?)
+            }
+            Level::Raid1 => ArrayGeometry::Raid1(Raid1Geometry { raid_disks: sb.raid_disks, member_size_sectors: sb.size_sectors }),
+            Level::Raid10 => ArrayGeometry::Raid10(Raid10Geometry::new(sb.raid_disks, sb.layout, sb.chunk_sectors, sb.size_sectors)?),
+            _ => ArrayGeometry::Parity(ParityGeometry::new(level, sb.raid_disks, sb.layout, sb.chunk_sectors)?, sb.size_sectors),
+        })
+    }
+
+    pub fn level(&self) -> Level {
+        match self {
+            ArrayGeometry::Raid0(_) => Level::Raid0,
+            ArrayGeometry::Raid1(_) => Level::Raid1,
+            ArrayGeometry::Raid10(_) => Level::Raid10,
+            ArrayGeometry::Parity(g, _) => g.level(),
+        }
+    }
+
+    /// Array size (sectors); 0 if it would not fit 64 bits.
+    pub fn array_sectors(&self) -> u64 {
+        match self {
+            ArrayGeometry::Raid0(g) => g.array_sectors(),
+            ArrayGeometry::Raid1(g) => g.array_sectors(),
+            ArrayGeometry::Raid10(g) => g.array_sectors(),
+            ArrayGeometry::Parity(g, size) => g.array_sectors(*size).unwrap_or(0),
+        }
+    }
+}
+
 /// Array size in sectors for raid1/4/5/6/10 from the superblock fields (`size` is the
 /// per-member used size). raid0's size depends on every member and comes from
 /// [`Raid0Geometry::array_sectors`]. Returns `None` for an invalid geometry.
@@ -164,5 +221,27 @@ mod tests {
         for l in [0, 1, 4, 5, 6, 10] {
             assert_eq!(Level::from_md_level(l).map(Level::md_level), Some(l));
         }
+    }
+
+    #[test]
+    fn geometry_from_superblocks() {
+        use crate::format::create::{CreateRequest, plan};
+        use crate::format::superblock::feature;
+        let p = plan(&CreateRequest::new(Level::Raid6, vec![1 << 17; 5], [1; 16], 0)).unwrap();
+        let sb = &p.members[0].superblock;
+        let g = ArrayGeometry::from_superblock(sb, &[]).unwrap();
+        assert_eq!((g.level(), g.array_sectors()), (Level::Raid6, p.array_sectors));
+        let p = plan(&CreateRequest::new(Level::Raid0, vec![1 << 17, 1 << 18], [1; 16], 0)).unwrap();
+        let sizes: Vec<u64> = p.members.iter().map(|m| m.superblock.data_size_sectors).collect();
+        let mut sb = p.members[0].superblock.clone();
+        let g = ArrayGeometry::from_superblock(&sb, &sizes).unwrap();
+        assert_eq!(g.array_sectors(), p.array_sectors);
+        // Without RAID0_LAYOUT a multi-zone layout is unknown: refused, as the kernel does.
+        sb.feature_map &= !feature::RAID0_LAYOUT;
+        let mut three = sizes.clone();
+        three.push(1 << 18);
+        sb.raid_disks = 3;
+        assert!(ArrayGeometry::from_superblock(&sb, &three).is_err());
+        assert!(ArrayGeometry::from_superblock(&sb, &sizes).is_err(), "member count must match raid_disks");
     }
 }

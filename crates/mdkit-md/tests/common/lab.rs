@@ -144,15 +144,34 @@ impl Lab {
         }
         let script_file = tempfile::Builder::new().prefix("mdkit-lab-").suffix(".sh").tempfile().map_err(|e| e.to_string())?;
         std::fs::write(script_file.path(), format!("#!/bin/bash\n{script}\n")).map_err(|e| e.to_string())?;
-        cmd.arg(script_file.path()).stdin(Stdio::null());
+        cmd.arg(script_file.path()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let t = Instant::now();
-        let out = cmd.output().map_err(|e| format!("cannot run {}/run.sh: {e}", self.dir.display()))?;
-        let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.stderr.is_empty() {
-            output.push_str("\n--- run.sh stderr ---\n");
-            output.push_str(&String::from_utf8_lossy(&out.stderr));
+        let mut child = cmd.spawn().map_err(|e| format!("cannot run {}/run.sh: {e}", self.dir.display()))?;
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        // Stream the guest's output so long runs can be followed (MDKIT_LAB_VERBOSE=1).
+        let verbose = std::env::var("MDKIT_LAB_VERBOSE").is_ok_and(|v| v == "1");
+        let mut output = String::new();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if verbose {
+                eprintln!("lab| {line}");
+            }
+            output.push_str(&line);
+            output.push('\n');
         }
-        let exit_code = out.status.code().unwrap_or(-1);
+        let status = child.wait().map_err(|e| format!("waiting for run.sh: {e}"))?;
+        let err_text = err_reader.join().unwrap_or_default();
+        if !err_text.is_empty() {
+            output.push_str("\n--- run.sh stderr ---\n");
+            output.push_str(&err_text);
+        }
+        let exit_code = status.code().unwrap_or(-1);
         if exit_code == 124 || exit_code == 125 {
             return Err(format!("guest timed out or died (exit {exit_code}):\n{output}"));
         }

@@ -3,8 +3,8 @@
 //! syndrome in the stripe's syndrome order). Used to check mdkit's layout code against data the
 //! kernel wrote.
 
-use mdkit_md::format::superblock::{DeviceRole, Superblock, feature};
-use mdkit_md::layout::{Level, ParityGeometry, Raid0Geometry, Raid0Layout, Raid1Geometry, Raid10Geometry};
+use mdkit_md::format::superblock::{DeviceRole, Superblock};
+use mdkit_md::layout::{ArrayGeometry, Level, ParityGeometry, Raid0Geometry, Raid1Geometry, Raid10Geometry};
 
 use super::images::MemberImage;
 
@@ -46,24 +46,16 @@ impl ArrayView {
         let slots: Vec<(MemberImage, u64, u64)> =
             slots.into_iter().enumerate().map(|(i, s)| s.ok_or(format!("slot {i} has no active member"))).collect::<Result<_, _>>()?;
         let chunk = sb0.chunk_sectors;
-        let geo = match level {
-            Level::Raid0 => {
-                let sizes: Vec<u64> = slots.iter().map(|s| s.2).collect();
-                let lay = if sb0.feature_map & feature::RAID0_LAYOUT != 0 { Raid0Layout::from_md(sb0.layout) } else { None };
-                Geo::Raid0(Raid0Geometry::new(&sizes, chunk, lay).map_err(|e| e.to_string())?)
-            }
-            Level::Raid1 => Geo::Raid1(Raid1Geometry { raid_disks: n as u32, member_size_sectors: sb0.size_sectors }),
-            Level::Raid10 => {
-                Geo::Raid10(Raid10Geometry::new(n as u32, sb0.layout, chunk, sb0.size_sectors).map_err(|e| e.to_string())?)
-            }
-            _ => Geo::Parity(ParityGeometry::new(level, n as u32, sb0.layout, chunk).map_err(|e| e.to_string())?),
+        // Built the way the runtime builds it: from the superblock.
+        let data_sizes: Vec<u64> = slots.iter().map(|s| s.2).collect();
+        let geo = match ArrayGeometry::from_superblock(sb0, &data_sizes).map_err(|e| e.to_string())? {
+            ArrayGeometry::Raid0(g) => Geo::Raid0(g),
+            ArrayGeometry::Raid1(g) => Geo::Raid1(g),
+            ArrayGeometry::Raid10(g) => Geo::Raid10(g),
+            ArrayGeometry::Parity(g, _) => Geo::Parity(g),
         };
-        let array_sectors = match &geo {
-            Geo::Raid0(g) => g.array_sectors(),
-            Geo::Raid1(g) => g.array_sectors(),
-            Geo::Raid10(g) => g.array_sectors(),
-            Geo::Parity(g) => g.array_sectors(sb0.size_sectors).ok_or("array size overflows")?,
-        };
+        let array_sectors = ArrayGeometry::from_superblock(sb0, &data_sizes).map_err(|e| e.to_string())?.array_sectors();
+        let _ = level;
         Ok(ArrayView {
             geo,
             data_offsets_sectors: slots.iter().map(|s| s.1).collect(),
