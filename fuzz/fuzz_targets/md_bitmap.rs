@@ -17,11 +17,15 @@ fuzz_target!(|data: &[u8]| {
         let _ = examine::bitmap_json(&b, Some(&area));
         if let Ok(g) = b.geometry() {
             let last = g.chunks().saturating_sub(1);
-            let _ = (g.area_bytes(), g.bit_location(last), g.chunk_range(last), g.chunks_for_range(u64::MAX / 2, u64::MAX));
+            let _ =
+                (g.area_bytes(), g.bit_location(last), g.chunk_range(last), g.chunks_for_range(u64::MAX / 2, u64::MAX));
             let _ = bitmap::test_bit(&area, &g, last);
             let mut copy = area.clone();
             let _ = bitmap::set_bit(&mut copy, &g, last, true);
-            let _ = bitmap::count_dirty(&area[..area.len().min(4096)], &bitmap::BitmapGeometry::new(g.chunk_bytes, g.sync_size_sectors.min(1 << 20)).unwrap());
+            let _ = bitmap::count_dirty(
+                &area[..area.len().min(4096)],
+                &bitmap::BitmapGeometry::new(g.chunk_bytes, g.sync_size_sectors.min(1 << 20)).unwrap(),
+            );
         }
     }
     if let Ok(b) = BitmapSuper::decode(&area) {

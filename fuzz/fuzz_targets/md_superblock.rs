@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     if data.first().is_some_and(|b| b & 1 == 1) {
         block[0..4].copy_from_slice(&MD_SB_MAGIC.to_le_bytes());
         block[4..8].copy_from_slice(&1u32.to_le_bytes());
-        let max_dev = u32::from_le_bytes(block[off::MAX_DEV..off::MAX_DEV + 4].try_into().unwrap()) % (superblock::MAX_DEV_ROLES + 1);
+        let max_dev = u32::from_le_bytes(block[off::MAX_DEV..off::MAX_DEV + 4].try_into().unwrap())
+            % (superblock::MAX_DEV_ROLES + 1);
         block[off::MAX_DEV..off::MAX_DEV + 4].copy_from_slice(&max_dev.to_le_bytes());
         if data.get(1).is_some_and(|b| b & 1 == 1) {
             let c = superblock::sb_checksum(&block, max_dev);

@@ -10,7 +10,9 @@ use mdkit_md::format::badblocks;
 use mdkit_md::format::bitmap::{BitmapError, BitmapSuper};
 use mdkit_md::format::create::{BitmapRequest, CreateRequest, InitialSync, plan};
 use mdkit_md::format::examine::{self, Examine};
-use mdkit_md::format::superblock::{self, MAX_SECTOR, ROLE_JOURNAL, Superblock, SuperblockError, feature, off, sb_checksum};
+use mdkit_md::format::superblock::{
+    self, MAX_SECTOR, ROLE_JOURNAL, Superblock, SuperblockError, feature, off, sb_checksum,
+};
 use mdkit_md::layout::{Level, ParityGeometry, Raid0Geometry, Raid0Layout, Raid10Geometry};
 use proptest::prelude::*;
 
@@ -29,7 +31,8 @@ fn valid_bytes() -> [u8; 4096] {
 
 /// Re-seals an image after editing raw bytes, so deeper checks than the checksum are reached.
 fn reseal(b: &mut [u8; 4096]) {
-    let max_dev = u32::from_le_bytes(b[off::MAX_DEV..off::MAX_DEV + 4].try_into().unwrap()).min(superblock::MAX_DEV_ROLES);
+    let max_dev =
+        u32::from_le_bytes(b[off::MAX_DEV..off::MAX_DEV + 4].try_into().unwrap()).min(superblock::MAX_DEV_ROLES);
     let c = sb_checksum(b, max_dev);
     b[off::SB_CSUM..off::SB_CSUM + 4].copy_from_slice(&c.to_le_bytes());
 }
@@ -181,7 +184,10 @@ fn exercise_superblock(bytes: &[u8]) {
             let _ = mdkit_md::layout::array_sectors(level, sb.raid_disks, sb.layout, sb.chunk_sectors, sb.size_sectors);
         }
     }
-    if let Ok(sb) = Superblock::decode(bytes, u64::from_le_bytes(bytes[off::SUPER_OFFSET..off::SUPER_OFFSET + 8].try_into().unwrap())) {
+    if let Ok(sb) = Superblock::decode(
+        bytes,
+        u64::from_le_bytes(bytes[off::SUPER_OFFSET..off::SUPER_OFFSET + 8].try_into().unwrap()),
+    ) {
         let again = sb.encode().expect("a decoded superblock re-encodes");
         assert_eq!(Superblock::decode(&again, sb.super_offset_sectors).unwrap(), sb);
     }
@@ -259,11 +265,10 @@ proptest! {
 
     #[test]
     fn random_badblock_logs_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200), shift in any::<u8>()) {
-        if let Ok(list) = badblocks::decode(&bytes, shift) {
-            if let Ok(page) = badblocks::encode(&list, shift) {
+        if let Ok(list) = badblocks::decode(&bytes, shift)
+            && let Ok(page) = badblocks::encode(&list, shift) {
                 prop_assert_eq!(badblocks::decode(&page, shift).unwrap(), list);
             }
-        }
     }
 
     #[test]

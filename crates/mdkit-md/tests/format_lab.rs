@@ -75,11 +75,17 @@ struct MaCase {
 }
 
 fn mk_cases(regions: &mut Regions) -> Vec<MkCase> {
-    let mut v: Vec<(String, Level, Vec<u64>, Box<dyn Fn(&mut CreateRequest)>)> = vec![
+    type Tweak = Box<dyn Fn(&mut CreateRequest)>;
+    let mut v: Vec<(String, Level, Vec<u64>, Tweak)> = vec![
         ("r0-single".into(), Level::Raid0, vec![8; 3], Box::new(|_| {})),
         ("r0-orig".into(), Level::Raid0, vec![8, 10, 10, 12], Box::new(|r| r.layout = Some(1))),
         ("r0-alt".into(), Level::Raid0, vec![8, 10, 10, 12], Box::new(|r| r.layout = Some(2))),
-        ("r1-bm".into(), Level::Raid1, vec![8; 2], Box::new(|r| r.bitmap = BitmapRequest::Internal { chunk_bytes: None })),
+        (
+            "r1-bm".into(),
+            Level::Raid1,
+            vec![8; 2],
+            Box::new(|r| r.bitmap = BitmapRequest::Internal { chunk_bytes: None }),
+        ),
         (
             "r1-v10-bm".into(),
             Level::Raid1,
@@ -109,7 +115,12 @@ fn mk_cases(regions: &mut Regions) -> Vec<MkCase> {
                 r.bitmap = BitmapRequest::Internal { chunk_bytes: None };
             }),
         ),
-        ("r10-n2".into(), Level::Raid10, vec![8; 4], Box::new(|r| r.bitmap = BitmapRequest::Internal { chunk_bytes: None })),
+        (
+            "r10-n2".into(),
+            Level::Raid10,
+            vec![8; 4],
+            Box::new(|r| r.bitmap = BitmapRequest::Internal { chunk_bytes: None }),
+        ),
         ("r10-f2".into(), Level::Raid10, vec![8; 4], Box::new(|r| r.layout = Some(0x201))),
         ("r10-o2".into(), Level::Raid10, vec![8; 3], Box::new(|r| r.layout = Some(0x10201))),
         ("r10-n3".into(), Level::Raid10, vec![8; 3], Box::new(|r| r.layout = Some(0x103))),
@@ -149,7 +160,8 @@ fn mk_cases(regions: &mut Regions) -> Vec<MkCase> {
             for (j, b) in uuid.iter_mut().enumerate() {
                 *b = (i as u8).wrapping_mul(29) ^ (j as u8).wrapping_mul(101) ^ 0x3c;
             }
-            let mut req = CreateRequest::new(level, regs.iter().map(|r| r.size / 512).collect(), uuid, 1_790_000_000 + i as u64);
+            let mut req =
+                CreateRequest::new(level, regs.iter().map(|r| r.size / 512).collect(), uuid, 1_790_000_000 + i as u64);
             req.name = name.clone();
             req.homehost = Some("mdkit".into());
             req.sync = InitialSync::AssumeClean;
@@ -164,14 +176,33 @@ fn mk_cases(regions: &mut Regions) -> Vec<MkCase> {
 
 fn ma_cases(regions: &mut Regions) -> Vec<MaCase> {
     const GIB: u64 = 1024;
-    let list: Vec<(&str, Level, MetadataVersion, Vec<u64>, Option<u32>, Option<&'static str>, Option<Option<&'static str>>)> = vec![
+    // (name, level, metadata, member MiB, chunk KiB, --layout, bitmap: None = none,
+    // Some(None) = internal, Some(Some(chunk)) = internal with --bitmap-chunk)
+    type MaRow = (
+        &'static str,
+        Level,
+        MetadataVersion,
+        Vec<u64>,
+        Option<u32>,
+        Option<&'static str>,
+        Option<Option<&'static str>>,
+    );
+    let list: Vec<MaRow> = vec![
         ("ma-r1", Level::Raid1, MetadataVersion::V1_2, vec![16, 16], None, None, Some(None)),
         ("ma-r1-nobm", Level::Raid1, MetadataVersion::V1_2, vec![16, 16], None, None, None),
         ("ma-r1-sizes", Level::Raid1, MetadataVersion::V1_2, vec![16, 20], None, None, Some(None)),
         ("ma-r1-bmchunk", Level::Raid1, MetadataVersion::V1_2, vec![16, 16], None, None, Some(Some("256K"))),
         ("ma-r5", Level::Raid5, MetadataVersion::V1_2, vec![16; 4], None, None, Some(None)),
         ("ma-r5-la-c64", Level::Raid5, MetadataVersion::V1_2, vec![16; 4], Some(64), Some("la"), None),
-        ("ma-r6-c128", Level::Raid6, MetadataVersion::V1_2, vec![16; 5], Some(128), Some("ddf-N-continue"), Some(Some("1M"))),
+        (
+            "ma-r6-c128",
+            Level::Raid6,
+            MetadataVersion::V1_2,
+            vec![16; 5],
+            Some(128),
+            Some("ddf-N-continue"),
+            Some(Some("1M")),
+        ),
         ("ma-r4", Level::Raid4, MetadataVersion::V1_2, vec![16; 3], Some(32), None, Some(None)),
         ("ma-r10-n2", Level::Raid10, MetadataVersion::V1_2, vec![16; 4], None, None, Some(None)),
         ("ma-r10-f2", Level::Raid10, MetadataVersion::V1_2, vec![16; 4], Some(64), Some("f2"), None),
@@ -221,14 +252,19 @@ fn stripe_bytes(p: &mdkit_md::format::create::CreatePlan) -> u64 {
     };
     let stripe = chunk * u64::from(data);
     // The array must be a whole number of stripes; otherwise fall back to one chunk.
-    if (p.array_sectors * 512) % stripe == 0 { stripe } else { chunk }
+    if (p.array_sectors * 512).is_multiple_of(stripe) { stripe } else { chunk }
 }
 
 fn loops_script(regions: &[Region]) -> (String, String) {
     let mut s = String::new();
     let mut names = Vec::new();
     for (i, r) in regions.iter().enumerate() {
-        writeln!(s, "L{i}=$(losetup --find --show --offset {} --sizelimit {} /dev/vda) || echo loop_failed=1", r.offset, r.size).unwrap();
+        writeln!(
+            s,
+            "L{i}=$(losetup --find --show --offset {} --sizelimit {} /dev/vda) || echo loop_failed=1",
+            r.offset, r.size
+        )
+        .unwrap();
         names.push(format!("$L{i}"));
     }
     (s, names.join(" "))
@@ -243,7 +279,8 @@ modprobe loop; modprobe raid0; modprobe raid1; modprobe raid10; modprobe raid456
 losetup -f >/dev/null || echo loop_unavailable=1
 "#,
     );
-    writeln!(s, "echo pattern_blocks=$(( $(blockdev --getsize64 /dev/vdb) / 65536 )) expected={pattern_disk_blocks}").unwrap();
+    writeln!(s, "echo pattern_blocks=$(( $(blockdev --getsize64 /dev/vdb) / 65536 )) expected={pattern_disk_blocks}")
+        .unwrap();
     // Loop devices are set up serially (losetup --find is not safe to race), then the arrays
     // run two at a time (the guest has 2 vCPUs) with each case's output in its own log.
     for c in mk {
@@ -258,7 +295,8 @@ losetup -f >/dev/null || echo loop_unavailable=1
         writeln!(s, "case_{md}() {{").unwrap();
         writeln!(s, "echo '=== mk {}'", c.name).unwrap();
         writeln!(s, "echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
-        writeln!(s, "mdadm --assemble /dev/{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}").unwrap();
+        writeln!(s, "mdadm --assemble /dev/{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
+            .unwrap();
         if redundant {
             writeln!(s, "wait_idle {md}").unwrap();
             writeln!(s, "echo degraded=$(cat /sys/block/{md}/md/degraded)").unwrap();
@@ -284,7 +322,8 @@ losetup -f >/dev/null || echo loop_unavailable=1
         writeln!(s, "events_of $M{}_0", c.md).unwrap();
         writeln!(s, "losetup -d {list}").unwrap();
         writeln!(s, "}}").unwrap();
-        writeln!(s, "while [ $(jobs -rp | wc -l) -ge 2 ]; do wait -n; done; case_{md} >/tmp/case_{md}.log 2>&1 &").unwrap();
+        writeln!(s, "while [ $(jobs -rp | wc -l) -ge 2 ]; do wait -n; done; case_{md} >/tmp/case_{md}.log 2>&1 &")
+            .unwrap();
     }
     s.push_str("wait\n");
     for c in mk {
@@ -327,10 +366,11 @@ losetup -f >/dev/null || echo loop_unavailable=1
 fn kv(section: &str) -> HashMap<String, Vec<String>> {
     let mut m: HashMap<String, Vec<String>> = HashMap::new();
     for l in section.lines() {
-        if let Some((k, v)) = l.split_once('=') {
-            if !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
-                m.entry(k.to_string()).or_default().push(v.trim().to_string());
-            }
+        if let Some((k, v)) = l.split_once('=')
+            && !k.is_empty()
+            && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        {
+            m.entry(k.to_string()).or_default().push(v.trim().to_string());
         }
     }
     m
@@ -342,7 +382,15 @@ fn one<'a>(m: &'a HashMap<String, Vec<String>>, k: &str) -> &'a str {
 
 fn host_examine_region(file: &Path, r: &Region) -> Option<String> {
     let out = Command::new("losetup")
-        .args(["--read-only", "--find", "--show", "--offset", &r.offset.to_string(), "--sizelimit", &r.size.to_string()])
+        .args([
+            "--read-only",
+            "--find",
+            "--show",
+            "--offset",
+            &r.offset.to_string(),
+            "--sizelimit",
+            &r.size.to_string(),
+        ])
         .arg(file)
         .output()
         .ok()?;
@@ -381,7 +429,8 @@ fn kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays() {
     }
     for c in &mk {
         let p = plan(&c.req).unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        let images: Vec<MemberImage> = c.regions.iter().map(|r| MemberImage::region(&members_file, r.offset, r.size)).collect();
+        let images: Vec<MemberImage> =
+            c.regions.iter().map(|r| MemberImage::region(&members_file, r.offset, r.size)).collect();
         write_plan(&p, &images);
         max_array = max_array.max(c.pattern_offset + p.array_sectors * 512);
         plans.push((p, images));
@@ -393,7 +442,12 @@ fn kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays() {
     let mut opts = RunOptions::with_disks(vec![members_file.clone(), pattern_file.clone()]);
     opts.timeout_secs = 1500;
     let run = lab.run(&opts, &script).unwrap_or_else(|e| panic!("lab run failed: {e}"));
-    eprintln!("lab: guest ran {} mdkit-made and {} mdadm-made arrays in {:.1} s", mk.len(), ma.len(), run.elapsed.as_secs_f64());
+    eprintln!(
+        "lab: guest ran {} mdkit-made and {} mdadm-made arrays in {:.1} s",
+        mk.len(),
+        ma.len(),
+        run.elapsed.as_secs_f64()
+    );
     assert_eq!(run.exit_code, 0, "guest script failed:\n{}", run.output);
     assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
 
@@ -408,10 +462,22 @@ fn kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays() {
             failures.push(format!("{}: {e}", c.name));
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}\n\nguest output:\n{}", failures.len(), failures.join("\n"), run.output);
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}\n\nguest output:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        run.output
+    );
 }
 
-fn check_mk(c: &MkCase, p: &mdkit_md::format::create::CreatePlan, images: &[MemberImage], run: &common::lab::LabRun, file: &Path) -> Result<(), String> {
+fn check_mk(
+    c: &MkCase,
+    p: &mdkit_md::format::create::CreatePlan,
+    images: &[MemberImage],
+    run: &common::lab::LabRun,
+    file: &Path,
+) -> Result<(), String> {
     let section = run.section(&format!("mk {}", c.name)).ok_or("no guest output")?;
     let m = kv(&section);
     for key in ["assemble", "write", "stop"] {
@@ -443,13 +509,22 @@ fn check_mk(c: &MkCase, p: &mdkit_md::format::create::CreatePlan, images: &[Memb
         // raid0 has nothing to mark dirty: the kernel may never rewrite its superblocks.
         let rewritten = sb.events > 0 || c.req.level == Level::Raid0;
         if sb.set_uuid != planned.set_uuid || sb.events != guest_events || !rewritten {
-            return Err(format!("member {i}: uuid/events {} (mdadm in the guest: {guest_events}) after the kernel rewrite", sb.events));
+            return Err(format!(
+                "member {i}: uuid/events {} (mdadm in the guest: {guest_events}) after the kernel rewrite",
+                sb.events
+            ));
         }
         if !sb.is_clean() {
             return Err(format!("member {i}: not clean after stop (resync_offset {})", sb.resync_offset_sectors));
         }
         if (sb.data_offset_sectors, sb.data_size_sectors, sb.level, sb.chunk_sectors, sb.raid_disks)
-            != (planned.data_offset_sectors, planned.data_size_sectors, planned.level, planned.chunk_sectors, planned.raid_disks)
+            != (
+                planned.data_offset_sectors,
+                planned.data_size_sectors,
+                planned.level,
+                planned.chunk_sectors,
+                planned.raid_disks,
+            )
         {
             return Err(format!("member {i}: kernel changed the geometry: {sb:?}"));
         }
@@ -459,7 +534,10 @@ fn check_mk(c: &MkCase, p: &mdkit_md::format::create::CreatePlan, images: &[Memb
             }
             let (bms, _) = img.bitmap(&sb)?;
             if bms.events != sb.events || bms.uuid != sb.set_uuid || bms.state != 0 {
-                return Err(format!("member {i}: bitmap events {} state {} vs sb events {}", bms.events, bms.state, sb.events));
+                return Err(format!(
+                    "member {i}: bitmap events {} state {} vs sb events {}",
+                    bms.events, bms.state, sb.events
+                ));
             }
         }
         sbs.push(sb);
@@ -474,7 +552,8 @@ fn check_mk(c: &MkCase, p: &mdkit_md::format::create::CreatePlan, images: &[Memb
     let view = ArrayView::new(images, &sbs)?;
     let data = view.read_verified(0, view.array_bytes())?;
     if data != pattern(c.pattern_offset, view.array_bytes()) {
-        let first = data.iter().zip(pattern(c.pattern_offset, view.array_bytes())).position(|(a, b)| *a != b).unwrap_or(0);
+        let first =
+            data.iter().zip(pattern(c.pattern_offset, view.array_bytes())).position(|(a, b)| *a != b).unwrap_or(0);
         return Err(format!("array data read through mdkit's layout differs from the pattern at byte {first}"));
     }
     // mdkit's examine text matches host mdadm on the kernel-written superblock.
@@ -513,7 +592,8 @@ fn check_ma(c: &MaCase, run: &common::lab::LabRun, file: &Path) -> Result<(), St
         None => BitmapRequest::None,
         Some(None) => BitmapRequest::Internal { chunk_bytes: None },
         Some(Some(chunk)) => {
-            let bytes = chunk.trim_end_matches(['K', 'M']).parse::<u32>().unwrap() << if chunk.ends_with('M') { 20 } else { 10 };
+            let bytes = chunk.trim_end_matches(['K', 'M']).parse::<u32>().unwrap()
+                << if chunk.ends_with('M') { 20 } else { 10 };
             BitmapRequest::Internal { chunk_bytes: Some(bytes) }
         }
     };
@@ -534,9 +614,21 @@ fn check_ma(c: &MaCase, run: &common::lab::LabRun, file: &Path) -> Result<(), St
             ("data_offset_sectors", sb.data_offset_sectors.into(), mine.data_offset_sectors.into()),
             ("data_size_sectors", sb.data_size_sectors.into(), mine.data_size_sectors.into()),
             ("super_offset_sectors", sb.super_offset_sectors.into(), mine.super_offset_sectors.into()),
-            ("feature BITMAP_OFFSET", (sb.feature_map & feature::BITMAP_OFFSET).into(), (mine.feature_map & feature::BITMAP_OFFSET).into()),
-            ("feature RAID0_LAYOUT", (sb.feature_map & feature::RAID0_LAYOUT).into(), (mine.feature_map & feature::RAID0_LAYOUT).into()),
-            ("bitmap_offset", sb.bitmap_offset_sectors().unwrap_or(0).into(), mine.bitmap_offset_sectors().unwrap_or(0).into()),
+            (
+                "feature BITMAP_OFFSET",
+                (sb.feature_map & feature::BITMAP_OFFSET).into(),
+                (mine.feature_map & feature::BITMAP_OFFSET).into(),
+            ),
+            (
+                "feature RAID0_LAYOUT",
+                (sb.feature_map & feature::RAID0_LAYOUT).into(),
+                (mine.feature_map & feature::RAID0_LAYOUT).into(),
+            ),
+            (
+                "bitmap_offset",
+                sb.bitmap_offset_sectors().unwrap_or(0).into(),
+                mine.bitmap_offset_sectors().unwrap_or(0).into(),
+            ),
             ("bblog_offset_sectors", sb.bblog_offset_sectors.into(), mine.bblog_offset_sectors.into()),
             ("bblog_size_sectors", sb.bblog_size_sectors.into(), mine.bblog_size_sectors.into()),
             ("max_dev", sb.max_dev().into(), mine.max_dev().into()),
@@ -593,10 +685,15 @@ fn kernel_reference_images_decode_and_read_back() {
             })
             .collect();
         if images.is_empty() {
-            eprintln!("SKIP: {level}: no reference images in {} (run {}/examples/md-raid.sh)", dir.display(), lab.dir.display());
+            eprintln!(
+                "SKIP: {level}: no reference images in {} (run {}/examples/md-raid.sh)",
+                dir.display(),
+                lab.dir.display()
+            );
             continue;
         }
-        let sbs: Vec<Superblock> = images.iter().map(|i| i.find_superblock().unwrap_or_else(|e| panic!("{level}: {e}"))).collect();
+        let sbs: Vec<Superblock> =
+            images.iter().map(|i| i.find_superblock().unwrap_or_else(|e| panic!("{level}: {e}"))).collect();
         let events = sbs[0].events;
         for (i, sb) in sbs.iter().enumerate() {
             assert_eq!(sb.set_uuid, sbs[0].set_uuid, "{level} member {i}: uuid");
@@ -606,7 +703,11 @@ fn kernel_reference_images_decode_and_read_back() {
             let (bms, area) = images[i].bitmap(sb).unwrap_or_else(|e| panic!("{level} member {i}: {e}"));
             assert_eq!(bms.events, events, "{level} member {i}: bitmap events");
             assert_eq!(bms.uuid, sb.set_uuid);
-            assert_eq!(mdkit_md::format::bitmap::count_dirty(&area, &bms.geometry().unwrap()), 0, "{level}: bits clear after a clean stop");
+            assert_eq!(
+                mdkit_md::format::bitmap::count_dirty(&area, &bms.geometry().unwrap()),
+                0,
+                "{level}: bits clear after a clean stop"
+            );
         }
         // md-raid.sh wrote 16 MiB of `yes 'mdlab reference pattern 0123456789abcdef'`.
         let line = b"mdlab reference pattern 0123456789abcdef\n";

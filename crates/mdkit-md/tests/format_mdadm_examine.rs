@@ -36,7 +36,12 @@ fn uuid(seed: u8) -> [u8; 16] {
 
 fn case(name: &'static str, level: Level, sizes_mib: &[u64], f: impl FnOnce(&mut CreateRequest)) -> Case {
     let seed = name.bytes().fold(7u8, |a, b| a.wrapping_mul(13).wrapping_add(b));
-    let mut req = CreateRequest::new(level, sizes_mib.iter().map(|m| m * MIB).collect(), uuid(seed), 1_790_000_000 + u64::from(seed));
+    let mut req = CreateRequest::new(
+        level,
+        sizes_mib.iter().map(|m| m * MIB).collect(),
+        uuid(seed),
+        1_790_000_000 + u64::from(seed),
+    );
     req.name = name.to_string();
     req.sync = InitialSync::AssumeClean;
     f(&mut req);
@@ -70,7 +75,9 @@ fn cases() -> Vec<Case> {
         case("r4", Level::Raid4, &[64, 64, 64], |_| {}),
         case("r4-bitmap", Level::Raid4, &[64, 64, 64, 64], internal),
         case("r5-default-recover", Level::Raid5, &[64, 64, 64, 64], |r| r.sync = InitialSync::MdadmDefault),
-        case("r5-bitmapchunk", Level::Raid5, &[64, 64, 64], |r| r.bitmap = BitmapRequest::Internal { chunk_bytes: Some(1 << 20) }),
+        case("r5-bitmapchunk", Level::Raid5, &[64, 64, 64], |r| {
+            r.bitmap = BitmapRequest::Internal { chunk_bytes: Some(1 << 20) }
+        }),
         case("r6-resync", Level::Raid6, &[64, 64, 64, 64], |r| r.sync = InitialSync::Resync),
         case("r10-f2-odd", Level::Raid10, &[64, 64, 64], |r| r.layout = Some(0x201)),
         case("r10-spare", Level::Raid10, &[64, 64, 64, 64, 64], |r| {
@@ -82,7 +89,8 @@ fn cases() -> Vec<Case> {
     ];
     for alg in 0..=5u32 {
         for bitmap in [false, true] {
-            let name: &'static str = Box::leak(format!("r5-alg{alg}{}", if bitmap { "-bm" } else { "" }).into_boxed_str());
+            let name: &'static str =
+                Box::leak(format!("r5-alg{alg}{}", if bitmap { "-bm" } else { "" }).into_boxed_str());
             v.push(case(name, Level::Raid5, &[64, 64, 64, 64], |r| {
                 r.layout = Some(alg);
                 if bitmap {
@@ -100,7 +108,13 @@ fn cases() -> Vec<Case> {
             }
         }));
     }
-    for (name, layout, n) in [("r10-n2", 0x102u32, 4usize), ("r10-f2", 0x201, 4), ("r10-o2", 0x10201, 4), ("r10-n3", 0x103, 3), ("r10-o3", 0x10301, 5)] {
+    for (name, layout, n) in [
+        ("r10-n2", 0x102u32, 4usize),
+        ("r10-f2", 0x201, 4),
+        ("r10-o2", 0x10201, 4),
+        ("r10-n3", 0x103, 3),
+        ("r10-o3", 0x10301, 5),
+    ] {
         for bitmap in [false, true] {
             let name: &'static str = Box::leak(format!("{name}{}", if bitmap { "-bm" } else { "" }).into_boxed_str());
             v.push(case(name, Level::Raid10, &vec![64; n], |r| {
@@ -117,7 +131,13 @@ fn cases() -> Vec<Case> {
 fn mdadm_examine(path: &Path) -> String {
     let out = Command::new("mdadm").env("TZ", "UTC").arg("--examine").arg(path).output().expect("run mdadm");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "mdadm --examine {} failed: {}{}", path.display(), text, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mdadm --examine {} failed: {}{}",
+        path.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
     text
 }
 
@@ -153,7 +173,11 @@ fn mdadm_examine_agrees_with_mdkit() {
             let theirs_body: String = theirs.lines().skip(1).map(|l| format!("{l}\n")).collect();
             assert!(theirs.starts_with(&format!("{}:\n", m.path.display())));
             assert!(field(&theirs, "Checksum").unwrap().ends_with("- correct"), "{}: {theirs}", c.name);
-            assert_eq!(ours, theirs_body, "{} member {i}: mdkit examine text differs from mdadm's\n--- mdkit\n{ours}--- mdadm\n{theirs_body}", c.name);
+            assert_eq!(
+                ours, theirs_body,
+                "{} member {i}: mdkit examine text differs from mdadm's\n--- mdkit\n{ours}--- mdadm\n{theirs_body}",
+                c.name
+            );
             // Spot-check the facts the acceptance names, independently of the text equality.
             assert_eq!(field(&theirs, "Raid Level"), Some(c.req.level.name()), "{}", c.name);
             assert_eq!(field(&theirs, "Raid Devices").unwrap(), c.req.raid_devices.to_string(), "{}", c.name);

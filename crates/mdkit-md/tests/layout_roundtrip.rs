@@ -8,7 +8,9 @@ mod common;
 use common::{Rng, test_seed};
 use mdkit_md::layout::names::algorithm as alg;
 use mdkit_md::layout::parity::MemberBlock;
-use mdkit_md::layout::{Level, MemberSector, ParityGeometry, Raid0Geometry, Raid0Layout, Raid1Geometry, Raid10Geometry};
+use mdkit_md::layout::{
+    Level, MemberSector, ParityGeometry, Raid0Geometry, Raid0Layout, Raid1Geometry, Raid10Geometry,
+};
 
 const CHUNKS: [u32; 4] = [8, 16, 128, 1024];
 
@@ -22,7 +24,14 @@ fn parity_algorithms(level: Level) -> Vec<u32> {
 
 /// raid5_compute_blocknr's index arithmetic, ported separately from the library's generic
 /// inversion: member `i` of a stripe with parity `pd` -> logical data index.
-fn kernel_blocknr_index(level: Level, algorithm: u32, n: usize, pd: usize, qd: Option<usize>, i: usize) -> Option<usize> {
+fn kernel_blocknr_index(
+    level: Level,
+    algorithm: u32,
+    n: usize,
+    pd: usize,
+    qd: Option<usize>,
+    i: usize,
+) -> Option<usize> {
     if i == pd || Some(i) == qd {
         return None;
     }
@@ -32,10 +41,8 @@ fn kernel_blocknr_index(level: Level, algorithm: u32, n: usize, pd: usize, qd: O
     match level {
         Level::Raid4 => {}
         Level::Raid5 => match algorithm {
-            alg::LEFT_ASYMMETRIC | alg::RIGHT_ASYMMETRIC => {
-                if i > pd {
-                    i -= 1;
-                }
+            alg::LEFT_ASYMMETRIC | alg::RIGHT_ASYMMETRIC if i > pd => {
+                i -= 1;
             }
             alg::LEFT_SYMMETRIC | alg::RIGHT_SYMMETRIC => {
                 if i < pd {
@@ -134,7 +141,9 @@ fn check_parity(g: &ParityGeometry, rng: &mut Rng) {
         for (member, want) in (0..n).map(|i| (i, m.block_of(i))) {
             let idx = kernel_blocknr_index(g.level(), g.algorithm(), n, m.p_member, m.q_member, member);
             match want.unwrap() {
-                mdkit_md::layout::StripeBlock::Data(dd) => assert_eq!(idx, Some(dd), "{what} stripe {s} member {member}"),
+                mdkit_md::layout::StripeBlock::Data(dd) => {
+                    assert_eq!(idx, Some(dd), "{what} stripe {s} member {member}")
+                }
                 _ => assert_eq!(idx, None, "{what}"),
             }
         }
@@ -156,7 +165,10 @@ fn check_parity(g: &ParityGeometry, rng: &mut Rng) {
             other => panic!("{what}: sector {s} -> {mp:?} -> {other:?}"),
         }
         let sm = g.stripe_map(mp.stripe);
-        assert_eq!((sm.p_member, sm.q_member, sm.data_members[mp.data_index]), (mp.p_member, mp.q_member, mp.data.member));
+        assert_eq!(
+            (sm.p_member, sm.q_member, sm.data_members[mp.data_index]),
+            (mp.p_member, mp.q_member, mp.data.member)
+        );
     }
     // Random member sectors: reverse then forward.
     for _ in 0..300 {

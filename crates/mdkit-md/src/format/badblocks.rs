@@ -29,7 +29,9 @@ pub enum BadBlockError {
     BadLength { len_bytes: usize },
     #[error("bad-block entry {index} has length 0")]
     ZeroLength { index: usize },
-    #[error("bad block at sector {start_sector} (+{len_sectors}) is not aligned to 2^{shift} sectors or too long for one entry")]
+    #[error(
+        "bad block at sector {start_sector} (+{len_sectors}) is not aligned to 2^{shift} sectors or too long for one entry"
+    )]
     Unrepresentable { start_sector: u64, len_sectors: u64, shift: u8 },
     #[error("{count} bad-block entries do not fit in one 4 KiB page ({ENTRIES_PER_PAGE} max)")]
     TooMany { count: usize },
@@ -39,7 +41,7 @@ pub enum BadBlockError {
 
 /// Decodes a log read from disk (`bblog_size` sectors, at most one page).
 pub fn decode(log: &[u8], shift: u8) -> Result<Vec<BadBlock>, BadBlockError> {
-    if log.len() % 8 != 0 || log.len() > METADATA_BLOCK_BYTES {
+    if !log.len().is_multiple_of(8) || log.len() > METADATA_BLOCK_BYTES {
         return Err(BadBlockError::BadLength { len_bytes: log.len() });
     }
     let mut out = Vec::new();
@@ -72,7 +74,9 @@ pub fn encode(blocks: &[BadBlock], shift: u8) -> Result<[u8; METADATA_BLOCK_BYTE
         // Entries hold 54 bits of start; larger shifts cannot describe any block.
         return match blocks.first() {
             None => Ok(page),
-            Some(b) => Err(BadBlockError::Unrepresentable { start_sector: b.start_sector, len_sectors: b.len_sectors, shift }),
+            Some(b) => {
+                Err(BadBlockError::Unrepresentable { start_sector: b.start_sector, len_sectors: b.len_sectors, shift })
+            }
         };
     }
     let unit_mask = (1u64 << shift) - 1;
@@ -84,7 +88,11 @@ pub fn encode(blocks: &[BadBlock], shift: u8) -> Result<[u8; METADATA_BLOCK_BYTE
             || units > MAX_ENTRY_UNITS
             || (b.start_sector >> shift) >= (1u64 << 54);
         if bad {
-            return Err(BadBlockError::Unrepresentable { start_sector: b.start_sector, len_sectors: b.len_sectors, shift });
+            return Err(BadBlockError::Unrepresentable {
+                start_sector: b.start_sector,
+                len_sectors: b.len_sectors,
+                shift,
+            });
         }
         // A length of 512 units is stored as 0x200, which still fits the 10-bit field.
         put_u64(&mut page, i * 8, ((b.start_sector >> shift) << 10) | units);
@@ -98,7 +106,8 @@ mod tests {
 
     #[test]
     fn round_trip_and_terminator() {
-        let list = vec![BadBlock { start_sector: 0, len_sectors: 8 }, BadBlock { start_sector: 4096, len_sectors: 512 }];
+        let list =
+            vec![BadBlock { start_sector: 0, len_sectors: 8 }, BadBlock { start_sector: 4096, len_sectors: 512 }];
         let page = encode(&list, 0).unwrap();
         assert_eq!(decode(&page, 0).unwrap(), list);
         assert_eq!(decode(&[0xff; 4096], 0).unwrap(), vec![]);

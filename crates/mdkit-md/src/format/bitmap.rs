@@ -99,7 +99,9 @@ pub enum BitmapError {
     UuidMismatch { found: String, expected: String },
     #[error("no room for an internal bitmap ({room_sectors} sectors available)")]
     NoRoom { room_sectors: u64 },
-    #[error("bitmap chunk {requested_bytes} bytes is too small: {sync_size_sectors} sectors need at least {min_bytes} bytes per bit to fit in {room_sectors} sectors")]
+    #[error(
+        "bitmap chunk {requested_bytes} bytes is too small: {sync_size_sectors} sectors need at least {min_bytes} bytes per bit to fit in {room_sectors} sectors"
+    )]
     ChunkTooSmallForRoom { requested_bytes: u64, min_bytes: u64, sync_size_sectors: u64, room_sectors: u64 },
 }
 
@@ -210,7 +212,12 @@ impl BitmapSuper {
                     why: "lockless bitmap (llbitmap, one byte per chunk) is not supported",
                 });
             }
-            _ => return Err(BitmapError::UnsupportedVersion { version: self.version, why: "unrecognized superblock version" }),
+            _ => {
+                return Err(BitmapError::UnsupportedVersion {
+                    version: self.version,
+                    why: "unrecognized superblock version",
+                });
+            }
         }
         if self.chunk_bytes < MIN_CHUNK_BYTES {
             return Err(BitmapError::ChunkTooSmall { chunk_bytes: self.chunk_bytes });
@@ -452,7 +459,11 @@ pub fn choose_bm_space(device_sectors: u64) -> u64 {
 /// bitmap (superblock included) covering `sync_size_sectors`, the smallest chunk >= 4 KiB
 /// whose bits fit, then the default `max(that, 64 MiB)` unless a chunk is requested (which must
 /// not be smaller). When no chunk is requested the room is capped to 128 KiB.
-pub fn mdadm_chunk_bytes(room_sectors: u64, sync_size_sectors: u64, requested_chunk_bytes: Option<u32>) -> Result<u32, BitmapError> {
+pub fn mdadm_chunk_bytes(
+    room_sectors: u64,
+    sync_size_sectors: u64,
+    requested_chunk_bytes: Option<u32>,
+) -> Result<u32, BitmapError> {
     let mut room = room_sectors;
     if requested_chunk_bytes.is_none() && room > 128 * 2 {
         room = 128 * 2;
@@ -574,7 +585,10 @@ mod tests {
         assert!(BitmapSuper::decode(&v3.encode_unchecked()).is_ok());
         let mut c = sb.clone();
         c.chunk_bytes = 3 << 20;
-        assert_eq!(BitmapSuper::decode(&c.encode_unchecked()), Err(BitmapError::ChunkNotPowerOfTwo { chunk_bytes: 3 << 20 }));
+        assert_eq!(
+            BitmapSuper::decode(&c.encode_unchecked()),
+            Err(BitmapError::ChunkNotPowerOfTwo { chunk_bytes: 3 << 20 })
+        );
         c.chunk_bytes = 256;
         assert_eq!(BitmapSuper::decode(&c.encode_unchecked()), Err(BitmapError::ChunkTooSmall { chunk_bytes: 256 }));
         let mut d = sb.clone();

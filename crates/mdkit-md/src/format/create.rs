@@ -23,8 +23,8 @@
 
 use super::bitmap::{self, BitmapError, BitmapSuper};
 use super::superblock::{
-    self, MAX_DEV_ROLES, MAX_SECTOR, MetadataVersion, ROLE_SPARE, SB_FIXED_BYTES, Superblock, SuperblockError, compose_set_name,
-    feature, md_time,
+    self, MAX_DEV_ROLES, MAX_SECTOR, MetadataVersion, ROLE_SPARE, SB_FIXED_BYTES, Superblock, SuperblockError,
+    compose_set_name, feature, md_time,
 };
 use super::{METADATA_BLOCK_BYTES, SECTOR_BYTES};
 use crate::layout::names::{LayoutError, RAID0_ORIG_LAYOUT, RAID10_DEFAULT_LAYOUT, RAID56_DEFAULT_LAYOUT};
@@ -44,7 +44,9 @@ const ONE_MIB_SECTORS: u64 = 2048;
 pub enum BitmapRequest {
     None,
     /// `--bitmap=internal`, optionally with `--bitmap-chunk` (bytes).
-    Internal { chunk_bytes: Option<u32> },
+    Internal {
+        chunk_bytes: Option<u32>,
+    },
 }
 
 /// How the new array starts.
@@ -96,7 +98,12 @@ pub struct CreateRequest {
 impl CreateRequest {
     /// A request with mdadm's defaults: metadata 1.2, default chunk and layout, all members
     /// active, no bitmap, mdadm's default sync behaviour.
-    pub fn new(level: Level, member_sizes_sectors: Vec<u64>, array_uuid: [u8; 16], ctime_seconds: u64) -> CreateRequest {
+    pub fn new(
+        level: Level,
+        member_sizes_sectors: Vec<u64>,
+        array_uuid: [u8; 16],
+        ctime_seconds: u64,
+    ) -> CreateRequest {
         CreateRequest {
             metadata: MetadataVersion::V1_2,
             level,
@@ -204,7 +211,9 @@ impl CreatePlan {
         if let (Some(off), Some(area)) = (m.bitmap_offset_bytes, self.bitmap_area.as_ref()) {
             w.push((off, area.as_slice()));
         }
-        debug_assert!(w.iter().all(|(o, b)| o % METADATA_BLOCK_BYTES as u64 == 0 && b.len() % METADATA_BLOCK_BYTES == 0));
+        debug_assert!(
+            w.iter().all(|(o, b)| o % METADATA_BLOCK_BYTES as u64 == 0 && b.len() % METADATA_BLOCK_BYTES == 0)
+        );
         w
     }
 }
@@ -250,7 +259,11 @@ fn check_shape(req: &CreateRequest) -> Result<Shape, CreateError> {
     let level = req.level;
     let lname = level.name();
     if req.raid_devices < level.min_raid_disks() {
-        return Err(CreateError::TooFewDevices { level: lname, raid_devices: req.raid_devices, min: level.min_raid_disks() });
+        return Err(CreateError::TooFewDevices {
+            level: lname,
+            raid_devices: req.raid_devices,
+            min: level.min_raid_disks(),
+        });
     }
     if level == Level::Raid6 && req.raid_devices > 256 {
         return Err(CreateError::TooManyRaidDevices { level: lname, raid_devices: req.raid_devices, max: 256 });
@@ -296,7 +309,9 @@ fn check_shape(req: &CreateRequest) -> Result<Shape, CreateError> {
         }
         Level::Raid0 => {
             if layout != 0 && Raid0Layout::from_md(layout).is_none() {
-                return Err(LayoutError::Invalid { level: lname, reason: format!("unknown raid0 layout {layout}") }.into());
+                return Err(
+                    LayoutError::Invalid { level: lname, reason: format!("unknown raid0 layout {layout}") }.into()
+                );
             }
         }
         Level::Raid1 => {}
@@ -329,7 +344,8 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
             }
             _ => dev.checked_sub(data_offset),
         };
-        let too_small = || CreateError::MemberTooSmall { member, size_sectors: dev, needed_sectors: data_offset.max(24) };
+        let too_small =
+            || CreateError::MemberTooSmall { member, size_sectors: dev, needed_sectors: data_offset.max(24) };
         let mut free_kib = free_sectors.ok_or_else(too_small)? / 2;
         if chunk_kib > 0 {
             free_kib &= !(u64::from(chunk_kib) - 1);
@@ -337,10 +353,10 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
         if free_kib == 0 || dev < 24 {
             return Err(too_small());
         }
-        if let Some(size) = req.size_kib {
-            if free_kib < size {
-                return Err(CreateError::MemberSmallerThanSize { member, available_kib: free_kib, requested_kib: size });
-            }
+        if let Some(size) = req.size_kib
+            && free_kib < size
+        {
+            return Err(CreateError::MemberSmallerThanSize { member, available_kib: free_kib, requested_kib: size });
         }
         min_free_kib = min_free_kib.min(free_kib);
     }
@@ -391,7 +407,8 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
     let (bitmap_super, bitmap_offset) = match req.bitmap {
         BitmapRequest::None => (None, None),
         BitmapRequest::Internal { chunk_bytes } => {
-            let sync_size = bitmap::mdadm_create_sync_size_sectors(level.md_level(), size_sectors, req.raid_devices, shape.layout);
+            let sync_size =
+                bitmap::mdadm_create_sync_size_sectors(level.md_level(), size_sectors, req.raid_devices, shape.layout);
             let room = bitmap::choose_bm_space(size_sectors);
             let chunk = bitmap::mdadm_chunk_bytes(room, sync_size, chunk_bytes)?;
             let offset: i32 = match v {
@@ -446,7 +463,8 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
         let dev = req.member_sizes_sectors[*member];
         let mut sb = base.clone();
         sb.dev_number = *dev_number;
-        sb.device_uuid = req.device_uuids.get(*member).copied().unwrap_or_else(|| derived_device_uuid(&req.array_uuid, *member));
+        sb.device_uuid =
+            req.device_uuids.get(*member).copied().unwrap_or_else(|| derived_device_uuid(&req.array_uuid, *member));
         place_member(&mut sb, v, dev, bitmap_super.as_ref(), bitmap_offset)?;
         planned.push(sb);
     }
@@ -475,7 +493,8 @@ pub fn plan(req: &CreateRequest) -> Result<CreatePlan, CreateError> {
         let member = assignment[i].0;
         let block = sb.encode().map_err(|source| CreateError::Superblock { member, source })?;
         sb.sb_csum = super::le_u32(&block, superblock::off::SB_CSUM);
-        sb.check_fits_device(req.member_sizes_sectors[member]).map_err(|source| CreateError::Superblock { member, source })?;
+        sb.check_fits_device(req.member_sizes_sectors[member])
+            .map_err(|source| CreateError::Superblock { member, source })?;
         let bitmap_offset_bytes = sb.bitmap_sector().map(|s| s * SECTOR_BYTES);
         out_members.push(MemberPlan {
             superblock_offset_bytes: sb.super_offset_sectors * SECTOR_BYTES,

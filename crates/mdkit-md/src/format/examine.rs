@@ -111,7 +111,9 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 /// The "Layout :" value mdadm prints, if it prints one for this level.
 fn layout_text(sb: &Superblock, layout: u32) -> Option<String> {
     match sb.level {
-        0 if sb.feature_map & feature::RAID0_LAYOUT != 0 => Some(raid0_layout_name(layout).unwrap_or("-unknown-").to_string()),
+        0 if sb.feature_map & feature::RAID0_LAYOUT != 0 => {
+            Some(raid0_layout_name(layout).unwrap_or("-unknown-").to_string())
+        }
         5 => Some(parity_algorithm_name(Level::Raid5, layout).unwrap_or("-unknown-").to_string()),
         6 => Some(parity_algorithm_name(Level::Raid6, layout).unwrap_or("-unknown-").to_string()),
         10 => Some(raid10_examine_text(layout)),
@@ -143,8 +145,11 @@ fn unused_space(ex: &Examine<'_>) -> Option<(u64, u64)> {
     let super_offset = sb.super_offset_sectors as i128;
     let data_offset = sb.data_offset_sectors as i128;
     let bitmap_offset = i128::from(sb.bitmap_offset_sectors().unwrap_or(0));
-    let (ppl_offset, ppl_size) =
-        if sb.bitmap_offset_sectors().is_none() { sb.ppl().map_or((0, 0), |(o, s)| (i128::from(o), i128::from(s))) } else { (0, 0) };
+    let (ppl_offset, ppl_size) = if sb.bitmap_offset_sectors().is_none() {
+        sb.ppl().map_or((0, 0), |(o, s)| (i128::from(o), i128::from(s)))
+    } else {
+        (0, 0)
+    };
     let data_size = if sb.level <= 0 { sb.data_size_sectors } else { sb.size_sectors } as i128;
     let bblog = (sb.bblog_offset_sectors != 0 && sb.bblog_size_sectors != 0)
         .then(|| (i128::from(sb.bblog_offset_sectors), i128::from(sb.bblog_size_sectors)));
@@ -246,10 +251,14 @@ pub fn render(ex: &Examine<'_>) -> String {
     line(format!("     Array UUID : {}", format_uuid(&sb.set_uuid)));
     let name = sb.name();
     let mut name_line = format!("           Name : {name}");
-    if let Some(h) = ex.homehost {
-        if !h.is_empty() && h.len() < 32 && name.len() > h.len() && name.starts_with(h) && name.as_bytes()[h.len()] == b':' {
-            name_line.push_str(&format!("  (local to host {h})"));
-        }
+    if let Some(h) = ex.homehost
+        && !h.is_empty()
+        && h.len() < 32
+        && name.len() > h.len()
+        && name.starts_with(h)
+        && name.as_bytes()[h.len()] == b':'
+    {
+        name_line.push_str(&format!("  (local to host {h})"));
     }
     line(name_line);
     line(format!("  Creation Time : {}", ctime_utc(md_time_seconds(sb.ctime))));
@@ -416,7 +425,10 @@ pub fn render_json_with(ex: &Examine<'_>) -> Value {
     m.insert("used_dev_size_sectors".into(), json!(sb.size_sectors));
     m.insert("data_offset_sectors".into(), json!(sb.data_offset_sectors));
     m.insert("super_offset_sectors".into(), json!(sb.super_offset_sectors));
-    m.insert("recovery_offset_sectors".into(), json!((sb.feature_map & feature::RECOVERY_OFFSET != 0).then_some(sb.recovery_offset_sectors)));
+    m.insert(
+        "recovery_offset_sectors".into(),
+        json!((sb.feature_map & feature::RECOVERY_OFFSET != 0).then_some(sb.recovery_offset_sectors)),
+    );
     m.insert("unused_space".into(), json!(unused));
     m.insert("state".into(), json!(if sb.resync_offset_sectors == MAX_SECTOR { "clean" } else { "active" }));
     m.insert("resync_offset_sectors".into(), json!(sb.resync_offset_sectors));
@@ -489,9 +501,14 @@ pub fn render_bitmap_text(bms: &BitmapSuper, filename: &str, area: Option<&[u8]>
     line(format!("           State : {state}"));
     line(format!("       Chunksize : {}", human_chunk(bms.chunk_bytes)));
     line(format!("          Daemon : {}s flush period", bms.daemon_sleep_secs));
-    let mode = if bms.write_behind != 0 { format!("Allow write behind, max {}", bms.write_behind) } else { "Normal".into() };
+    let mode =
+        if bms.write_behind != 0 { format!("Allow write behind, max {}", bms.write_behind) } else { "Normal".into() };
     line(format!("      Write Mode : {mode}"));
-    line(format!("       Sync Size : {}{}", bms.sync_size_sectors / 2, human_size(bms.sync_size_sectors.wrapping_mul(SECTOR_BYTES))));
+    line(format!(
+        "       Sync Size : {}{}",
+        bms.sync_size_sectors / 2,
+        human_size(bms.sync_size_sectors.wrapping_mul(SECTOR_BYTES))
+    ));
     if let Some((total, dirty)) = area.and_then(|a| bit_counts(bms, a)) {
         let pct = 100.0 * dirty as f64 / (if total == 0 { 1 } else { total }) as f64;
         line(format!("          Bitmap : {total} bits (chunks), {dirty} dirty ({pct:2.1}%)"));

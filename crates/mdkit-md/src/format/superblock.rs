@@ -173,7 +173,9 @@ pub enum SuperblockError {
     BadMajorVersion { found: u32 },
     #[error("max_dev {max_dev} is larger than {MAX_DEV_ROLES} (roles would not fit in 4 KiB)")]
     TooManyDevRoles { max_dev: u32 },
-    #[error("super_offset {recorded_sectors} does not match where the superblock was read ({expected_sectors} sectors)")]
+    #[error(
+        "super_offset {recorded_sectors} does not match where the superblock was read ({expected_sectors} sectors)"
+    )]
     SuperOffsetMismatch { recorded_sectors: u64, expected_sectors: u64 },
     #[error("unknown feature bits {unknown_bits:#x} in feature_map {feature_map:#x}")]
     UnknownFeatures { feature_map: u32, unknown_bits: u32 },
@@ -183,11 +185,17 @@ pub enum SuperblockError {
     DataSizeTooSmall { data_size_sectors: u64 },
     #[error("padding field {field} is not zero (possibly a feature this version does not know)")]
     NonZeroPadding { field: &'static str },
-    #[error("data_offset {data_offset_sectors} overlaps the superblock ({super_offset_sectors} + {sb_sectors} sectors)")]
+    #[error(
+        "data_offset {data_offset_sectors} overlaps the superblock ({super_offset_sectors} + {sb_sectors} sectors)"
+    )]
     DataOverlapsSuperblock { data_offset_sectors: u64, super_offset_sectors: u64, sb_sectors: u64 },
-    #[error("reshape new data offset {new_data_offset_sectors} overlaps the superblock ({super_offset_sectors} + {sb_sectors} sectors)")]
+    #[error(
+        "reshape new data offset {new_data_offset_sectors} overlaps the superblock ({super_offset_sectors} + {sb_sectors} sectors)"
+    )]
     NewDataOverlapsSuperblock { new_data_offset_sectors: u64, super_offset_sectors: u64, sb_sectors: u64 },
-    #[error("data_size {data_size_sectors} sectors is larger than the {available_sectors} sectors available on the device")]
+    #[error(
+        "data_size {data_size_sectors} sectors is larger than the {available_sectors} sectors available on the device"
+    )]
     DataBeyondDevice { data_size_sectors: u64, available_sectors: u64 },
     #[error("bad-block log invalid: {reason}")]
     BadBlockLog { reason: String },
@@ -617,14 +625,14 @@ impl Superblock {
                 sb_sectors,
             });
         }
-        if let Some(new_off) = self.new_data_offset_sectors() {
-            if new_off < sb_end {
-                p.push(SuperblockError::NewDataOverlapsSuperblock {
-                    new_data_offset_sectors: new_off,
-                    super_offset_sectors: self.super_offset_sectors,
-                    sb_sectors,
-                });
-            }
+        if let Some(new_off) = self.new_data_offset_sectors()
+            && new_off < sb_end
+        {
+            p.push(SuperblockError::NewDataOverlapsSuperblock {
+                new_data_offset_sectors: new_off,
+                super_offset_sectors: self.super_offset_sectors,
+                sb_sectors,
+            });
         }
         p
     }
@@ -647,7 +655,10 @@ impl Superblock {
             _ => device_sectors.saturating_sub(self.data_offset_sectors),
         };
         if self.data_size_sectors > available_sectors {
-            return Err(SuperblockError::DataBeyondDevice { data_size_sectors: self.data_size_sectors, available_sectors });
+            return Err(SuperblockError::DataBeyondDevice {
+                data_size_sectors: self.data_size_sectors,
+                available_sectors,
+            });
         }
         Ok(())
     }
@@ -928,7 +939,8 @@ mod tests {
         let bytes = sample().encode().unwrap();
         let mut copy = bytes;
         copy[off::SB_CSUM..off::SB_CSUM + 4].fill(0);
-        let sum: u64 = copy[..256 + 256].chunks(4).map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).sum();
+        let sum: u64 =
+            copy[..256 + 256].chunks(4).map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).sum();
         let folded = ((sum & 0xffff_ffff) + (sum >> 32)) as u32;
         assert_eq!(le_u32(&bytes, off::SB_CSUM), folded);
     }

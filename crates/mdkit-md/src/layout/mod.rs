@@ -120,8 +120,9 @@ impl Raid1Geometry {
 
     /// Every copy of `array_sector`; `None` beyond the end of the array.
     pub fn map(&self, array_sector: u64) -> Option<Vec<MemberSector>> {
-        (array_sector < self.member_size_sectors)
-            .then(|| (0..self.raid_disks as usize).map(|member| MemberSector { member, sector: array_sector }).collect())
+        (array_sector < self.member_size_sectors).then(|| {
+            (0..self.raid_disks as usize).map(|member| MemberSector { member, sector: array_sector }).collect()
+        })
     }
 
     /// The array sector a member sector holds.
@@ -146,13 +147,19 @@ impl ArrayGeometry {
     /// same on all). `member_data_sectors` is each slot's `data_size` (raid0 zones depend on
     /// them; ignored by the other levels). raid0 without the RAID0_LAYOUT feature has an
     /// unknown layout, which the kernel (and this) refuses for multi-zone arrays.
-    pub fn from_superblock(sb: &crate::format::superblock::Superblock, member_data_sectors: &[u64]) -> Result<ArrayGeometry, LayoutError> {
+    pub fn from_superblock(
+        sb: &crate::format::superblock::Superblock,
+        member_data_sectors: &[u64],
+    ) -> Result<ArrayGeometry, LayoutError> {
         use crate::format::superblock::feature;
-        let level = Level::from_md_level(sb.level)
-            .ok_or_else(|| LayoutError::Invalid { level: "md", reason: format!("level {} is not supported", sb.level) })?;
+        let level = Level::from_md_level(sb.level).ok_or_else(|| LayoutError::Invalid {
+            level: "md",
+            reason: format!("level {} is not supported", sb.level),
+        })?;
         Ok(match level {
             Level::Raid0 => {
-                let layout = if sb.feature_map & feature::RAID0_LAYOUT != 0 { Raid0Layout::from_md(sb.layout) } else { None };
+                let layout =
+                    if sb.feature_map & feature::RAID0_LAYOUT != 0 { Raid0Layout::from_md(sb.layout) } else { None };
                 if member_data_sectors.len() != sb.raid_disks as usize {
                     return Err(LayoutError::Invalid {
                         level: "raid0",
@@ -161,9 +168,16 @@ impl ArrayGeometry {
                 }
                 ArrayGeometry::Raid0(Raid0Geometry::new(member_data_sectors, sb.chunk_sectors, layout)?)
             }
-            Level::Raid1 => ArrayGeometry::Raid1(Raid1Geometry { raid_disks: sb.raid_disks, member_size_sectors: sb.size_sectors }),
-            Level::Raid10 => ArrayGeometry::Raid10(Raid10Geometry::new(sb.raid_disks, sb.layout, sb.chunk_sectors, sb.size_sectors)?),
-            _ => ArrayGeometry::Parity(ParityGeometry::new(level, sb.raid_disks, sb.layout, sb.chunk_sectors)?, sb.size_sectors),
+            Level::Raid1 => {
+                ArrayGeometry::Raid1(Raid1Geometry { raid_disks: sb.raid_disks, member_size_sectors: sb.size_sectors })
+            }
+            Level::Raid10 => {
+                ArrayGeometry::Raid10(Raid10Geometry::new(sb.raid_disks, sb.layout, sb.chunk_sectors, sb.size_sectors)?)
+            }
+            _ => ArrayGeometry::Parity(
+                ParityGeometry::new(level, sb.raid_disks, sb.layout, sb.chunk_sectors)?,
+                sb.size_sectors,
+            ),
         })
     }
 
@@ -190,7 +204,13 @@ impl ArrayGeometry {
 /// Array size in sectors for raid1/4/5/6/10 from the superblock fields (`size` is the
 /// per-member used size). raid0's size depends on every member and comes from
 /// [`Raid0Geometry::array_sectors`]. Returns `None` for an invalid geometry.
-pub fn array_sectors(level: Level, raid_disks: u32, layout: u32, chunk_sectors: u32, member_size_sectors: u64) -> Option<u64> {
+pub fn array_sectors(
+    level: Level,
+    raid_disks: u32,
+    layout: u32,
+    chunk_sectors: u32,
+    member_size_sectors: u64,
+) -> Option<u64> {
     match level {
         Level::Raid0 => None,
         Level::Raid1 => Some(member_size_sectors),
@@ -202,7 +222,9 @@ pub fn array_sectors(level: Level, raid_disks: u32, layout: u32, chunk_sectors: 
             }
             Some((member_size_sectors - member_size_sectors % chunk).checked_mul(u64::from(data_disks))?)
         }
-        Level::Raid10 => Raid10Geometry::new(raid_disks, layout, chunk_sectors, member_size_sectors).ok().map(|g| g.array_sectors()),
+        Level::Raid10 => {
+            Raid10Geometry::new(raid_disks, layout, chunk_sectors, member_size_sectors).ok().map(|g| g.array_sectors())
+        }
     }
 }
 

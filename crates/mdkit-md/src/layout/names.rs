@@ -160,11 +160,7 @@ pub fn raid10_short_name(layout: u32) -> Option<String> {
 }
 
 fn parse_number(name: &str) -> Option<u32> {
-    if let Some(hex) = name.strip_prefix("0x") {
-        u32::from_str_radix(hex, 16).ok()
-    } else {
-        name.parse().ok()
-    }
+    if let Some(hex) = name.strip_prefix("0x") { u32::from_str_radix(hex, 16).ok() } else { name.parse().ok() }
 }
 
 /// Parses a layout name for `level` (mdadm's spellings; a plain number or 0x-hex is accepted

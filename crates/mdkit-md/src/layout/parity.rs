@@ -85,12 +85,18 @@ pub struct ParityGeometry {
 impl ParityGeometry {
     /// Validates like raid5.c setup_conf: raid5 algorithms 0–5, raid6 0–5, 8–10, 16–20
     /// (raid4 ignores the layout), chunk a power of two >= 4 KiB, enough members.
-    pub fn new(level: Level, raid_disks: u32, algorithm: u32, chunk_sectors: u32) -> Result<ParityGeometry, LayoutError> {
+    pub fn new(
+        level: Level,
+        raid_disks: u32,
+        algorithm: u32,
+        chunk_sectors: u32,
+    ) -> Result<ParityGeometry, LayoutError> {
         let invalid = |reason: String| LayoutError::Invalid { level: level.name(), reason };
         match level {
             Level::Raid4 => {}
             Level::Raid5 if algorithm <= alg::PARITY_N => {}
-            Level::Raid6 if algorithm <= alg::PARITY_N || (8..=10).contains(&algorithm) || (16..=20).contains(&algorithm) => {}
+            Level::Raid6
+                if algorithm <= alg::PARITY_N || (8..=10).contains(&algorithm) || (16..=20).contains(&algorithm) => {}
             Level::Raid5 | Level::Raid6 => return Err(invalid(format!("unsupported parity algorithm {algorithm}"))),
             _ => return Err(invalid("not a parity level".into())),
         }
@@ -100,7 +106,12 @@ impl ParityGeometry {
         if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() {
             return Err(invalid(format!("chunk {chunk_sectors} sectors must be a power of 2 and at least 4 KiB")));
         }
-        Ok(ParityGeometry { level, raid_disks: u64::from(raid_disks), algorithm, chunk_sectors: u64::from(chunk_sectors) })
+        Ok(ParityGeometry {
+            level,
+            raid_disks: u64::from(raid_disks),
+            algorithm,
+            chunk_sectors: u64::from(chunk_sectors),
+        })
     }
 
     pub fn level(&self) -> Level {

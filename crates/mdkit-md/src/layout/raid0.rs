@@ -72,7 +72,11 @@ impl Raid0Geometry {
     /// slot order) and the chunk. `layout` is the superblock layout when the RAID0_LAYOUT
     /// feature is set, else `None`: like the kernel (without raid0.default_layout), a
     /// multi-zone array without a layout is refused.
-    pub fn new(member_data_sectors: &[u64], chunk_sectors: u32, layout: Option<Raid0Layout>) -> Result<Raid0Geometry, LayoutError> {
+    pub fn new(
+        member_data_sectors: &[u64],
+        chunk_sectors: u32,
+        layout: Option<Raid0Layout>,
+    ) -> Result<Raid0Geometry, LayoutError> {
         let invalid = |reason: String| LayoutError::Invalid { level: "raid0", reason };
         if member_data_sectors.is_empty() {
             return Err(invalid("no members".into()));
@@ -153,7 +157,9 @@ impl Raid0Geometry {
     /// member's chunk-rounded size or an unknown member.
     pub fn unmap(&self, member: usize, member_sector: u64) -> Option<u64> {
         let zone = self.zones.iter().find(|z| {
-            member_sector >= z.dev_start_sector && member_sector < z.dev_start_sector + z.member_sectors() && z.members.contains(&member)
+            member_sector >= z.dev_start_sector
+                && member_sector < z.dev_start_sector + z.member_sectors()
+                && z.members.contains(&member)
         })?;
         let k = zone.members.len() as u64;
         let idx = zone.members.iter().position(|m| *m == member)? as u64;

@@ -27,7 +27,12 @@ pub struct Raid10Geometry {
 impl Raid10Geometry {
     /// Builds the geometry from the superblock: `raid_disks`, `layout`, `chunk_sectors` and
     /// `size` (per-member size). Refuses what the kernel refuses (setup_geo / setup_conf).
-    pub fn new(raid_disks: u32, layout: u32, chunk_sectors: u32, member_size_sectors: u64) -> Result<Raid10Geometry, LayoutError> {
+    pub fn new(
+        raid_disks: u32,
+        layout: u32,
+        chunk_sectors: u32,
+        member_size_sectors: u64,
+    ) -> Result<Raid10Geometry, LayoutError> {
         let invalid = |reason: String| LayoutError::Invalid { level: "raid10", reason };
         if layout >> 19 != 0 {
             return Err(invalid(format!("layout {layout:#x} has unknown bits above bit 18")));
@@ -41,7 +46,9 @@ impl Raid10Geometry {
         let fo = layout & (1 << 16) != 0;
         let copies = nc * fc;
         if copies < 2 || copies > n {
-            return Err(invalid(format!("layout {layout:#x} gives {copies} copies on {raid_disks} devices (need 2..=devices)")));
+            return Err(invalid(format!(
+                "layout {layout:#x} gives {copies} copies on {raid_disks} devices (need 2..=devices)"
+            )));
         }
         let far_set_size = match layout >> 17 {
             0 => n,
@@ -66,7 +73,9 @@ impl Raid10Geometry {
         g.calc_sectors(member_size_sectors);
         // Every address computed later is bounded by dev_sectors * raid_disks.
         if u128::from(g.dev_sectors) * u128::from(n) > u128::from(u64::MAX) {
-            return Err(invalid(format!("member size {member_size_sectors} sectors x {raid_disks} devices overflows 64 bits")));
+            return Err(invalid(format!(
+                "member size {member_size_sectors} sectors x {raid_disks} devices overflows 64 bits"
+            )));
         }
         Ok(g)
     }
@@ -80,7 +89,8 @@ impl Raid10Geometry {
         // dev_chunks <= size_sectors >> chunk_shift (copies <= raid_disks), so it fits.
         let dev_chunks = u64::try_from(dev_chunks).unwrap_or(u64::MAX >> self.chunk_shift);
         self.dev_sectors = dev_chunks << self.chunk_shift;
-        self.stride_sectors = if self.far_offset { 1 << self.chunk_shift } else { (dev_chunks / self.far_copies) << self.chunk_shift };
+        self.stride_sectors =
+            if self.far_offset { 1 << self.chunk_shift } else { (dev_chunks / self.far_copies) << self.chunk_shift };
     }
 
     pub fn near_copies(&self) -> u32 {
@@ -111,7 +121,8 @@ impl Raid10Geometry {
 
     /// Array size (raid10_size over the used member size).
     pub fn array_sectors(&self) -> u64 {
-        ((self.dev_sectors >> self.chunk_shift) / self.far_copies * self.raid_disks / self.near_copies) << self.chunk_shift
+        ((self.dev_sectors >> self.chunk_shift) / self.far_copies * self.raid_disks / self.near_copies)
+            << self.chunk_shift
     }
 
     /// Every copy of `array_sector`, in the kernel's slot order (near copies, each followed by
@@ -147,7 +158,7 @@ impl Raid10Geometry {
             for _ in 1..self.far_copies {
                 let set = d / self.far_set_size;
                 d += self.near_copies;
-                if n % self.far_set_size != 0 && d > last_far_set_start {
+                if !n.is_multiple_of(self.far_set_size) && d > last_far_set_start {
                     d -= last_far_set_start;
                     d %= last_far_set_size;
                     d += last_far_set_start;
@@ -177,7 +188,7 @@ impl Raid10Geometry {
         }
         let mut far_set_start = (dev / self.far_set_size) * self.far_set_size;
         let mut far_set_size = self.far_set_size;
-        if n % self.far_set_size != 0 {
+        if !n.is_multiple_of(self.far_set_size) {
             let last_far_set_start = (n / self.far_set_size - 1) * self.far_set_size;
             if dev >= last_far_set_start {
                 far_set_size = self.far_set_size + n % self.far_set_size;
@@ -220,9 +231,18 @@ mod tests {
     fn n2_on_four_is_mirrored_pairs() {
         let g = Raid10Geometry::new(4, 0x102, 8, 800).unwrap();
         assert_eq!(g.array_sectors(), 1600);
-        assert_eq!(g.map(0).unwrap(), vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 0 }]);
-        assert_eq!(g.map(8).unwrap(), vec![MemberSector { member: 2, sector: 0 }, MemberSector { member: 3, sector: 0 }]);
-        assert_eq!(g.map(16).unwrap(), vec![MemberSector { member: 0, sector: 8 }, MemberSector { member: 1, sector: 8 }]);
+        assert_eq!(
+            g.map(0).unwrap(),
+            vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 0 }]
+        );
+        assert_eq!(
+            g.map(8).unwrap(),
+            vec![MemberSector { member: 2, sector: 0 }, MemberSector { member: 3, sector: 0 }]
+        );
+        assert_eq!(
+            g.map(16).unwrap(),
+            vec![MemberSector { member: 0, sector: 8 }, MemberSector { member: 1, sector: 8 }]
+        );
         assert_eq!(g.unmap(3, 9), Some(25));
     }
 
@@ -232,17 +252,32 @@ mod tests {
         assert_eq!(g.dev_sectors(), 800);
         assert_eq!(g.array_sectors(), 800);
         // chunk 0 on member 0 at 0, far copy on member 1 at stride 400.
-        assert_eq!(g.map(0).unwrap(), vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 400 }]);
-        assert_eq!(g.map(8).unwrap(), vec![MemberSector { member: 1, sector: 0 }, MemberSector { member: 0, sector: 400 }]);
+        assert_eq!(
+            g.map(0).unwrap(),
+            vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 400 }]
+        );
+        assert_eq!(
+            g.map(8).unwrap(),
+            vec![MemberSector { member: 1, sector: 0 }, MemberSector { member: 0, sector: 400 }]
+        );
         assert_eq!(g.unmap(0, 400), Some(8));
     }
 
     #[test]
     fn o2_puts_the_second_copy_in_the_next_row() {
         let g = Raid10Geometry::new(3, 0x10201, 8, 960).unwrap();
-        assert_eq!(g.map(0).unwrap(), vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 8 }]);
-        assert_eq!(g.map(8).unwrap(), vec![MemberSector { member: 1, sector: 0 }, MemberSector { member: 2, sector: 8 }]);
-        assert_eq!(g.map(16).unwrap(), vec![MemberSector { member: 2, sector: 0 }, MemberSector { member: 0, sector: 8 }]);
+        assert_eq!(
+            g.map(0).unwrap(),
+            vec![MemberSector { member: 0, sector: 0 }, MemberSector { member: 1, sector: 8 }]
+        );
+        assert_eq!(
+            g.map(8).unwrap(),
+            vec![MemberSector { member: 1, sector: 0 }, MemberSector { member: 2, sector: 8 }]
+        );
+        assert_eq!(
+            g.map(16).unwrap(),
+            vec![MemberSector { member: 2, sector: 0 }, MemberSector { member: 0, sector: 8 }]
+        );
         assert_eq!(g.map(24).unwrap()[0], MemberSector { member: 0, sector: 16 });
     }
 

@@ -44,10 +44,17 @@ impl MemberImage {
     }
 
     pub fn write(&self, offset_bytes: u64, data: &[u8]) {
-        assert!(offset_bytes + data.len() as u64 <= self.size_bytes, "{}: write beyond the member", self.path.display());
+        assert!(
+            offset_bytes + data.len() as u64 <= self.size_bytes,
+            "{}: write beyond the member",
+            self.path.display()
+        );
         assert_eq!(offset_bytes % 4096, 0, "member writes are 4 KiB aligned");
         assert_eq!(data.len() % 4096, 0, "member writes are whole 4 KiB blocks");
-        let f = OpenOptions::new().write(true).open(&self.path).unwrap_or_else(|e| panic!("open {}: {e}", self.path.display()));
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.path.display()));
         f.write_all_at(data, self.offset_bytes + offset_bytes)
             .unwrap_or_else(|e| panic!("{}: write {} at {offset_bytes}: {e}", self.path.display(), data.len()));
     }
@@ -56,7 +63,8 @@ impl MemberImage {
     pub fn superblock_at(&self, v: MetadataVersion) -> Result<Superblock, String> {
         let off = v.sb_offset_sectors(self.size_sectors()).ok_or("device too small")?;
         let bytes = self.read(off * 512, SB_BLOCK_BYTES);
-        let sb = Superblock::decode(&bytes, off).map_err(|e| format!("{} @ {}: {e}", self.path.display(), off * 512))?;
+        let sb =
+            Superblock::decode(&bytes, off).map_err(|e| format!("{} @ {}: {e}", self.path.display(), off * 512))?;
         sb.check_fits_device(self.size_sectors()).map_err(|e| format!("{}: {e}", self.path.display()))?;
         Ok(sb)
     }
@@ -80,7 +88,8 @@ impl MemberImage {
     pub fn bitmap(&self, sb: &Superblock) -> Result<(BitmapSuper, Vec<u8>), String> {
         let sector = sb.bitmap_sector().ok_or("no internal bitmap")?;
         let head = self.read(sector * 512, 4096);
-        let bms = BitmapSuper::decode(&head).map_err(|e| format!("{}: bitmap @ {}: {e}", self.path.display(), sector * 512))?;
+        let bms = BitmapSuper::decode(&head)
+            .map_err(|e| format!("{}: bitmap @ {}: {e}", self.path.display(), sector * 512))?;
         let len = bms.geometry().map_err(|e| e.to_string())?.area_bytes() as usize;
         Ok((bms.clone(), self.read(sector * 512, len)))
     }

@@ -103,7 +103,11 @@ impl Lab {
         if !out.status.success() {
             let log = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = log.lines().rev().take(10).collect();
-            return Err(format!("build.sh failed ({}): {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+            return Err(format!(
+                "build.sh failed ({}): {}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ));
         }
         eprintln!("lab: built/checked in {:.1} s ({})", t.elapsed().as_secs_f64(), dir.display());
         Ok(Lab { dir, cache })
@@ -142,7 +146,8 @@ impl Lab {
         for f in &opts.files {
             cmd.arg("--file").arg(f);
         }
-        let script_file = tempfile::Builder::new().prefix("mdkit-lab-").suffix(".sh").tempfile().map_err(|e| e.to_string())?;
+        let script_file =
+            tempfile::Builder::new().prefix("mdkit-lab-").suffix(".sh").tempfile().map_err(|e| e.to_string())?;
         std::fs::write(script_file.path(), format!("#!/bin/bash\n{script}\n")).map_err(|e| e.to_string())?;
         cmd.arg(script_file.path()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let t = Instant::now();

@@ -40,7 +40,7 @@ impl Rng {
 /// The seed for randomized tests: `MDKIT_TEST_SEED` or a fixed default, printed so a failure
 /// can be replayed.
 pub fn test_seed(test: &str) -> u64 {
-    let seed = std::env::var("MDKIT_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6d64_6b69_74);
+    let seed = std::env::var("MDKIT_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x006d_646b_6974);
     eprintln!("{test}: seed {seed} (replay with MDKIT_TEST_SEED={seed})");
     seed
 }

@@ -43,8 +43,11 @@ impl ArrayView {
                 *slot = Some((img.clone(), sb.data_offset_sectors, sb.data_size_sectors));
             }
         }
-        let slots: Vec<(MemberImage, u64, u64)> =
-            slots.into_iter().enumerate().map(|(i, s)| s.ok_or(format!("slot {i} has no active member"))).collect::<Result<_, _>>()?;
+        let slots: Vec<(MemberImage, u64, u64)> = slots
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.ok_or(format!("slot {i} has no active member")))
+            .collect::<Result<_, _>>()?;
         let chunk = sb0.chunk_sectors;
         // Built the way the runtime builds it: from the superblock.
         let data_sizes: Vec<u64> = slots.iter().map(|s| s.2).collect();
@@ -54,7 +57,8 @@ impl ArrayView {
             ArrayGeometry::Raid10(g) => Geo::Raid10(g),
             ArrayGeometry::Parity(g, _) => Geo::Parity(g),
         };
-        let array_sectors = ArrayGeometry::from_superblock(sb0, &data_sizes).map_err(|e| e.to_string())?.array_sectors();
+        let array_sectors =
+            ArrayGeometry::from_superblock(sb0, &data_sizes).map_err(|e| e.to_string())?.array_sectors();
         let _ = level;
         Ok(ArrayView {
             geo,
@@ -77,7 +81,7 @@ impl ArrayView {
     /// lengths), verifying every copy and every parity block of the stripes it touches.
     pub fn read_verified(&self, offset_bytes: u64, len: u64) -> Result<Vec<u8>, String> {
         let c = self.chunk_bytes;
-        assert!(offset_bytes % c == 0 && len % c == 0, "chunk-aligned reads only");
+        assert!(offset_bytes.is_multiple_of(c) && len.is_multiple_of(c), "chunk-aligned reads only");
         let end = offset_bytes + len;
         if end > self.array_bytes() {
             return Err(format!("read to {end} beyond the array ({} bytes)", self.array_bytes()));
@@ -122,7 +126,10 @@ impl ArrayView {
         let first = self.read_member(copies[0].member, copies[0].sector, len);
         for cp in &copies[1..] {
             if self.read_member(cp.member, cp.sector, len) != first {
-                return Err(format!("array byte {pos}: copy on member {} sector {} differs from member {}", cp.member, cp.sector, copies[0].member));
+                return Err(format!(
+                    "array byte {pos}: copy on member {} sector {} differs from member {}",
+                    cp.member, cp.sector, copies[0].member
+                ));
             }
         }
         Ok(first)
@@ -141,7 +148,10 @@ impl ArrayView {
             }
         }
         if p != blocks[map.p_member] {
-            return Err(format!("stripe {stripe}: P on member {} is not the XOR of the data members {:?}", map.p_member, map.data_members));
+            return Err(format!(
+                "stripe {stripe}: P on member {} is not the XOR of the data members {:?}",
+                map.p_member, map.data_members
+            ));
         }
         if let Some(qm) = map.q_member {
             // Horner: Q = (((D_{k-1} * g) + D_{k-2}) * g + ...) + D_0.
@@ -157,7 +167,10 @@ impl ArrayView {
                 }
             }
             if q != blocks[qm] {
-                return Err(format!("stripe {stripe}: Q on member {qm} is not the syndrome over {:?} (ddf {})", map.syndrome_sources, map.ddf));
+                return Err(format!(
+                    "stripe {stripe}: Q on member {qm} is not the syndrome over {:?} (ddf {})",
+                    map.syndrome_sources, map.ddf
+                ));
             }
         }
         Ok(map.data_members.iter().flat_map(|m| blocks[*m].clone()).collect())
