@@ -179,7 +179,9 @@ fn fio_nbd_engine_verifies_on_four_connections() {
             "--group_reporting=0",
             "--output-format=json",
         ])
-        .arg(format!("--output={}", out_json.display())));
+        .arg(format!("--output={}", out_json.display()))
+        // fio drops verify state files into its working directory.
+        .current_dir(srv.dir.path()));
     let v: Value = serde_json::from_slice(&std::fs::read(&out_json).unwrap()).unwrap();
     let jobs = v["jobs"].as_array().unwrap();
     assert_eq!(jobs.len(), 4);
