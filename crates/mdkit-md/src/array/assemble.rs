@@ -1,0 +1,496 @@
+//! Assembly: open the members' superblocks, pick the freshest, validate every member against it,
+//! place each in its role (or as spare/replacement), and start the array — the kernel's and
+//! mdadm's rules:
+//!
+//! - members must carry a valid v1.x superblock (1.0, 1.1 or 1.2) of the same array (set
+//!   UUID; the one most members share unless one is asked for) with the same geometry;
+//! - the freshest member (highest `events` among members with a role) is the reference; its
+//!   `dev_roles` decide each member's role; a member with a role whose events are more than one
+//!   behind is *stale* and refused (it missed writes): `--force` takes stale members back when
+//!   the array cannot run without them (and resyncs);
+//! - a member with RECOVERY_OFFSET resumes its rebuild from `recovery_offset`; REPLACEMENT
+//!   members resume replacing; roles 0xfffe (faulty) are refused;
+//! - the array must be able to run (the personality decides); a dirty *and* degraded raid4/5/6
+//!   is refused unless forced (md's start_dirty_degraded: its parity cannot be trusted).
+//!
+//! Every refusal names the member and the reason; refusals of members the array can do without
+//! are returned as warnings.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+
+use mdkit_io::{BlockDeviceExt, DeviceRef};
+
+use super::Array;
+use super::bitmap_fallback::FallbackBitmap;
+use super::core::{ArrayCore, ArrayInfo};
+use super::member::{Member, flag};
+use super::personality::Personality;
+use super::slots::SlotTable;
+use super::{raid0, raid1, raid5, raid10};
+use crate::format::bitmap::BitmapSuper;
+use crate::format::superblock::{
+    Freshness, MAX_SECTOR, MetadataVersion, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE, SB_BLOCK_BYTES,
+    Superblock, feature, member_freshness, superblock_locations,
+};
+use crate::format::{METADATA_BLOCK_BYTES, format_uuid};
+use crate::layout::{ArrayGeometry, Level};
+
+/// A member device handed to assembly or creation: a name for messages (its path) and the device.
+#[derive(Clone)]
+pub struct MemberDev {
+    pub name: String,
+    pub dev: DeviceRef,
+}
+
+impl MemberDev {
+    pub fn new(name: impl Into<String>, dev: DeviceRef) -> MemberDev {
+        MemberDev { name: name.into(), dev }
+    }
+}
+
+impl std::fmt::Debug for MemberDev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemberDev({})", self.name)
+    }
+}
+
+/// How to assemble.
+#[derive(Clone, Debug, Default)]
+pub struct AssembleOptions {
+    /// mdkit's name for the array ("md0").
+    pub name: String,
+    /// Take stale members back when needed, and start dirty degraded parity arrays.
+    pub force: bool,
+    /// Assemble this array (set UUID); members of other arrays are refused.
+    pub uuid: Option<[u8; 16]>,
+    /// Do not start background sync work (resync/recovery) until `sync_action` asks for it.
+    pub start_frozen: bool,
+}
+
+/// A member assembly left out, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub member: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.member, self.reason)
+    }
+}
+
+/// A started array and what assembly had to say.
+pub struct Assembled {
+    pub array: Array,
+    /// Members left out (the array runs without them).
+    pub refused: Vec<Refusal>,
+    /// Other notes: degraded start, resync or recovery pending.
+    pub notes: Vec<String>,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// Reads and validates the member's v1.x superblock, probing 1.0, 1.1 and 1.2 like mdadm.
+/// The error names the reason (the member name is the caller's to add).
+pub async fn read_superblock(dev: &DeviceRef) -> Result<Superblock, String> {
+    let sectors = dev.topology().size_bytes / 512;
+    let locations = superblock_locations(sectors);
+    if locations.is_empty() {
+        return Err(format!("device of {sectors} sectors is too small to hold md metadata"));
+    }
+    let mut valid: Vec<(MetadataVersion, Superblock)> = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
+    let mut magic_seen = false;
+    for (v, off) in locations {
+        let bytes = match dev.read_vec(off * 512, SB_BLOCK_BYTES).await {
+            Ok(b) => b,
+            Err(e) => {
+                problems.push(format!("metadata {} at byte {}: read error: {e}", v.as_str(), off * 512));
+                continue;
+            }
+        };
+        match Superblock::decode(&bytes, off) {
+            Ok(sb) => match sb.check_fits_device(sectors) {
+                Ok(()) => valid.push((v, sb)),
+                Err(e) => {
+                    magic_seen = true;
+                    problems.push(format!("metadata {} superblock at byte {}: {e}", v.as_str(), off * 512));
+                }
+            },
+            Err(crate::format::superblock::SuperblockError::BadMagic { .. }) => {}
+            Err(e) => {
+                magic_seen = true;
+                problems.push(format!("metadata {} superblock at byte {}: {e}", v.as_str(), off * 512));
+            }
+        }
+    }
+    match valid.len() {
+        1 => Ok(valid.remove(0).1),
+        0 if magic_seen || !problems.is_empty() => Err(format!("invalid md superblock: {}", problems.join("; "))),
+        0 => Err("no md superblock found (checked metadata 1.0, 1.1 and 1.2 locations)".into()),
+        _ => {
+            // Two valid superblocks: a leftover of an earlier array. The one with more events is
+            // the live one only if they belong to the same array; otherwise refuse.
+            let uuids: Vec<[u8; 16]> = valid.iter().map(|(_, s)| s.set_uuid).collect();
+            if uuids.windows(2).all(|w| w[0] == w[1]) {
+                valid.sort_by_key(|(_, s)| std::cmp::Reverse(s.events));
+                Ok(valid.remove(0).1)
+            } else {
+                let names: Vec<&str> = valid.iter().map(|(v, _)| v.as_str()).collect();
+                Err(format!(
+                    "several valid md superblocks of different arrays (metadata {}); wipe the stale one",
+                    names.join(" and ")
+                ))
+            }
+        }
+    }
+}
+
+/// Array-wide features mdkit cannot run.
+fn unsupported_features(sb: &Superblock) -> Option<&'static str> {
+    let f = sb.feature_map;
+    if f & feature::RESHAPE_ACTIVE != 0 {
+        return Some("a reshape is in progress (not supported)");
+    }
+    if f & feature::CLUSTERED != 0 {
+        return Some("md-cluster arrays are not supported");
+    }
+    if f & feature::JOURNAL != 0 {
+        return Some("raid5 write journal arrays are not supported");
+    }
+    if f & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
+        return Some("partial parity log (PPL) arrays are not supported");
+    }
+    None
+}
+
+/// Builds the level's personality from the freshest superblock and each role's `data_size`.
+pub(crate) fn build_personality(name: &str, sb: &Superblock, data_sizes: &[u64]) -> io::Result<Arc<dyn Personality>> {
+    let geo = ArrayGeometry::from_superblock(sb, data_sizes).map_err(|e| invalid(format!("{name}: {e}")))?;
+    Ok(match geo {
+        ArrayGeometry::Raid0(g) => Arc::new(raid0::Raid0::new(g, sb.chunk_sectors, sb.raid_disks)),
+        ArrayGeometry::Raid1(_) => Arc::new(raid1::Raid1::new(sb.raid_disks, sb.size_sectors)),
+        ArrayGeometry::Raid10(g) => Arc::new(raid10::Raid10::new(g, sb.raid_disks)),
+        ArrayGeometry::Parity(g, _) => raid5::build(name, sb, g)?,
+    })
+}
+
+/// Why a member's superblock disagrees with the reference on the array geometry.
+fn geometry_mismatch(sb: &Superblock, r: &Superblock) -> Option<String> {
+    let checks: [(&str, u64, u64); 4] = [
+        ("level", sb.level as u64, r.level as u64),
+        ("layout", u64::from(sb.layout), u64::from(r.layout)),
+        ("chunk size (sectors)", u64::from(sb.chunk_sectors), u64::from(r.chunk_sectors)),
+        ("raid disks", u64::from(sb.raid_disks), u64::from(r.raid_disks)),
+    ];
+    for (what, a, b) in checks {
+        if a != b {
+            return Some(format!("its superblock says {what} {a}, the freshest member says {b}"));
+        }
+    }
+    if r.level != 0 && sb.size_sectors != r.size_sectors {
+        return Some(format!(
+            "its superblock says size {} sectors, the freshest member says {}",
+            sb.size_sectors, r.size_sectors
+        ));
+    }
+    None
+}
+
+/// Assembles and starts an array from `members` (see the module documentation).
+pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Result<Assembled> {
+    let name = if opts.name.is_empty() { "md".to_string() } else { opts.name.clone() };
+    if members.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: no member devices given")));
+    }
+    let mut refused: Vec<Refusal> = Vec::new();
+    let mut found: Vec<(MemberDev, Superblock)> = Vec::new();
+    for md in members {
+        match read_superblock(&md.dev).await {
+            Ok(sb) => found.push((md, sb)),
+            Err(reason) => refused.push(Refusal { member: md.name.clone(), reason }),
+        }
+    }
+    let fail = |what: String, refused: &[Refusal]| -> io::Error {
+        let list: Vec<String> = refused.iter().map(|r| r.to_string()).collect();
+        if list.is_empty() {
+            invalid(format!("{name}: {what}"))
+        } else {
+            invalid(format!("{name}: {what}; refused: {}", list.join("; ")))
+        }
+    };
+    if found.is_empty() {
+        return Err(fail("no member has a usable md superblock".into(), &refused));
+    }
+
+    // Which array: the requested UUID, else the one most members carry (ties: more events).
+    let uuid = opts.uuid.unwrap_or_else(|| {
+        let mut count: HashMap<[u8; 16], (usize, u64)> = HashMap::new();
+        for (_, sb) in &found {
+            let e = count.entry(sb.set_uuid).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(sb.events);
+        }
+        count.into_iter().max_by_key(|(_, v)| *v).map(|(u, _)| u).unwrap_or([0; 16])
+    });
+    let (mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
+    for (md, sb) in others {
+        refused.push(Refusal {
+            member: md.name.clone(),
+            reason: format!(
+                "belongs to a different array (uuid {}, assembling {})",
+                format_uuid(&sb.set_uuid),
+                format_uuid(&uuid)
+            ),
+        });
+    }
+    if mine.is_empty() {
+        return Err(fail(format!("no member belongs to array uuid {}", format_uuid(&uuid)), &refused));
+    }
+    let sbs: Vec<Superblock> = mine.iter().map(|(_, sb)| sb.clone()).collect();
+    let ref_idx = crate::format::superblock::reference_member(&sbs).unwrap_or(0);
+    let refsb = sbs[ref_idx].clone();
+    if let Some(why) = unsupported_features(&refsb) {
+        return Err(fail(format!("member {}: {why}", mine[ref_idx].0.name), &refused));
+    }
+    let level = Level::from_md_level(refsb.level)
+        .ok_or_else(|| fail(format!("md level {} is not supported", refsb.level), &refused))?;
+    let raid_disks = refsb.raid_disks as usize;
+
+    // Classify each member.
+    struct Accepted {
+        md: MemberDev,
+        sb: Superblock,
+        role: u16,
+        stale: bool,
+    }
+    let mut accepted: Vec<Accepted> = Vec::new();
+    let mut stale: Vec<Accepted> = Vec::new();
+    for (md, sb) in mine {
+        let refuse = |reason: String| Refusal { member: md.name.clone(), reason };
+        if let Some(why) = geometry_mismatch(&sb, &refsb) {
+            refused.push(refuse(why));
+            continue;
+        }
+        if let Some(why) = unsupported_features(&sb) {
+            refused.push(refuse(why.into()));
+            continue;
+        }
+        if sb.feature_map & feature::BAD_BLOCKS != 0 {
+            refused.push(refuse("its bad-block log is not empty, which mdkit does not support yet".into()));
+            continue;
+        }
+        if matches!(level, Level::Raid1 | Level::Raid10) && sb.data_size_sectors < refsb.size_sectors {
+            refused.push(refuse(format!(
+                "data area of {} sectors is smaller than the array's per-member size {}",
+                sb.data_size_sectors, refsb.size_sectors
+            )));
+            continue;
+        }
+        let role = refsb.dev_roles.get(sb.dev_number as usize).copied().unwrap_or(ROLE_SPARE);
+        if member_freshness(sb.events, refsb.events, sb.raw_role()) == Freshness::Stale {
+            let reason = format!(
+                "stale: events {} but the array is at {} (it missed updates: failed or removed earlier); re-add it to recover it",
+                sb.events, refsb.events
+            );
+            stale.push(Accepted { md: md.clone(), sb: sb.clone(), role: sb.raw_role(), stale: true });
+            refused.push(Refusal { member: md.name.clone(), reason });
+            continue;
+        }
+        if role == ROLE_FAULTY {
+            refused.push(refuse(format!("recorded as faulty in the array's superblocks (events {})", refsb.events)));
+            continue;
+        }
+        if role == ROLE_JOURNAL {
+            refused.push(refuse("journal devices are not supported".into()));
+            continue;
+        }
+        accepted.push(Accepted { md, sb, role, stale: false });
+    }
+    // dev_number must be unique.
+    let mut seen: HashMap<u32, String> = HashMap::new();
+    accepted.retain(|a| match seen.get(&a.sb.dev_number) {
+        Some(other) => {
+            refused.push(Refusal {
+                member: a.md.name.clone(),
+                reason: format!("same dev_number {} as {other} (a copy of the same member?)", a.sb.dev_number),
+            });
+            false
+        }
+        None => {
+            seen.insert(a.sb.dev_number, a.md.name.clone());
+            true
+        }
+    });
+
+    let place = |accepted: &[Accepted], refused: &mut Vec<Refusal>| -> (SlotTable, Vec<Arc<Member>>) {
+        let mut t = SlotTable::new(raid_disks);
+        let mut all = Vec::new();
+        // Holders with more events first, so a duplicate role keeps the fresher member.
+        let mut order: Vec<&Accepted> = accepted.iter().collect();
+        order.sort_by_key(|a| std::cmp::Reverse(a.sb.events));
+        for a in order {
+            let m = Arc::new(Member::new(a.md.name.clone(), a.md.dev.clone(), a.sb.clone()));
+            let role = a.role;
+            if role < ROLE_MAX && (role as usize) < raid_disks {
+                let r = role as usize;
+                let recovering = a.sb.feature_map & feature::RECOVERY_OFFSET != 0 && !a.stale;
+                if recovering {
+                    m.set_recovery_offset(a.sb.recovery_offset_sectors);
+                } else {
+                    m.set(flag::IN_SYNC);
+                }
+                if a.sb.feature_map & feature::REPLACEMENT != 0 && !a.stale {
+                    m.set(flag::REPLACEMENT);
+                    if !recovering {
+                        m.set_recovery_offset(0);
+                        m.clear(flag::IN_SYNC);
+                    }
+                    if t.slot(r).is_some_and(|s| s.replacement.is_some()) {
+                        refused.push(Refusal {
+                            member: a.md.name.clone(),
+                            reason: format!("a second replacement for role {r}"),
+                        });
+                        continue;
+                    }
+                    t.set_replacement(r, Some(m.clone()));
+                } else if t.slot(r).is_some_and(|s| s.member.is_some()) {
+                    refused.push(Refusal {
+                        member: a.md.name.clone(),
+                        reason: format!("role {r} is already held by a fresher member"),
+                    });
+                    continue;
+                } else {
+                    t.set_holder(r, Some(m.clone()));
+                }
+            } else {
+                t.add_spare(m.clone());
+            }
+            all.push(m);
+        }
+        (t, all)
+    };
+
+    let mut refused_place = Vec::new();
+    let (mut table, _) = place(&accepted, &mut refused_place);
+    let data_sizes = |t: &SlotTable| -> Vec<u64> {
+        (0..raid_disks).map(|r| t.slot(r).and_then(|s| s.member.as_ref()).map_or(0, |m| m.data_size_sectors)).collect()
+    };
+    // raid0 zones depend on every role's size; a missing role borrows the reference's (the
+    // array cannot run then anyway).
+    let sizes_for = |t: &SlotTable| -> Vec<u64> {
+        if level != Level::Raid0 {
+            return Vec::new();
+        }
+        data_sizes(t).into_iter().map(|s| if s == 0 { refsb.data_size_sectors } else { s }).collect()
+    };
+    let pers = build_personality(&name, &refsb, &sizes_for(&table));
+    let pers = pers.map_err(|e| fail(e.to_string(), &refused))?;
+    let mut forced = false;
+    if !pers.can_run(&table) && opts.force && !stale.is_empty() {
+        // mdadm --force: bring stale members back (freshest first) until the array can run.
+        stale.sort_by_key(|a| std::cmp::Reverse(a.sb.events));
+        for s in stale.drain(..) {
+            if pers.can_run(&table) {
+                break;
+            }
+            tracing::warn!(array = %name, member = %s.md.name, events = s.sb.events, to = refsb.events, "forcing stale member back into the array");
+            refused.retain(|r| r.member != s.md.name);
+            accepted.push(Accepted { stale: true, ..s });
+            forced = true;
+            refused_place.clear();
+            table = place(&accepted, &mut refused_place).0;
+        }
+    }
+    refused.extend(refused_place);
+    // raid0 needs every role's real size for its zones.
+    let pers =
+        if level == Level::Raid0 && forced { build_personality(&name, &refsb, &sizes_for(&table))? } else { pers };
+    if !pers.can_run(&table) {
+        let have = raid_disks as u32 - table.missing_in_sync();
+        return Err(fail(
+            format!(
+                "cannot start {}: {have} of {raid_disks} roles have an in-sync member, not enough to run",
+                level.name()
+            ),
+            &refused,
+        ));
+    }
+    let degraded = pers.degraded(&table);
+    let mut resync_cp = if pers.has_redundancy() { refsb.resync_offset_sectors } else { MAX_SECTOR };
+    if matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6)
+        && resync_cp != MAX_SECTOR
+        && degraded > 0
+        && !opts.force
+    {
+        return Err(fail(
+            format!(
+                "cannot start a dirty degraded {} ({degraded} member(s) missing, unclean shutdown): its parity cannot be trusted; use --force to start it anyway",
+                level.name()
+            ),
+            &refused,
+        ));
+    }
+    if forced && pers.has_redundancy() {
+        resync_cp = 0;
+    }
+
+    // The bitmap, from an in-sync holder.
+    let bitmap = if refsb.feature_map & feature::BITMAP_OFFSET != 0 && pers.has_redundancy() {
+        let holder = (0..raid_disks)
+            .find_map(|r| table.in_sync(r).cloned())
+            .ok_or_else(|| fail("no in-sync member to read the bitmap from".into(), &refused))?;
+        Some(load_bitmap(&name, &holder, &uuid, refsb.events).await?)
+    } else {
+        None
+    };
+
+    let mut notes = Vec::new();
+    if degraded > 0 {
+        notes.push(format!("started degraded: {degraded} of {raid_disks} roles without an in-sync member"));
+    }
+    if resync_cp != MAX_SECTOR {
+        notes.push(format!("unclean shutdown: resync from sector {resync_cp}"));
+    }
+    for (r, m) in table.recovering() {
+        notes.push(format!("member {} resumes rebuilding role {r} from sector {}", m.name(), m.recovery_offset()));
+    }
+    let info = ArrayInfo {
+        name: name.clone(),
+        level,
+        raid_disks: refsb.raid_disks,
+        layout: refsb.layout,
+        chunk_sectors: refsb.chunk_sectors,
+        member_size_sectors: refsb.size_sectors,
+        uuid,
+        set_name: refsb.name(),
+        ctime: refsb.ctime,
+        metadata: refsb.metadata_version(),
+    };
+    let core = ArrayCore::new(info, pers, table, refsb.events, resync_cp, bitmap);
+    let array = Array::start(core, opts.start_frozen);
+    tracing::info!(array = %name, level = level.name(), uuid = %format_uuid(&uuid), degraded, refused = refused.len(), "array assembled");
+    Ok(Assembled { array, refused, notes })
+}
+
+/// Reads and validates the bitmap superblock and page 0 from `m`.
+async fn load_bitmap(name: &str, m: &Arc<Member>, uuid: &[u8; 16], events: u64) -> io::Result<FallbackBitmap> {
+    let sb = m.superblock();
+    let sector = sb.bitmap_sector().ok_or_else(|| invalid(format!("{name}: member {}: no bitmap offset", m.name())))?;
+    let page0 = m.device().read_vec(sector * 512, METADATA_BLOCK_BYTES).await.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{name}: member {}: reading the bitmap at byte {}: {e}", m.name(), sector * 512),
+        )
+    })?;
+    let bms = BitmapSuper::decode(&page0)
+        .map_err(|e| invalid(format!("{name}: member {}: bitmap at byte {}: {e}", m.name(), sector * 512)))?;
+    bms.check_against_array(uuid, events).map_err(|e| invalid(format!("{name}: member {}: bitmap: {e}", m.name())))?;
+    let location = sb.bitmap_offset_sectors().unwrap_or(0);
+    FallbackBitmap::new(bms, page0, location).map_err(|e| invalid(format!("{name}: member {}: bitmap: {e}", m.name())))
+}

@@ -1,0 +1,321 @@
+//! md's sysfs-named attributes (`/sys/block/mdX/md/*`), read and written by name, and the
+//! `mdadm --detail` view as JSON.
+//!
+//! Readable: `array_state level raid_disks chunk_size layout component_size degraded
+//! sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
+//! resync_start safe_mode_delay metadata_version uuid events consistency_policy`, per member
+//! `dev-NAME/{state,slot,errors,recovery_start,offset,size}`, `bitmap/*`, the personality's
+//! (`stripe_cache_size`, ...), and beyond md: `mismatch_ranges` (sectors of the sync domain),
+//! `needs_check`, `last_sync_error`.
+//!
+//! Writable: `sync_action` (idle frozen check repair resync recover), `sync_speed_min`,
+//! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
+//! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
+//! `writemostly`, `-writemostly`), and the personality's writable attributes.
+
+use std::io;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Array;
+use super::core::ArrayCore;
+use super::member::flag;
+use super::sync::{DEFAULT_SPEED_MAX_KIB, DEFAULT_SPEED_MIN_KIB};
+use crate::format::format_uuid;
+use crate::format::superblock::MAX_SECTOR;
+use crate::layout::{Level, format_layout};
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+fn array_state(core: &ArrayCore) -> &'static str {
+    if core.is_broken() {
+        "broken"
+    } else if core.needs_check().is_some() {
+        "readonly"
+    } else if core.gate.is_active() {
+        "active"
+    } else {
+        "clean"
+    }
+}
+
+fn consistency_policy(core: &ArrayCore) -> &'static str {
+    if !core.personality().has_redundancy() {
+        "none"
+    } else if core.bitmap.is_some() {
+        "bitmap"
+    } else {
+        "resync"
+    }
+}
+
+fn ranges_text(ranges: &[std::ops::Range<u64>], truncated: bool) -> String {
+    if ranges.is_empty() {
+        return "none".into();
+    }
+    let mut s: Vec<String> = ranges.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
+    if truncated {
+        s.push("...".into());
+    }
+    s.join(",")
+}
+
+/// Every attribute and its value.
+pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
+    let info = core.info();
+    let st = core.sync.status();
+    let mut v: Vec<(String, String)> = vec![
+        ("array_state".into(), array_state(core).into()),
+        ("level".into(), info.level.name().into()),
+        ("raid_disks".into(), info.raid_disks.to_string()),
+        ("chunk_size".into(), (u64::from(info.chunk_sectors) * 512).to_string()),
+        ("layout".into(), info.layout.to_string()),
+        ("component_size".into(), (info.member_size_sectors / 2).to_string()),
+        ("array_size".into(), (size_bytes / 1024).to_string()),
+        ("degraded".into(), core.degraded().to_string()),
+        ("sync_action".into(), st.action.into()),
+        (
+            "sync_completed".into(),
+            if st.running.is_some() { format!("{} / {}", st.done_sectors, st.total_sectors) } else { "none".into() },
+        ),
+        ("sync_speed".into(), if st.running.is_some() { st.speed_kib.to_string() } else { "none".into() }),
+        ("sync_speed_min".into(), core.sync.speed_min_kib().to_string()),
+        ("sync_speed_max".into(), core.sync.speed_max_kib().to_string()),
+        ("mismatch_cnt".into(), st.mismatch_sectors.to_string()),
+        ("mismatch_ranges".into(), ranges_text(&st.mismatch_ranges, st.mismatch_ranges_truncated)),
+        (
+            "resync_start".into(),
+            match core.resync_checkpoint() {
+                MAX_SECTOR => "none".into(),
+                s => s.to_string(),
+            },
+        ),
+        ("safe_mode_delay".into(), format!("{:.3}", core.gate.safe_mode_delay().as_secs_f64())),
+        ("metadata_version".into(), info.metadata.as_str().into()),
+        ("uuid".into(), format_uuid(&info.uuid)),
+        ("events".into(), core.sb.events().to_string()),
+        ("consistency_policy".into(), consistency_policy(core).into()),
+        ("needs_check".into(), core.needs_check().unwrap_or_else(|| "no".into())),
+        ("last_sync_error".into(), st.last_error.unwrap_or_else(|| "none".into())),
+    ];
+    let slots = core.slots();
+    for m in slots.all_members() {
+        let role = slots.role_of(&m);
+        let p = format!("dev-{}", m.name());
+        v.push((format!("{p}/state"), m.state_words(role.is_some()).join(",")));
+        v.push((format!("{p}/slot"), role.map_or("none".into(), |r| r.to_string())));
+        v.push((format!("{p}/errors"), m.read_errors().to_string()));
+        let rs = if m.is_in_sync() || role.is_none() || m.is_faulty() {
+            "none".into()
+        } else {
+            m.recovery_offset().to_string()
+        };
+        v.push((format!("{p}/recovery_start"), rs));
+        v.push((format!("{p}/offset"), m.data_offset_sectors.to_string()));
+        v.push((format!("{p}/size"), (m.data_size_sectors / 2).to_string()));
+    }
+    if let Some(bm) = &core.bitmap {
+        v.extend(bm.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
+    }
+    v.extend(core.personality().attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
+    v
+}
+
+/// One attribute.
+pub fn get(core: &ArrayCore, size_bytes: u64, name: &str) -> io::Result<String> {
+    all(core, size_bytes)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{}: no attribute {name:?}", core.name())))
+}
+
+fn parse_speed(name: &str, value: &str, system: u64) -> io::Result<u64> {
+    let v = value.trim();
+    if v == "system" {
+        return Ok(system);
+    }
+    v.parse::<u64>().map_err(|_| invalid(format!("{name}: {value:?} is not a number of KiB/s (or \"system\")")))
+}
+
+/// Sets one attribute.
+pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
+    let core = array.core();
+    let value = value.trim();
+    match name {
+        "sync_action" => array.request_sync(value),
+        "sync_speed_min" => {
+            core.sync.set_speed_min_kib(parse_speed(name, value, DEFAULT_SPEED_MIN_KIB)?);
+            Ok(())
+        }
+        "sync_speed_max" => {
+            let v = parse_speed(name, value, DEFAULT_SPEED_MAX_KIB)?;
+            if v == 0 {
+                return Err(invalid("sync_speed_max must be at least 1 KiB/s".into()));
+            }
+            core.sync.set_speed_max_kib(v);
+            Ok(())
+        }
+        "safe_mode_delay" => {
+            let secs: f64 =
+                value.parse().map_err(|_| invalid(format!("safe_mode_delay: {value:?} is not a number of seconds")))?;
+            if !(0.0..=3600.0).contains(&secs) {
+                return Err(invalid(format!("safe_mode_delay {secs} s is outside 0..3600")));
+            }
+            core.gate.set_safe_mode_delay(Duration::from_secs_f64(secs.max(0.001)));
+            core.wake.notify_one();
+            Ok(())
+        }
+        _ if name.starts_with("dev-") && name.ends_with("/state") => {
+            let member = &name[4..name.len() - 6];
+            let m = core.slots().find(member).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{}: no member {member:?}", core.name()))
+            })?;
+            match value {
+                "faulty" => {
+                    if !core.fail_member(&m, "failed by request") {
+                        return Err(io::Error::new(
+                            io::ErrorKind::ResourceBusy,
+                            format!("{}: {member}: the array cannot run without it", core.name()),
+                        ));
+                    }
+                    core.wake.notify_one();
+                    Ok(())
+                }
+                "want_replacement" => {
+                    m.set(flag::WANT_REPLACEMENT);
+                    core.sync.not_idle();
+                    core.sync_wake.notify_one();
+                    Ok(())
+                }
+                "-want_replacement" => {
+                    m.clear(flag::WANT_REPLACEMENT);
+                    Ok(())
+                }
+                "writemostly" => {
+                    m.set(flag::WRITE_MOSTLY);
+                    Ok(())
+                }
+                "-writemostly" => {
+                    m.clear(flag::WRITE_MOSTLY);
+                    Ok(())
+                }
+                "remove" => Err(invalid(format!(
+                    "{}: use `mdkit manage {} --remove {member}` (it writes the superblocks)",
+                    core.name(),
+                    core.name()
+                ))),
+                other => Err(invalid(format!(
+                    "{name}: {other:?}: use faulty, want_replacement, -want_replacement, writemostly, -writemostly"
+                ))),
+            }
+        }
+        _ => {
+            if let Some(r) = core.personality().set_attribute(name, value) {
+                return r;
+            }
+            if all(core, array.size_bytes()).iter().any(|(k, _)| k == name) {
+                Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("{}: attribute {name} is read-only", core.name()),
+                ))
+            } else {
+                Err(io::Error::new(io::ErrorKind::NotFound, format!("{}: no attribute {name:?}", core.name())))
+            }
+        }
+    }
+}
+
+/// `mdadm --detail` as JSON.
+pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
+    let info = core.info();
+    let st = core.sync.status();
+    let slots = core.slots();
+    let degraded = core.degraded();
+    let mut state = vec![array_state(core).to_string()];
+    if degraded > 0 {
+        state.push("degraded".into());
+    }
+    match st.running {
+        Some(super::SyncMode::Resync) => state.push("resyncing".into()),
+        Some(super::SyncMode::Recover) => state.push("recovering".into()),
+        Some(super::SyncMode::Check) => state.push("checking".into()),
+        Some(super::SyncMode::Repair) => state.push("repairing".into()),
+        None if core.resync_checkpoint() != MAX_SECTOR => state.push("resync pending".into()),
+        None => {}
+    }
+    if st.action == "frozen" {
+        state.push("frozen".into());
+    }
+    let members: Vec<Value> = slots
+        .all_members()
+        .iter()
+        .map(|m| {
+            let role = slots.role_of(m);
+            let replacement = m.has(flag::REPLACEMENT);
+            json!({
+                "name": m.name(),
+                "dev_number": m.dev_number,
+                "role": role,
+                "state": m.state_words(role.is_some()),
+                "rebuilding": role.is_some() && !m.is_in_sync() && !m.is_faulty(),
+                "replacement": replacement,
+                "recovery_offset_sectors": if m.is_in_sync() || role.is_none() { Value::Null } else { json!(m.recovery_offset()) },
+                "read_errors": m.read_errors(),
+                "corrected_reads": m.corrected_reads(),
+                "data_offset_sectors": m.data_offset_sectors,
+                "data_size_sectors": m.data_size_sectors,
+                "in_flight": m.in_flight(),
+            })
+        })
+        .collect();
+    let count = |f: &dyn Fn(&super::Member) -> bool| slots.all_members().iter().filter(|m| f(m)).count();
+    let percent = if st.total_sectors > 0 { st.done_sectors as f64 * 100.0 / st.total_sectors as f64 } else { 0.0 };
+    json!({
+        "name": core.name(),
+        "uuid": format_uuid(&info.uuid),
+        "set_name": info.set_name,
+        "metadata": info.metadata.as_str(),
+        "level": info.level.name(),
+        "raid_disks": info.raid_disks,
+        "layout": info.layout,
+        "layout_name": if matches!(info.level, Level::Raid1) { String::new() } else { format_layout(info.level, info.layout) },
+        "chunk_kib": info.chunk_sectors / 2,
+        "size_bytes": size_bytes,
+        "component_size_kib": info.member_size_sectors / 2,
+        "ctime": crate::format::superblock::md_time_seconds(info.ctime),
+        "events": core.sb.events(),
+        "state": state.join(", "),
+        "array_state": array_state(core),
+        "consistency_policy": consistency_policy(core),
+        "degraded": degraded,
+        "total_devices": slots.all_members().len(),
+        "active_devices": (0..slots.raid_disks()).filter(|r| slots.in_sync(*r).is_some()).count(),
+        "working_devices": count(&|m| !m.is_faulty()),
+        "failed_devices": count(&|m| m.is_faulty()),
+        "spare_devices": count(&|m| !m.is_faulty() && !m.is_in_sync()),
+        "needs_check": core.needs_check(),
+        "sync": {
+            "action": st.action,
+            "done_sectors": st.done_sectors,
+            "total_sectors": st.total_sectors,
+            "percent": if st.running.is_some() { json!(percent) } else { Value::Null },
+            "speed_kib": st.speed_kib,
+            "eta_s": st.eta.map(|d| d.as_secs()),
+            "mismatch_cnt": st.mismatch_sectors,
+            "mismatch_ranges": st.mismatch_ranges.iter().map(|r| json!([r.start, r.end])).collect::<Vec<_>>(),
+            "last_error": st.last_error,
+            "resync_start": if core.resync_checkpoint() == MAX_SECTOR { Value::Null } else { json!(core.resync_checkpoint()) },
+            "speed_min_kib": core.sync.speed_min_kib(),
+            "speed_max_kib": core.sync.speed_max_kib(),
+        },
+        "bitmap": core.bitmap.as_ref().map(|b| {
+            let h = b.header();
+            json!({ "chunk_bytes": h.chunk_bytes, "events": h.events, "events_cleared": h.events_cleared, "all_bits_set": b.all_bits_set() })
+        }),
+        "members": members,
+    })
+}

@@ -1,0 +1,210 @@
+//! The region barrier shared by user writes and sync work (md raid1's bucketed barrier).
+//!
+//! The sync domain is cut into buckets of [`BUCKET_SECTORS`]; buckets hash onto
+//! [`BARRIER_SLOTS`] slots, each with a count of writes in flight and a barrier flag. A write
+//! counts itself in every slot its range touches; sync work (and read-error repair) raises the
+//! barrier on the slots of its range and waits until no write is in flight there. Writes that
+//! meet a raised barrier back off (release what they hold) and wait. Nothing is global: work on
+//! one region never waits for another region (except for hash collisions, which only delay).
+//!
+//! Deadlock freedom: slots are always taken in ascending order, a write never waits while
+//! holding a slot, and barriers are exclusive per slot.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::Notify;
+
+/// Sectors per bucket (64 MiB, as md raid1).
+pub const BUCKET_SECTORS: u64 = 1 << 17;
+/// Hash slots (md raid1: 1024).
+pub const BARRIER_SLOTS: usize = 1024;
+
+struct BarrierSlot {
+    pending_writes: AtomicU32,
+    barrier: AtomicU32,
+    changed: Notify,
+}
+
+/// See the module documentation.
+pub struct RegionBarrier {
+    slots: Box<[BarrierSlot]>,
+}
+
+impl Default for RegionBarrier {
+    fn default() -> Self {
+        RegionBarrier::new()
+    }
+}
+
+impl RegionBarrier {
+    pub fn new() -> RegionBarrier {
+        let slots = (0..BARRIER_SLOTS)
+            .map(|_| BarrierSlot {
+                pending_writes: AtomicU32::new(0),
+                barrier: AtomicU32::new(0),
+                changed: Notify::new(),
+            })
+            .collect();
+        RegionBarrier { slots }
+    }
+
+    /// The slots a sync-domain range touches, ascending, without duplicates.
+    fn slots_of(range: &Range<u64>) -> Vec<usize> {
+        if range.start >= range.end {
+            return Vec::new();
+        }
+        let first = range.start / BUCKET_SECTORS;
+        let last = (range.end - 1) / BUCKET_SECTORS;
+        if last - first + 1 >= BARRIER_SLOTS as u64 {
+            return (0..BARRIER_SLOTS).collect();
+        }
+        let mut v: Vec<usize> = (first..=last).map(|b| (b % BARRIER_SLOTS as u64) as usize).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Waits until no barrier is raised on the range, then counts a write in flight there until
+    /// the guard drops.
+    pub async fn enter_write(&self, range: Range<u64>) -> WriteGuard<'_> {
+        let slots = Self::slots_of(&range);
+        'retry: loop {
+            for (i, &s) in slots.iter().enumerate() {
+                let slot = &self.slots[s];
+                slot.pending_writes.fetch_add(1, Ordering::SeqCst);
+                if slot.barrier.load(Ordering::SeqCst) == 0 {
+                    continue;
+                }
+                // Back off: release this slot and every slot already held, then wait.
+                for &held in slots[..=i].iter() {
+                    self.release_write(held);
+                }
+                self.wait_until(s, |sl| sl.barrier.load(Ordering::SeqCst) == 0).await;
+                continue 'retry;
+            }
+            return WriteGuard { barrier: self, slots };
+        }
+    }
+
+    fn release_write(&self, s: usize) {
+        let slot = &self.slots[s];
+        if slot.pending_writes.fetch_sub(1, Ordering::SeqCst) == 1 {
+            slot.changed.notify_waiters();
+        }
+    }
+
+    /// Raises the barrier on the range (exclusively per slot) and waits until the writes in
+    /// flight there have finished. New writes to the range wait until the guard drops.
+    pub async fn raise(&self, range: Range<u64>) -> BarrierGuard<'_> {
+        let slots = Self::slots_of(&range);
+        for &s in &slots {
+            loop {
+                let slot = &self.slots[s];
+                if slot.barrier.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                    break;
+                }
+                self.wait_until(s, |sl| sl.barrier.load(Ordering::SeqCst) == 0).await;
+            }
+        }
+        for &s in &slots {
+            self.wait_until(s, |sl| sl.pending_writes.load(Ordering::SeqCst) == 0).await;
+        }
+        BarrierGuard { barrier: self, slots }
+    }
+
+    async fn wait_until(&self, s: usize, cond: impl Fn(&BarrierSlot) -> bool) {
+        let slot = &self.slots[s];
+        loop {
+            let notified = slot.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if cond(slot) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Writes in flight in the slot of a sector (diagnostics and tests).
+    pub fn pending_writes_at(&self, sector: u64) -> u32 {
+        let s = ((sector / BUCKET_SECTORS) % BARRIER_SLOTS as u64) as usize;
+        self.slots[s].pending_writes.load(Ordering::SeqCst)
+    }
+}
+
+/// A write counted in the barrier's slots.
+pub struct WriteGuard<'a> {
+    barrier: &'a RegionBarrier,
+    slots: Vec<usize>,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        for &s in &self.slots {
+            self.barrier.release_write(s);
+        }
+    }
+}
+
+/// A raised barrier; dropping it lets writes into the region again.
+pub struct BarrierGuard<'a> {
+    barrier: &'a RegionBarrier,
+    slots: Vec<usize>,
+}
+
+impl Drop for BarrierGuard<'_> {
+    fn drop(&mut self) {
+        for &s in &self.slots {
+            let slot = &self.barrier.slots[s];
+            slot.barrier.store(0, Ordering::SeqCst);
+            slot.changed.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn slot_sets() {
+        assert_eq!(RegionBarrier::slots_of(&(0..1)), vec![0]);
+        assert_eq!(RegionBarrier::slots_of(&(0..0)), Vec::<usize>::new());
+        assert_eq!(RegionBarrier::slots_of(&(BUCKET_SECTORS - 1..BUCKET_SECTORS + 1)), vec![0, 1]);
+        let wrap = BUCKET_SECTORS * BARRIER_SLOTS as u64;
+        assert_eq!(RegionBarrier::slots_of(&(wrap - 1..wrap + 1)), vec![0, BARRIER_SLOTS - 1]);
+        assert_eq!(RegionBarrier::slots_of(&(0..u64::MAX)).len(), BARRIER_SLOTS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn barrier_waits_for_writes_and_blocks_new_ones_in_its_region_only() {
+        let b = Arc::new(RegionBarrier::new());
+        let w = b.enter_write(0..8).await;
+        let raised = Arc::new(AtomicBool::new(false));
+        let (b2, r2) = (b.clone(), raised.clone());
+        let raiser = tokio::spawn(async move {
+            let g = b2.raise(0..1024).await;
+            r2.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(g);
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!raised.load(Ordering::SeqCst), "barrier must wait for the write in flight");
+        // A write elsewhere is not affected.
+        drop(b.enter_write(BUCKET_SECTORS * 3..BUCKET_SECTORS * 3 + 8).await);
+        drop(w);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(raised.load(Ordering::SeqCst));
+        // A new write to the region waits until the barrier drops.
+        let t = std::time::Instant::now();
+        drop(b.enter_write(8..16).await);
+        assert!(t.elapsed() >= Duration::from_millis(20), "{:?}", t.elapsed());
+        raiser.await.unwrap();
+        assert_eq!(b.pending_writes_at(0), 0);
+    }
+}

@@ -1,0 +1,343 @@
+//! [`ArrayCore`]: the level-independent state of a running array that personalities and the sync
+//! engine work against: the members (slot table), member failure, the superblock writer's state,
+//! the write gate, the region barrier, the bitmap, the resync checkpoint, the needs-check flag.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+
+use super::barrier::RegionBarrier;
+use super::bitmap_fallback::FallbackBitmap;
+use super::gate::WriteGate;
+use super::io::join_all;
+use super::member::{Member, flag};
+use super::personality::Personality;
+use super::sb::SbState;
+use super::slots::SlotTable;
+use super::sync::SyncState;
+use crate::format::superblock::{MAX_SECTOR, MetadataVersion};
+use crate::layout::Level;
+
+/// Facts about the array that do not change while it runs (from the superblocks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrayInfo {
+    /// mdkit's name for the array ("md0"); used in every message.
+    pub name: String,
+    pub level: Level,
+    pub raid_disks: u32,
+    /// The superblock's layout word.
+    pub layout: u32,
+    pub chunk_sectors: u32,
+    /// The superblock's `size`: per-member sectors used (0 for raid0).
+    pub member_size_sectors: u64,
+    pub uuid: [u8; 16],
+    /// The superblock's `set_name` ("host:name").
+    pub set_name: String,
+    /// Creation time, md encoding.
+    pub ctime: u64,
+    pub metadata: MetadataVersion,
+}
+
+/// See the module documentation. Shared (`Arc`) by the array handle, its background tasks and
+/// every request in flight.
+pub struct ArrayCore {
+    info: ArrayInfo,
+    pers: Arc<dyn Personality>,
+    slots: RwLock<Arc<SlotTable>>,
+    /// Serialises membership changes (add, remove, spare activation, replacement completion).
+    pub(crate) membership: tokio::sync::Mutex<()>,
+    /// Serialises the "may this member fail?" decision.
+    fail_lock: Mutex<()>,
+    pub(crate) gate: WriteGate,
+    /// Region barrier over the sync domain: user writes vs sync work.
+    pub barrier: RegionBarrier,
+    pub(crate) sb: SbState,
+    pub(crate) bitmap: Option<FallbackBitmap>,
+    /// Sync domain below this is known in sync; [`MAX_SECTOR`] when the whole array is.
+    resync_cp: AtomicU64,
+    failures_noted: AtomicU64,
+    failures_recorded: AtomicU64,
+    needs_check: Mutex<Option<String>>,
+    needs_check_flag: AtomicBool,
+    broken: AtomicBool,
+    pub(crate) sync: SyncState,
+    /// Wakes the array daemon (safe mode, failure recording) and the sync engine.
+    pub(crate) wake: Notify,
+    pub(crate) sync_wake: Notify,
+    shutdown: AtomicBool,
+    user_requests: AtomicU64,
+}
+
+impl ArrayCore {
+    pub(crate) fn new(
+        info: ArrayInfo,
+        pers: Arc<dyn Personality>,
+        slots: SlotTable,
+        events: u64,
+        resync_cp: u64,
+        bitmap: Option<FallbackBitmap>,
+    ) -> ArrayCore {
+        ArrayCore {
+            info,
+            pers,
+            slots: RwLock::new(Arc::new(slots)),
+            membership: tokio::sync::Mutex::new(()),
+            fail_lock: Mutex::new(()),
+            gate: WriteGate::new(false),
+            barrier: RegionBarrier::new(),
+            sb: SbState::new(events),
+            bitmap,
+            resync_cp: AtomicU64::new(resync_cp),
+            failures_noted: AtomicU64::new(0),
+            failures_recorded: AtomicU64::new(0),
+            needs_check: Mutex::new(None),
+            needs_check_flag: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            sync: SyncState::new(),
+            wake: Notify::new(),
+            sync_wake: Notify::new(),
+            shutdown: AtomicBool::new(false),
+            user_requests: AtomicU64::new(0),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    pub fn info(&self) -> &ArrayInfo {
+        &self.info
+    }
+
+    pub fn personality(&self) -> &Arc<dyn Personality> {
+        &self.pers
+    }
+
+    /// The current membership snapshot.
+    pub fn slots(&self) -> Arc<SlotTable> {
+        self.slots.read().clone()
+    }
+
+    /// Installs a new membership table (hold [`ArrayCore::membership`]).
+    pub(crate) fn set_slots(&self, t: SlotTable) {
+        *self.slots.write() = Arc::new(t);
+    }
+
+    /// Sync domain below this is in sync ([`MAX_SECTOR`] when all of it is).
+    pub fn resync_checkpoint(&self) -> u64 {
+        self.resync_cp.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_resync_checkpoint(&self, sectors: u64) {
+        self.resync_cp.store(sectors, Ordering::Release);
+    }
+
+    /// Whether copies of the sync-domain range `[.., end)` may differ (an unfinished resync):
+    /// mirrored reads there must all go to the same (first) copy so repeated reads agree.
+    pub fn may_be_unsynced(&self, end_sector: u64) -> bool {
+        let cp = self.resync_checkpoint();
+        cp != MAX_SECTOR && end_sector > cp
+    }
+
+    pub fn degraded(&self) -> u32 {
+        self.pers.degraded(&self.slots())
+    }
+
+    /// The metadata could not be written: the array refuses writes until checked.
+    pub fn needs_check(&self) -> Option<String> {
+        if !self.needs_check_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.needs_check.lock().clone()
+    }
+
+    pub(crate) fn set_needs_check(&self, reason: String) {
+        tracing::error!(array = self.name(), "array needs a check, writes stopped: {reason}");
+        let mut g = self.needs_check.lock();
+        if g.is_none() {
+            *g = Some(reason);
+        }
+        self.needs_check_flag.store(true, Ordering::Release);
+    }
+
+    /// raid0 lost a member: I/O to it fails (md's "broken").
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        self.wake.notify_one();
+        self.sync_wake.notify_one();
+        self.sync.interrupt();
+    }
+
+    pub(crate) fn note_user_request(&self) {
+        self.user_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// User requests seen so far (the sync engine yields while this moves).
+    pub fn user_requests(&self) -> u64 {
+        self.user_requests.load(Ordering::Relaxed)
+    }
+
+    //--------------------------------------------------------------------------------------------
+    // Member failure
+
+    /// Fails `m` (md's Faulty) because of `reason`: it is never used again and a superblock
+    /// update recording the failure is scheduled; user writes completed after this point are
+    /// acknowledged only once that update is durable ([`ArrayCore::settle_failures`]).
+    ///
+    /// Like md, the last member the array cannot run without is not failed (the I/O error goes
+    /// to the user instead), and a level without redundancy marks the array broken. Returns
+    /// whether the member is now faulty.
+    pub fn fail_member(&self, m: &Member, reason: &str) -> bool {
+        if m.is_faulty() {
+            return true;
+        }
+        if !self.pers.has_redundancy() {
+            if !self.broken.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    array = self.name(),
+                    member = m.name(),
+                    "member I/O error on a level without redundancy: array broken: {reason}"
+                );
+            }
+            return false;
+        }
+        let _g = self.fail_lock.lock();
+        if m.is_faulty() {
+            return true;
+        }
+        let slots = self.slots();
+        let holds_data = slots.role_of(m).is_some() && m.is_in_sync();
+        if holds_data && !self.pers.can_run(&slots.without(m)) {
+            tracing::error!(
+                array = self.name(),
+                member = m.name(),
+                "not failing the last member the array needs; the I/O fails instead: {reason}"
+            );
+            return false;
+        }
+        m.set(flag::FAULTY);
+        self.failures_noted.fetch_add(1, Ordering::AcqRel);
+        tracing::warn!(
+            array = self.name(),
+            member = m.name(),
+            degraded = self.pers.degraded(&slots),
+            "member failed: {reason}"
+        );
+        // A recovery onto this member, or from it, must stop; the engine re-plans.
+        self.sync.interrupt_recovery();
+        self.wake.notify_one();
+        true
+    }
+
+    /// Waits until every member failure noted so far is recorded in durable superblocks.
+    /// User writes call this before they are acknowledged (a crash must not reassemble a member
+    /// that missed an acknowledged write as in sync).
+    pub async fn settle_failures(&self) -> io::Result<()> {
+        let noted = self.failures_noted.load(Ordering::Acquire);
+        if self.failures_recorded.load(Ordering::Acquire) >= noted {
+            return Ok(());
+        }
+        self.update_superblocks("member failure").await?;
+        if self.failures_recorded.load(Ordering::Acquire) >= noted {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("{}: a member failure could not be recorded in the superblocks", self.name())))
+        }
+    }
+
+    pub(crate) fn failures_noted(&self) -> u64 {
+        self.failures_noted.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn record_failures_up_to(&self, noted: u64) {
+        self.failures_recorded.fetch_max(noted, Ordering::AcqRel);
+    }
+
+    pub(crate) fn failures_pending(&self) -> bool {
+        self.failures_recorded.load(Ordering::Acquire) < self.failures_noted.load(Ordering::Acquire)
+    }
+
+    //--------------------------------------------------------------------------------------------
+    // Flush
+
+    /// Flushes every working member concurrently. A member whose flush fails is failed; the
+    /// flush succeeds when the array can still run and the failures are recorded.
+    pub async fn flush_members(&self) -> io::Result<()> {
+        let slots = self.slots();
+        let members = slots.working_members();
+        let results = join_all(members.iter().map(|m| self.member_flush(m))).await;
+        let mut first_err = None;
+        for r in results {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            let slots = self.slots();
+            if !self.pers.has_redundancy() || !self.pers.can_run(&slots) || slots.working_members().is_empty() {
+                return Err(e);
+            }
+            // Members that failed the flush are out of the array once this is durable.
+            self.settle_failures().await?;
+            if !self.pers.can_run(&self.slots()) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    //--------------------------------------------------------------------------------------------
+    // Dirty / clean
+
+    /// Write-gate slow path: mark the array active on every member (durably), then count the
+    /// write. Returns with the write counted in the gate.
+    pub(crate) async fn enter_write_gate(&self) -> io::Result<()> {
+        if self.gate.try_enter() {
+            return Ok(());
+        }
+        let _t = self.gate.transition.lock().await;
+        if self.gate.try_enter() {
+            return Ok(());
+        }
+        self.gate.want_active.store(true, Ordering::Release);
+        // On failure the superblocks may say either; `want_active` stays set (the safe side).
+        self.update_superblocks("array active").await?;
+        self.gate.enter_after_transition();
+        Ok(())
+    }
+
+    pub(crate) fn exit_write_gate(&self) {
+        if self.gate.exit() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Marks the array clean if no write is in flight; called by the daemon after
+    /// `safe_mode_delay` of idleness. Returns whether it did.
+    pub(crate) async fn try_mark_clean(&self) -> io::Result<bool> {
+        let _t = self.gate.transition.lock().await;
+        if !self.gate.try_begin_clean() {
+            return Ok(false);
+        }
+        self.gate.want_active.store(false, Ordering::Release);
+        match self.update_superblocks("array clean").await {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                self.gate.want_active.store(true, Ordering::Release);
+                self.gate.abort_clean();
+                Err(e)
+            }
+        }
+    }
+}

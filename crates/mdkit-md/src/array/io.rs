@@ -1,0 +1,206 @@
+//! Member I/O wrappers: every personality and the sync engine reach members only through these.
+//! They add the member's `data_offset`, refuse requests outside its data area (a bug, never sent
+//! to the device), count requests in flight (least-busy reads), name the member and array in
+//! errors, and fail the member on a write/flush error (md's Faulty), which also schedules the
+//! superblock update that records it.
+//!
+//! Reads do not fail the member by themselves: a read error is the personality's to handle (try
+//! another copy, rewrite the bad one — md's fix_read_error), and it fails the member with
+//! [`ArrayCore::fail_member`] when the copy cannot be repaired.
+//!
+//! Also here: [`join_all`], a tiny concurrent join for member requests of one array request.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
+
+use super::core::ArrayCore;
+use super::member::Member;
+
+const SECTOR_BYTES: u64 = 512;
+
+/// Polls every future concurrently on the current task; the outputs come back in input order.
+pub fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> JoinAll<F> {
+    let futs: Vec<Option<Pin<Box<F>>>> = futs.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let out = (0..futs.len()).map(|_| None).collect();
+    JoinAll { futs, out }
+}
+
+pub struct JoinAll<F: Future> {
+    futs: Vec<Option<Pin<Box<F>>>>,
+    out: Vec<Option<F::Output>>,
+}
+
+impl<F: Future> Unpin for JoinAll<F> {}
+
+impl<F: Future> Future for JoinAll<F> {
+    type Output = Vec<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let mut pending = false;
+        for (slot, out) in this.futs.iter_mut().zip(this.out.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            return Poll::Pending;
+        }
+        // Every slot was filled exactly once (a slot is cleared only when its output is stored).
+        Poll::Ready(this.out.iter_mut().map(|o| o.take().expect("each future completed once")).collect())
+    }
+}
+
+/// Wraps an error with the array, member, operation and member sector.
+pub(crate) fn member_error(a: &ArrayCore, m: &Member, op: &str, sector: u64, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: member {}: {op} at member sector {sector}: {e}", a.name(), m.name()))
+}
+
+impl ArrayCore {
+    fn check_member_range(&self, m: &Member, op: &str, sector: u64, len_sectors: u64) -> io::Result<u64> {
+        match sector.checked_add(len_sectors) {
+            Some(end) if end <= m.data_size_sectors => Ok((m.data_offset_sectors + sector) * SECTOR_BYTES),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: member {}: {op} of {len_sectors} sectors at member sector {sector} is outside its data area ({} sectors)",
+                    self.name(),
+                    m.name(),
+                    m.data_size_sectors
+                ),
+            )),
+        }
+    }
+
+    /// Reads member sectors `[sector, sector + buf.len()/512)`. Errors are reported, not acted on.
+    pub fn member_read<'a>(&'a self, m: &'a Member, sector: u64, buf: IoBuf) -> IoFuture<'a, ReadResult> {
+        Box::pin(async move {
+            let off = match self.check_member_range(m, "read", sector, buf.len() as u64 / SECTOR_BYTES) {
+                Ok(o) => o,
+                Err(e) => return (buf, Err(e)),
+            };
+            let _g = m.io_started();
+            let (buf, r) = m.device().read(off, buf).await;
+            match r {
+                Ok(()) => (buf, Ok(())),
+                Err(e) => {
+                    m.note_read_error();
+                    (buf, Err(member_error(self, m, "read", sector, e)))
+                }
+            }
+        })
+    }
+
+    /// Writes member sectors; on error the member is failed (see [`ArrayCore::fail_member`]).
+    pub fn member_write<'a>(
+        &'a self,
+        m: &'a Member,
+        sector: u64,
+        buf: SharedBuf,
+        flags: WriteFlags,
+    ) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let off = self.check_member_range(m, "write", sector, buf.len() as u64 / SECTOR_BYTES)?;
+            let _g = m.io_started();
+            let r = m.device().write(off, buf, flags).await;
+            self.after_modify(m, "write", sector, r)
+        })
+    }
+
+    pub fn member_write_zeroes<'a>(
+        &'a self,
+        m: &'a Member,
+        sector: u64,
+        len_sectors: u64,
+        flags: ZeroFlags,
+    ) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let off = self.check_member_range(m, "write_zeroes", sector, len_sectors)?;
+            let _g = m.io_started();
+            let r = m.device().write_zeroes(off, len_sectors * SECTOR_BYTES, flags).await;
+            self.after_modify(m, "write_zeroes", sector, r)
+        })
+    }
+
+    /// Discard; an `Unsupported` answer is not a member failure.
+    pub fn member_discard<'a>(&'a self, m: &'a Member, sector: u64, len_sectors: u64) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let off = self.check_member_range(m, "discard", sector, len_sectors)?;
+            let _g = m.io_started();
+            let r = m.device().discard(off, len_sectors * SECTOR_BYTES).await;
+            self.after_modify(m, "discard", sector, r)
+        })
+    }
+
+    /// Flushes the member's volatile cache; an error fails the member.
+    pub fn member_flush<'a>(&'a self, m: &'a Member) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let _g = m.io_started();
+            let r = m.device().flush().await;
+            self.after_modify(m, "flush", 0, r)
+        })
+    }
+
+    /// Writes metadata (superblock, bitmap) at an absolute member byte offset, FUA.
+    pub(crate) fn member_write_meta<'a>(
+        &'a self,
+        m: &'a Member,
+        offset_bytes: u64,
+        buf: SharedBuf,
+    ) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            debug_assert!(offset_bytes.is_multiple_of(4096) && buf.len().is_multiple_of(4096), "metadata writes are whole 4 KiB blocks");
+            let _g = m.io_started();
+            m.device().write(offset_bytes, buf, WriteFlags::FUA).await.map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{}: member {}: metadata write at byte {offset_bytes}: {e}", self.name(), m.name()),
+                )
+            })
+        })
+    }
+
+    fn after_modify(&self, m: &Member, op: &str, sector: u64, r: io::Result<()>) -> io::Result<()> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => {
+                Err(member_error(self, m, op, sector, e))
+            }
+            Err(e) => {
+                let e = member_error(self, m, op, sector, e);
+                self.fail_member(m, &e.to_string());
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn join_all_keeps_order() {
+        let futs: Vec<IoFuture<'static, u32>> = (0..5u32)
+            .map(|i| -> IoFuture<'static, u32> {
+                Box::pin(async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(u64::from(5 - i))).await;
+                    i
+                })
+            })
+            .collect();
+        assert_eq!(join_all(futs).await, vec![0, 1, 2, 3, 4]);
+        let empty: Vec<IoFuture<'static, u32>> = Vec::new();
+        assert!(join_all(empty).await.is_empty());
+    }
+}

@@ -1,0 +1,573 @@
+//! The md array runtime (docs/design/md-runtime.md): a running array is an
+//! [`mdkit_io::BlockDevice`] with 4 KiB logical blocks over its members.
+//!
+//! ```text
+//!  Array::write ─ validate ─ write gate ─ bitmap ─ region barrier ─ personality ─ settle failures
+//!                 (bounds)   (mark dirty) (bits    (no sync work    (raid0/1/10,   (member failures
+//!                            durably)     durable)  in the range)    raid5 later)   durable first)
+//! ```
+//!
+//! | module            | what                                                              |
+//! |-------------------|-------------------------------------------------------------------|
+//! | [`personality`]   | the [`Personality`] trait each level implements                   |
+//! | [`core`]          | [`ArrayCore`]: members, failure, checkpoints, needs-check         |
+//! | [`member`], [`slots`] | member state; the role table, swapped on membership changes   |
+//! | [`io`]            | member I/O wrappers (data offset, in-flight, fail on error)       |
+//! | [`sb`]            | the superblock writer (events, dev_roles, offsets, checksum)      |
+//! | [`gate`]          | dirty/clean transitions with `safe_mode_delay`                    |
+//! | [`barrier`]       | the bucketed region barrier (sync vs writes)                      |
+//! | [`sync`]          | resync / recover / check / repair engine, speed limits, progress  |
+//! | [`assemble`], [`create`] | starting arrays from members, creating new ones            |
+//! | [`attrs`]         | md's sysfs-named attributes                                       |
+//! | [`raid0`], [`raid1`], [`raid10`], [`raid5`] | the personalities (`raid5`: dispatch point) |
+//! | [`bitmap_fallback`] | interim write-intent bitmap (all bits set, never cleared)       |
+//!
+//! An array must be created or assembled inside a tokio runtime: it runs two background tasks
+//! (the array daemon: safe-mode clean marking and failure recording; the sync engine). Stop it
+//! with [`Array::stop`] (checkpoints, flushes, marks clean); dropping it without `stop` is a
+//! crash as far as the members are concerned.
+
+pub mod assemble;
+pub mod attrs;
+pub mod barrier;
+pub mod bitmap_fallback;
+pub mod core;
+pub mod create;
+pub mod gate;
+pub mod io;
+pub mod member;
+pub mod mirror;
+pub mod personality;
+pub mod raid0;
+pub mod raid1;
+pub mod raid10;
+pub mod raid5;
+pub mod sb;
+pub mod slots;
+pub mod sync;
+
+use std::io as stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mdkit_io::{BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io};
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+pub use self::assemble::{AssembleOptions, Assembled, MemberDev, Refusal, assemble, read_superblock};
+pub use self::core::{ArrayCore, ArrayInfo};
+pub use self::create::{CreateOptions, create, write_superblocks};
+pub use self::member::Member;
+pub use self::personality::{Personality, SyncMode, SyncOutcome};
+pub use self::slots::SlotTable;
+pub use self::sync::SyncStatus;
+
+use self::member::flag;
+use crate::format::superblock::{MAX_SECTOR, MetadataVersion, Superblock};
+
+/// The array's logical block: md arrays are served with 4 KiB blocks (upstream lesson 1).
+pub const ARRAY_BLOCK_BYTES: u32 = 4096;
+
+/// A running md array. See the module documentation.
+pub struct Array {
+    core: Arc<ArrayCore>,
+    topology: Topology,
+    name_for_device: String,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn needs_check_error(core: &ArrayCore, reason: &str) -> stdio::Error {
+    stdio::Error::other(format!("{}: array needs a check, writes are refused: {reason}", core.name()))
+}
+
+impl Array {
+    /// Starts the background tasks of an assembled core.
+    pub(crate) fn start(core: ArrayCore, frozen: bool) -> Array {
+        let core = Arc::new(core);
+        if frozen {
+            let _ = core.sync.request("frozen");
+        }
+        let topology = compute_topology(&core);
+        let tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
+        let name_for_device = format!("{}:{}", core.info().level.name(), core.name());
+        Array { core, topology, name_for_device, tasks: Mutex::new(tasks) }
+    }
+
+    pub fn core(&self) -> &Arc<ArrayCore> {
+        &self.core
+    }
+
+    pub fn name(&self) -> &str {
+        self.core.name()
+    }
+
+    pub fn info(&self) -> &ArrayInfo {
+        self.core.info()
+    }
+
+    /// Array size in bytes (the personality's size, rounded down to 4 KiB).
+    pub fn size_bytes(&self) -> u64 {
+        self.topology.size_bytes
+    }
+
+    pub fn events(&self) -> u64 {
+        self.core.sb.events()
+    }
+
+    pub fn sync_status(&self) -> SyncStatus {
+        self.core.sync.status()
+    }
+
+    /// Waits until no sync work runs or is pending (or the engine is frozen).
+    pub async fn wait_sync_idle(&self) {
+        self.core.sync_wake.notify_one();
+        self.core.sync.wait_idle().await;
+    }
+
+    /// md's `sync_action` write: idle, frozen, check, repair, resync, recover.
+    pub fn request_sync(&self, action: &str) -> stdio::Result<()> {
+        self.core.sync.request(action)?;
+        self.core.sync_wake.notify_one();
+        Ok(())
+    }
+
+    /// Stops the array like `mdadm --stop`: background sync stops at a checkpoint, members are
+    /// flushed and the superblocks are written clean (with the resync/recovery checkpoints).
+    /// The caller must have stopped issuing I/O.
+    pub async fn stop(&self) -> stdio::Result<()> {
+        let core = &self.core;
+        core.begin_shutdown();
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock());
+        for t in tasks {
+            let _ = t.await;
+        }
+        // Writes still in flight (a caller that did not wait) get a bounded grace.
+        for _ in 0..500 {
+            if core.gate.writes_in_flight() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        core.personality().stop(core).await?;
+        let flushed = core.flush_members().await;
+        if core.needs_check().is_some() {
+            return flushed;
+        }
+        let _t = core.gate.transition.lock().await;
+        if core.gate.writes_in_flight() == 0 {
+            core.gate.want_active.store(false, std::sync::atomic::Ordering::Release);
+        }
+        let written = core.update_superblocks("array stopped").await;
+        flushed.and(written)?;
+        tracing::info!(array = core.name(), events = core.sb.events(), "array stopped");
+        Ok(())
+    }
+
+    //--------------------------------------------------------------------------------------------
+    // Management (mdadm --manage)
+
+    fn find(&self, member: &str) -> stdio::Result<Arc<Member>> {
+        self.core.slots().find(member).ok_or_else(|| {
+            stdio::Error::new(stdio::ErrorKind::NotFound, format!("{}: no member named {member:?}", self.name()))
+        })
+    }
+
+    /// `--fail`: marks the member faulty (refused for the last member the array needs).
+    pub async fn fail_member(&self, member: &str) -> stdio::Result<()> {
+        let m = self.find(member)?;
+        if !self.core.fail_member(&m, "failed by request") {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::ResourceBusy,
+                format!("{}: member {member} cannot be failed: the array cannot run without it", self.name()),
+            ));
+        }
+        self.core.settle_failures().await
+    }
+
+    /// `--remove`: takes a faulty member or a spare out of the array.
+    pub async fn remove_member(&self, member: &str) -> stdio::Result<()> {
+        let _g = self.core.membership.lock().await;
+        let m = self.find(member)?;
+        let slots = self.core.slots();
+        if !m.is_faulty() && slots.role_of(&m).is_some() {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::ResourceBusy,
+                format!("{}: member {member} is active in the array; fail it first", self.name()),
+            ));
+        }
+        let mut t = (*slots).clone();
+        t.remove(&m);
+        self.core.set_slots(t);
+        self.core.update_superblocks("member removed").await?;
+        tracing::info!(array = self.name(), member, "member removed");
+        Ok(())
+    }
+
+    /// `--add`: writes a new superblock (and bitmap) to the device and adds it as a spare; the
+    /// sync engine puts it into an empty role and rebuilds it.
+    pub async fn add_member(&self, dev: MemberDev) -> stdio::Result<()> {
+        let _g = self.core.membership.lock().await;
+        let slots = self.core.slots();
+        if slots.all_members().iter().any(|m| m.name() == dev.name) {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::AlreadyExists,
+                format!("{}: {} is already a member", self.name(), dev.name),
+            ));
+        }
+        if !self.core.personality().has_redundancy() {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::Unsupported,
+                format!("{}: {} arrays take no spares", self.name(), self.info().level.name()),
+            ));
+        }
+        let sb = self.new_member_superblock(&dev, &slots)?;
+        let block = sb.encode().map_err(|e| stdio::Error::other(format!("{}: {}: {e}", self.name(), dev.name)))?;
+        let m = Arc::new(Member::new(dev.name.clone(), dev.dev.clone(), sb.clone()));
+        if let Some(bm) = &self.core.bitmap {
+            bm.initialise_member(&self.core, &m).await?;
+        }
+        self.core.member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
+        let mut t = (*slots).clone();
+        t.add_spare(m);
+        self.core.set_slots(t);
+        self.core.update_superblocks("member added").await?;
+        drop(_g);
+        self.kick_sync();
+        tracing::info!(array = self.name(), member = %dev.name, "spare added");
+        Ok(())
+    }
+
+    /// A superblock for a device joining the array: the array fields of a current member, the
+    /// device's own placement, a fresh device UUID and the lowest free dev_number.
+    fn new_member_superblock(&self, dev: &MemberDev, slots: &SlotTable) -> stdio::Result<Superblock> {
+        let members = slots.all_members();
+        let tmpl = members
+            .iter()
+            .find(|m| !m.is_faulty())
+            .ok_or_else(|| {
+                stdio::Error::other(format!("{}: no working member to copy the superblock from", self.name()))
+            })?
+            .superblock();
+        let dev_sectors = dev.dev.topology().size_bytes / 512;
+        let v = tmpl.metadata_version();
+        let sb_offset = v.sb_offset_sectors(dev_sectors).ok_or_else(|| {
+            stdio::Error::new(stdio::ErrorKind::InvalidInput, format!("{}: {} is too small", self.name(), dev.name))
+        })?;
+        let mut sb = tmpl.clone();
+        sb.super_offset_sectors = sb_offset;
+        match v {
+            MetadataVersion::V1_0 => {
+                let reserved = tmpl.super_offset_sectors.saturating_sub(tmpl.data_size_sectors);
+                sb.data_size_sectors = sb_offset.saturating_sub(reserved);
+            }
+            _ => sb.data_size_sectors = dev_sectors.saturating_sub(tmpl.data_offset_sectors),
+        }
+        if sb.data_size_sectors < self.info().member_size_sectors {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::InvalidInput,
+                format!(
+                    "{}: {} offers {} data sectors, the array needs {} per member",
+                    self.name(),
+                    dev.name,
+                    sb.data_size_sectors,
+                    self.info().member_size_sectors
+                ),
+            ));
+        }
+        let used: Vec<u32> = members.iter().map(|m| m.dev_number).collect();
+        sb.dev_number = (0..).find(|n| !used.contains(n)).unwrap_or(0);
+        sb.device_uuid = create::random_uuid()?;
+        sb.recovery_offset_sectors = 0;
+        sb.cnt_corrected_read = 0;
+        sb.devflags = 0;
+        sb.events = self.core.sb.events();
+        sb.feature_map &=
+            !(crate::format::superblock::feature::RECOVERY_OFFSET | crate::format::superblock::feature::REPLACEMENT);
+        let need = sb.dev_number as usize + 1;
+        if sb.dev_roles.len() < need {
+            sb.dev_roles.resize(need, crate::format::superblock::ROLE_SPARE);
+        }
+        sb.dev_roles[sb.dev_number as usize] = crate::format::superblock::ROLE_SPARE;
+        Ok(sb)
+    }
+
+    /// `--re-add`: a former member returns to its role. With the same event count it is in sync
+    /// at once; with a write-intent bitmap that covers what it missed (its events are at least
+    /// the bitmap's `events_cleared`) it is rebuilt bitmap-guided; otherwise re-add is refused
+    /// (use `--add` for a full rebuild).
+    pub async fn re_add_member(&self, dev: MemberDev) -> stdio::Result<()> {
+        let _g = self.core.membership.lock().await;
+        let sb = assemble::read_superblock(&dev.dev).await.map_err(|e| {
+            stdio::Error::new(stdio::ErrorKind::InvalidData, format!("{}: {}: {e}", self.name(), dev.name))
+        })?;
+        let info = self.info();
+        let refuse = |why: String| {
+            stdio::Error::new(
+                stdio::ErrorKind::InvalidInput,
+                format!("{}: cannot re-add {}: {why}", self.name(), dev.name),
+            )
+        };
+        if sb.set_uuid != info.uuid {
+            return Err(refuse("it belongs to a different array".into()));
+        }
+        let role = sb.raw_role() as usize;
+        if role >= info.raid_disks as usize {
+            return Err(refuse("it was not an active member (add it as a spare instead)".into()));
+        }
+        let slots = self.core.slots();
+        if slots.working(role).is_some() {
+            return Err(refuse(format!("role {role} is held by another member")));
+        }
+        if slots.all_members().iter().any(|m| m.dev_number == sb.dev_number && !m.is_faulty()) {
+            return Err(refuse(format!("dev_number {} is in use", sb.dev_number)));
+        }
+        let events = self.core.sb.events();
+        let in_sync = sb.events == events && sb.feature_map & crate::format::superblock::feature::RECOVERY_OFFSET == 0;
+        if !in_sync {
+            let covered = match &self.core.bitmap {
+                Some(bm) => sb.events >= bm.header().events_cleared && sb.events <= events,
+                None => false,
+            };
+            if !covered {
+                return Err(refuse(format!(
+                    "its events {} differ from the array's {events} and no write-intent bitmap covers what it missed; use --add for a full rebuild",
+                    sb.events
+                )));
+            }
+        }
+        let m = Arc::new(Member::new(dev.name.clone(), dev.dev.clone(), sb));
+        if in_sync {
+            m.set(flag::IN_SYNC);
+        } else {
+            m.set_recovery_offset(0);
+        }
+        let mut t = (*slots).clone();
+        if let Some(old) = t.slot(role).and_then(|s| s.member.clone()) {
+            t.remove(&old);
+            t.add_faulty(old);
+        }
+        t.set_holder(role, Some(m));
+        self.core.set_slots(t);
+        self.core.update_superblocks("member re-added").await?;
+        drop(_g);
+        self.kick_sync();
+        tracing::info!(array = self.name(), member = %dev.name, role, in_sync, "member re-added");
+        Ok(())
+    }
+
+    /// `--replace`: rebuild a spare as the member's replacement, then fail the member.
+    /// With `with`, that device is added as the spare to use.
+    pub async fn replace_member(&self, member: &str, with: Option<MemberDev>) -> stdio::Result<()> {
+        let m = self.find(member)?;
+        if self.core.slots().role_of(&m).is_none() || m.is_faulty() {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::InvalidInput,
+                format!("{}: {member} is not an active member", self.name()),
+            ));
+        }
+        if let Some(w) = with {
+            self.add_member(w).await?;
+        }
+        m.set(flag::WANT_REPLACEMENT);
+        self.kick_sync();
+        Ok(())
+    }
+
+    fn kick_sync(&self) {
+        self.core.sync.not_idle();
+        self.core.sync_wake.notify_one();
+    }
+
+    //--------------------------------------------------------------------------------------------
+    // Attributes and details
+
+    /// Every attribute with its value (md sysfs names).
+    pub fn attributes(&self) -> Vec<(String, String)> {
+        attrs::all(&self.core, self.size_bytes())
+    }
+
+    pub fn get_attribute(&self, name: &str) -> stdio::Result<String> {
+        attrs::get(&self.core, self.size_bytes(), name)
+    }
+
+    pub fn set_attribute(&self, name: &str, value: &str) -> stdio::Result<()> {
+        attrs::set(self, name, value)
+    }
+
+    /// What `mdadm --detail` shows, as JSON.
+    pub fn detail(&self) -> serde_json::Value {
+        attrs::detail(&self.core, self.size_bytes())
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        self.core.begin_shutdown();
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn compute_topology(core: &ArrayCore) -> Topology {
+    let pers = core.personality();
+    let members = core.slots().working_members();
+    let tops: Vec<Topology> = members.iter().map(|m| m.device().topology()).collect();
+    let size_bytes = pers.array_sectors() * 512 / u64::from(ARRAY_BLOCK_BYTES) * u64::from(ARRAY_BLOCK_BYTES);
+    let mirrors = matches!(pers.level(), crate::layout::Level::Raid1 | crate::layout::Level::Raid10);
+    let max_io = tops.iter().map(|t| t.max_io_bytes).min().unwrap_or(32 << 20).clamp(ARRAY_BLOCK_BYTES, 32 << 20);
+    Topology {
+        size_bytes,
+        logical_block_bytes: ARRAY_BLOCK_BYTES,
+        physical_block_bytes: ARRAY_BLOCK_BYTES,
+        optimal_io_bytes: pers.optimal_io_bytes().max(ARRAY_BLOCK_BYTES),
+        max_io_bytes: max_io / ARRAY_BLOCK_BYTES * ARRAY_BLOCK_BYTES,
+        supports_fua: true,
+        volatile_cache: tops.iter().any(|t| t.volatile_cache),
+        supports_discard: if mirrors {
+            tops.iter().all(|t| t.supports_write_zeroes)
+        } else {
+            tops.iter().all(|t| t.supports_discard)
+        },
+        supports_write_zeroes: tops.iter().all(|t| t.supports_write_zeroes),
+        discard_granularity_bytes: ARRAY_BLOCK_BYTES,
+        rotational: tops.iter().any(|t| t.rotational),
+    }
+}
+
+/// The array daemon: records member failures nobody is waiting for, and marks the array clean
+/// after `safe_mode_delay` without writes.
+async fn daemon(core: Arc<ArrayCore>) {
+    loop {
+        if core.is_shutting_down() {
+            break;
+        }
+        let wake = core.wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        if core.failures_pending()
+            && core.needs_check().is_none()
+            && let Err(e) = core.update_superblocks("member failure").await
+        {
+            tracing::error!(array = core.name(), "recording a member failure: {e}");
+        }
+        let mut sleep_for = Duration::from_secs(1);
+        if core.gate.is_active() && core.gate.writes_in_flight() == 0 && core.needs_check().is_none() {
+            let idle = core.gate.idle_for();
+            let delay = core.gate.safe_mode_delay();
+            if idle >= delay {
+                if let Err(e) = core.try_mark_clean().await {
+                    tracing::error!(array = core.name(), "marking the array clean: {e}");
+                }
+            } else {
+                sleep_for = delay - idle;
+            }
+        }
+        tokio::select! {
+            _ = wake => {}
+            _ = tokio::time::sleep(sleep_for) => {}
+        }
+    }
+}
+
+/// Counts a user write in the gate until dropped.
+struct GateGuard<'a>(&'a ArrayCore);
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        self.0.exit_write_gate();
+    }
+}
+
+impl Array {
+    fn check(&self, op: IoOp, offset_bytes: u64, len_bytes: u64) -> stdio::Result<()> {
+        check_io(&self.name_for_device, &self.topology, op, offset_bytes, len_bytes)
+    }
+
+    /// The common path of every modifying request.
+    async fn modify<F>(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, f: F) -> stdio::Result<()>
+    where
+        F: for<'a> FnOnce(&'a ArrayCore, &'a dyn Personality, u64, u64) -> IoFuture<'a, stdio::Result<()>>,
+    {
+        self.check(op, offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let core = &*self.core;
+        if let Some(reason) = core.needs_check() {
+            return Err(needs_check_error(core, &reason));
+        }
+        core.note_user_request();
+        core.enter_write_gate().await?;
+        let _gate = GateGuard(core);
+        let (off, len) = (offset_bytes / 512, len_bytes / 512);
+        let pers = core.personality().clone();
+        let range = pers.sync_range_of(off, len);
+        if let Some(bm) = &core.bitmap {
+            bm.start_write(core).await?;
+        }
+        let r = {
+            let _w = core.barrier.enter_write(range).await;
+            f(core, &*pers, off, len).await
+        };
+        // Acknowledge only once every member failure seen so far is durable.
+        let settled = core.settle_failures().await;
+        r.and(settled)
+    }
+}
+
+impl BlockDevice for Array {
+    fn name(&self) -> &str {
+        &self.name_for_device
+    }
+
+    fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        Box::pin(async move {
+            if let Err(e) = self.check(IoOp::Read, offset_bytes, buf.len() as u64) {
+                return (buf, Err(e));
+            }
+            if buf.is_empty() {
+                return (buf, Ok(()));
+            }
+            self.core.note_user_request();
+            self.core.personality().read(&self.core, offset_bytes / 512, buf).await
+        })
+    }
+
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, stdio::Result<()>> {
+        Box::pin(async move {
+            let len = buf.len() as u64;
+            self.modify(IoOp::Write, offset_bytes, len, move |core, pers, off, _| pers.write(core, off, buf, flags))
+                .await
+        })
+    }
+
+    fn flush(&self) -> IoFuture<'_, stdio::Result<()>> {
+        Box::pin(async move { self.core.flush_members().await })
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, stdio::Result<()>> {
+        Box::pin(async move {
+            self.modify(IoOp::Discard, offset_bytes, len_bytes, |core, pers, off, len| pers.discard(core, off, len))
+                .await
+        })
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, stdio::Result<()>> {
+        Box::pin(async move {
+            self.modify(IoOp::WriteZeroes, offset_bytes, len_bytes, move |core, pers, off, len| {
+                pers.write_zeroes(core, off, len, flags)
+            })
+            .await
+        })
+    }
+}
+
+/// Whether the sync domain is fully in sync (no resync pending).
+pub fn is_in_sync(core: &ArrayCore) -> bool {
+    core.resync_checkpoint() == MAX_SECTOR
+}

@@ -1,0 +1,268 @@
+//! The superblock writer (md_update_sb + super_1_sync).
+//!
+//! One *round* writes a new superblock to every working member: `events + 1`, `utime`,
+//! `resync_offset` (0 while the array is active, else the resync checkpoint), `dev_roles`
+//! (every member's role: slot, 0xfffe faulty, 0xffff spare/absent), and per member
+//! `feature_map` / `recovery_offset` (RECOVERY_OFFSET while it rebuilds, REPLACEMENT when it
+//! replaces), then the checksum — whole 4 KiB blocks, FUA, all members concurrently, the bitmap
+//! superblock first. A member whose write fails is failed and another round records that; when
+//! no member can be written (or the last one the array needs fails), the array stops writing and
+//! reports needs-check.
+//!
+//! Rounds are serialised and coalesced: a request is satisfied by any round that *started*
+//! after it was made, so many concurrent requests (failures, dirty/clean, checkpoints) share one
+//! round.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mdkit_io::SharedBuf;
+
+use super::core::ArrayCore;
+use super::io::join_all;
+use super::member::{Member, flag};
+use super::slots::SlotTable;
+use crate::format::superblock::{ROLE_FAULTY, ROLE_SPARE, Superblock, feature, md_time};
+
+/// Serialisation and coalescing state of the superblock writer.
+pub struct SbState {
+    lock: tokio::sync::Mutex<()>,
+    requested: AtomicU64,
+    completed: AtomicU64,
+    events: AtomicU64,
+    rounds: AtomicU64,
+}
+
+impl SbState {
+    pub fn new(events: u64) -> SbState {
+        SbState {
+            lock: tokio::sync::Mutex::new(()),
+            requested: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            events: AtomicU64::new(events),
+            rounds: AtomicU64::new(0),
+        }
+    }
+
+    /// The array's event count (last round written).
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
+    }
+
+    /// Superblock rounds written since assembly.
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+enum RoundError {
+    /// Some members failed their write and were failed: write another round.
+    MembersFailed,
+    /// The metadata cannot be written.
+    Fatal(String),
+}
+
+fn now_md_time() -> u64 {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    md_time(d.as_secs(), d.subsec_micros())
+}
+
+/// `dev_roles` for the current membership (super_1_sync).
+pub(crate) fn dev_roles(slots: &SlotTable, min_max_dev: usize) -> Vec<u16> {
+    let members = slots.all_members();
+    let max_dev = members.iter().map(|m| m.dev_number as usize + 1).max().unwrap_or(0).max(min_max_dev);
+    let mut roles = vec![ROLE_SPARE; max_dev];
+    for m in &members {
+        let role = if m.is_faulty() {
+            ROLE_FAULTY
+        } else if let Some(r) = slots.role_of(m) {
+            r as u16
+        } else {
+            ROLE_SPARE
+        };
+        roles[m.dev_number as usize] = role;
+    }
+    roles
+}
+
+/// Member `m`'s superblock for a round.
+pub(crate) fn compose(
+    m: &Member,
+    slots: &SlotTable,
+    roles: &[u16],
+    events: u64,
+    utime: u64,
+    resync_offset: u64,
+) -> Superblock {
+    let mut sb = m.superblock();
+    sb.events = events;
+    sb.utime = utime;
+    sb.resync_offset_sectors = resync_offset;
+    sb.dev_roles = roles.to_vec();
+    sb.cnt_corrected_read = m.corrected_reads();
+    let mut fm = sb.feature_map & !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::RECOVERY_BITMAP);
+    sb.recovery_offset_sectors = 0;
+    if slots.role_of(m).is_some() && !m.has(flag::IN_SYNC) {
+        fm |= feature::RECOVERY_OFFSET;
+        sb.recovery_offset_sectors = m.recovery_offset().min(sb.data_size_sectors);
+    }
+    if m.has(flag::REPLACEMENT) && slots.role_of(m).is_some() {
+        fm |= feature::REPLACEMENT;
+    }
+    sb.feature_map = fm;
+    sb
+}
+
+impl ArrayCore {
+    /// Writes a superblock round covering everything requested before this call (see the
+    /// module documentation). `why` is for the log.
+    pub async fn update_superblocks(&self, why: &str) -> io::Result<()> {
+        if let Some(reason) = self.needs_check() {
+            return Err(io::Error::other(format!(
+                "{}: array needs a check, metadata writes stopped: {reason}",
+                self.name()
+            )));
+        }
+        let ticket = self.sb.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        let _g = self.sb.lock.lock().await;
+        if self.sb.completed.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let covers = self.sb.requested.load(Ordering::Acquire);
+        // Bounded: each retry fails at least one more member.
+        for _ in 0..=crate::format::create::MAX_DEVICES {
+            let noted = self.failures_noted();
+            match self.write_round(why).await {
+                Ok(()) => {
+                    self.record_failures_up_to(noted);
+                    self.sb.completed.fetch_max(covers, Ordering::AcqRel);
+                    return Ok(());
+                }
+                Err(RoundError::MembersFailed) => continue,
+                Err(RoundError::Fatal(reason)) => {
+                    self.set_needs_check(reason.clone());
+                    return Err(io::Error::other(format!(
+                        "{}: superblock update ({why}) failed: {reason}",
+                        self.name()
+                    )));
+                }
+            }
+        }
+        let reason = "superblock writes kept failing".to_string();
+        self.set_needs_check(reason.clone());
+        Err(io::Error::other(format!("{}: {reason}", self.name())))
+    }
+
+    async fn write_round(&self, why: &str) -> Result<(), RoundError> {
+        let slots = self.slots();
+        let members = slots.working_members();
+        if members.is_empty() {
+            return Err(RoundError::Fatal("no working member left to write superblocks to".into()));
+        }
+        let events = self.sb.events.load(Ordering::Acquire) + 1;
+        let utime = now_md_time();
+        let resync_offset = if self.gate.want_active.load(Ordering::Acquire) { 0 } else { self.resync_checkpoint() };
+        let min_max_dev = members.iter().map(|m| m.superblock().max_dev() as usize).max().unwrap_or(0);
+        let roles = dev_roles(&slots, min_max_dev);
+        let mut failed: Vec<(Arc<Member>, String)> = Vec::new();
+
+        // Bitmap superblock first (md_update_sb: md_bitmap_update_sb before the md superblocks).
+        if let Some(bm) = &self.bitmap {
+            match bm.write_events(self, &members, events).await {
+                Ok(errs) => failed.extend(errs.into_iter().map(|(m, e)| (m, e.to_string()))),
+                Err(e) => return Err(RoundError::Fatal(format!("bitmap superblock: {e}"))),
+            }
+        }
+        let mut blocks = Vec::with_capacity(members.len());
+        for m in &members {
+            let sb = compose(m, &slots, &roles, events, utime, resync_offset);
+            let block = sb
+                .encode()
+                .map_err(|e| RoundError::Fatal(format!("member {}: superblock does not encode: {e}", m.name())))?;
+            blocks.push((sb, SharedBuf::from_slice(&block)));
+        }
+        let results = join_all(
+            members
+                .iter()
+                .zip(&blocks)
+                .map(|(m, (_, buf))| self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone())),
+        )
+        .await;
+        let mut written = 0usize;
+        for ((m, (sb, _)), r) in members.iter().zip(blocks).zip(results) {
+            match r {
+                Ok(()) if !failed.iter().any(|(f, _)| Arc::ptr_eq(f, m)) => {
+                    let mut sb = sb;
+                    sb.sb_csum = crate::format::superblock::sb_checksum(&sb.encode_unchecked(), sb.max_dev());
+                    m.store_superblock(sb);
+                    written += 1;
+                }
+                Ok(()) => {}
+                Err(e) => failed.push((m.clone(), e.to_string())),
+            }
+        }
+        self.sb.events.store(events, Ordering::Release);
+        self.sb.rounds.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(array = self.name(), events, why, written, failed = failed.len(), "superblocks written");
+        if failed.is_empty() {
+            return Ok(());
+        }
+        for (m, e) in &failed {
+            if !self.fail_member(m, &format!("superblock write failed: {e}")) {
+                return Err(RoundError::Fatal(format!(
+                    "member {} cannot be failed (the array needs it) and its superblock write failed: {e}",
+                    m.name()
+                )));
+            }
+        }
+        if written == 0 {
+            return Err(RoundError::Fatal("no member accepted the superblock write".into()));
+        }
+        Err(RoundError::MembersFailed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mdkit_io::MemDevice;
+
+    use super::*;
+    use crate::format::superblock::MAX_SECTOR;
+
+    fn member(name: &str, dev_number: u32) -> Arc<Member> {
+        let mut sb = Superblock::empty();
+        sb.dev_number = dev_number;
+        sb.data_size_sectors = 1000;
+        sb.feature_map = feature::BITMAP_OFFSET | feature::RECOVERY_OFFSET;
+        sb.dev_roles = vec![ROLE_SPARE; 4];
+        Arc::new(Member::new(name, Arc::new(MemDevice::new(name, 1 << 20)), sb))
+    }
+
+    #[test]
+    fn roles_and_recovery_fields() {
+        let mut t = SlotTable::new(2);
+        let a = member("a", 0);
+        let b = member("b", 1);
+        let c = member("c", 5);
+        let f = member("f", 2);
+        a.set(flag::IN_SYNC);
+        b.set_recovery_offset(300);
+        f.set(flag::FAULTY);
+        t.set_holder(0, Some(a.clone()));
+        t.set_holder(1, Some(b.clone()));
+        t.add_spare(c.clone());
+        t.add_faulty(f.clone());
+        let roles = dev_roles(&t, 4);
+        assert_eq!(roles, vec![0, 1, ROLE_FAULTY, ROLE_SPARE, ROLE_SPARE, ROLE_SPARE]);
+        let sa = compose(&a, &t, &roles, 7, 1, MAX_SECTOR);
+        assert_eq!(sa.feature_map, feature::BITMAP_OFFSET, "in-sync member: no RECOVERY_OFFSET");
+        assert_eq!((sa.events, sa.recovery_offset_sectors), (7, 0));
+        let sb = compose(&b, &t, &roles, 7, 1, 0);
+        assert_eq!(sb.feature_map, feature::BITMAP_OFFSET | feature::RECOVERY_OFFSET);
+        assert_eq!(sb.recovery_offset_sectors, 300);
+        let sc = compose(&c, &t, &roles, 7, 1, 0);
+        assert_eq!(sc.feature_map & feature::RECOVERY_OFFSET, 0, "spare: no recovery");
+    }
+}

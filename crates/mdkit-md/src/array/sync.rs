@@ -1,0 +1,577 @@
+//! The background sync engine: resync, recovery, check and repair (md_do_sync and
+//! md_check_recovery, in one task per array).
+//!
+//! The engine picks work in md's order: a requested check/repair, else a resync of an unclean
+//! array (from its checkpoint), else recovery (spares are first activated into empty roles or as
+//! replacements; members that are in a role but not in sync are rebuilt from their
+//! `recovery_offset`). Work proceeds in steps of [`STEP_SECTORS`], [`STEP_DEPTH`] at a time,
+//! each step a [`Personality::sync_range`] call that raises the region barrier for its range
+//! only. Progress is checkpointed into the superblocks every [`CHECKPOINT_INTERVAL`]
+//! (`resync_offset` while the array is clean, each rebuilding member's `recovery_offset`), so a
+//! restart resumes from the last checkpoint.
+//!
+//! Speed follows md: up to `sync_speed_min` (KiB/s) always; above it only while the array sees
+//! no user I/O, and never above `sync_speed_max`.
+//!
+//! Beyond md, check/repair keep the list of mismatched ranges (sync-domain sectors), not only
+//! their count.
+
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::core::ArrayCore;
+use super::io::join_all;
+use super::member::{Member, flag};
+use super::personality::{Personality, SyncMode};
+use crate::format::superblock::MAX_SECTOR;
+
+/// Sectors per sync step (1 MiB).
+pub const STEP_SECTORS: u64 = 2048;
+/// Steps in flight at once.
+pub const STEP_DEPTH: usize = 4;
+/// How often progress is written to the superblocks.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(3);
+/// md defaults (KiB/s): /proc/sys/dev/raid/speed_limit_min and _max.
+pub const DEFAULT_SPEED_MIN_KIB: u64 = 1000;
+pub const DEFAULT_SPEED_MAX_KIB: u64 = 200_000;
+/// At most this many mismatched ranges are kept (the count is always exact).
+pub const MISMATCH_RANGES_MAX: usize = 4096;
+/// After a failed run the engine waits this long (or for a membership change) before retrying.
+const ERROR_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A snapshot of the engine's state (md's sync_* attributes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncStatus {
+    /// What runs now: "idle", "frozen", "resync", "recover", "check", "repair".
+    pub action: &'static str,
+    pub running: Option<SyncMode>,
+    /// Sectors of the current run's domain done (from 0), and the domain size.
+    pub done_sectors: u64,
+    pub total_sectors: u64,
+    /// Recent speed (KiB/s).
+    pub speed_kib: u64,
+    /// Estimated time to finish the current run.
+    pub eta: Option<Duration>,
+    pub mismatch_sectors: u64,
+    pub mismatch_ranges: Vec<Range<u64>>,
+    pub mismatch_ranges_truncated: bool,
+    pub last_error: Option<String>,
+    /// Runs finished (completed or interrupted) since assembly.
+    pub runs: u64,
+    /// The last finished run: mode and whether it reached the end.
+    pub last_run: Option<(SyncMode, bool)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    running: Option<SyncMode>,
+    requested: Option<SyncMode>,
+    done_sectors: u64,
+    total_sectors: u64,
+    speed_kib: u64,
+    eta: Option<Duration>,
+    mismatch_ranges: Vec<Range<u64>>,
+    mismatch_ranges_truncated: bool,
+    last_error: Option<String>,
+    error_at: Option<Instant>,
+    idle: bool,
+    runs: u64,
+    last_run: Option<(SyncMode, bool)>,
+}
+
+/// Engine state shared with attributes and the CLI.
+pub struct SyncState {
+    inner: Mutex<Inner>,
+    interrupt_gen: AtomicU64,
+    frozen: AtomicBool,
+    speed_min_kib: AtomicU64,
+    speed_max_kib: AtomicU64,
+    mismatch_sectors: AtomicU64,
+    idle_changed: Notify,
+}
+
+impl SyncState {
+    pub fn new() -> SyncState {
+        SyncState {
+            inner: Mutex::new(Inner::default()),
+            interrupt_gen: AtomicU64::new(0),
+            frozen: AtomicBool::new(false),
+            speed_min_kib: AtomicU64::new(DEFAULT_SPEED_MIN_KIB),
+            speed_max_kib: AtomicU64::new(DEFAULT_SPEED_MAX_KIB),
+            mismatch_sectors: AtomicU64::new(0),
+            idle_changed: Notify::new(),
+        }
+    }
+
+    pub(crate) fn interrupt(&self) {
+        self.interrupt_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A member failed: a running recovery must re-plan (its source or target may be gone).
+    pub(crate) fn interrupt_recovery(&self) {
+        if self.inner.lock().running == Some(SyncMode::Recover) {
+            self.interrupt();
+        }
+        self.not_idle();
+    }
+
+    /// Something changed that may need sync work: waiters for idleness must wait again.
+    pub(crate) fn not_idle(&self) {
+        let mut g = self.inner.lock();
+        g.idle = false;
+        g.error_at = None;
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::Acquire)
+    }
+
+    pub fn speed_min_kib(&self) -> u64 {
+        self.speed_min_kib.load(Ordering::Relaxed)
+    }
+
+    pub fn speed_max_kib(&self) -> u64 {
+        self.speed_max_kib.load(Ordering::Relaxed)
+    }
+
+    pub fn set_speed_min_kib(&self, v: u64) {
+        self.speed_min_kib.store(v, Ordering::Relaxed);
+    }
+
+    pub fn set_speed_max_kib(&self, v: u64) {
+        self.speed_max_kib.store(v.max(1), Ordering::Relaxed);
+    }
+
+    pub fn mismatch_sectors(&self) -> u64 {
+        self.mismatch_sectors.load(Ordering::Relaxed)
+    }
+
+    pub fn status(&self) -> SyncStatus {
+        let g = self.inner.lock();
+        let action = match g.running {
+            Some(m) => m.as_str(),
+            None if self.is_frozen() => "frozen",
+            None => "idle",
+        };
+        SyncStatus {
+            action,
+            running: g.running,
+            done_sectors: g.done_sectors,
+            total_sectors: g.total_sectors,
+            speed_kib: g.speed_kib,
+            eta: g.eta,
+            mismatch_sectors: self.mismatch_sectors(),
+            mismatch_ranges: g.mismatch_ranges.clone(),
+            mismatch_ranges_truncated: g.mismatch_ranges_truncated,
+            last_error: g.last_error.clone(),
+            runs: g.runs,
+            last_run: g.last_run,
+        }
+    }
+
+    /// md's `sync_action` write.
+    pub(crate) fn request(&self, action: &str) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        match action {
+            "idle" => {
+                g.requested = None;
+                self.interrupt();
+            }
+            "frozen" => {
+                g.requested = None;
+                self.frozen.store(true, Ordering::Release);
+                self.interrupt();
+            }
+            "check" | "repair" => {
+                if matches!(g.running, Some(SyncMode::Resync | SyncMode::Recover)) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        format!(
+                            "a {} is running; {action} must wait until it finishes",
+                            g.running.map_or("", |m| m.as_str())
+                        ),
+                    ));
+                }
+                g.requested = Some(if action == "check" { SyncMode::Check } else { SyncMode::Repair });
+                self.frozen.store(false, Ordering::Release);
+            }
+            "resync" | "recover" => {
+                self.frozen.store(false, Ordering::Release);
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("sync_action {other:?}: use idle, frozen, check, repair, resync or recover"),
+                ));
+            }
+        }
+        g.idle = false;
+        g.error_at = None;
+        Ok(())
+    }
+
+    /// Waits until the engine has nothing to do (or is frozen).
+    pub async fn wait_idle(&self) {
+        loop {
+            let n = self.idle_changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let g = self.inner.lock();
+                if (g.idle && g.requested.is_none() && g.running.is_none()) || (self.is_frozen() && g.running.is_none())
+                {
+                    return;
+                }
+            }
+            n.await;
+        }
+    }
+}
+
+impl Default for SyncState {
+    fn default() -> Self {
+        SyncState::new()
+    }
+}
+
+struct Work {
+    mode: SyncMode,
+    start: u64,
+    end: u64,
+}
+
+/// The engine task: runs until the array shuts down.
+pub(crate) async fn run(core: Arc<ArrayCore>) {
+    loop {
+        if core.is_shutting_down() {
+            break;
+        }
+        let wake = core.sync_wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        match plan(&core).await {
+            Some(w) => execute(&core, w).await,
+            None => {
+                {
+                    let mut g = core.sync.inner.lock();
+                    g.idle = true;
+                }
+                core.sync.idle_changed.notify_waiters();
+                tokio::select! {
+                    _ = wake => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+    let mut g = core.sync.inner.lock();
+    g.running = None;
+    g.idle = true;
+    drop(g);
+    core.sync.idle_changed.notify_waiters();
+}
+
+async fn plan(core: &Arc<ArrayCore>) -> Option<Work> {
+    let pers = core.personality().clone();
+    if core.sync.is_frozen() || core.needs_check().is_some() || !pers.has_redundancy() {
+        return None;
+    }
+    {
+        let g = core.sync.inner.lock();
+        if g.error_at.is_some_and(|t| t.elapsed() < ERROR_BACKOFF) {
+            return None;
+        }
+    }
+    if !pers.can_run(&core.slots()) {
+        return None;
+    }
+    if let Some(mode) = core.sync.inner.lock().requested.take() {
+        return Some(Work { mode, start: 0, end: pers.sync_domain_sectors() });
+    }
+    let cp = core.resync_checkpoint();
+    if cp != MAX_SECTOR {
+        return Some(Work {
+            mode: SyncMode::Resync,
+            start: cp.min(pers.sync_domain_sectors()),
+            end: pers.sync_domain_sectors(),
+        });
+    }
+    if let Err(e) = activate_spares(core).await {
+        tracing::warn!(array = core.name(), "activating spares: {e}");
+    }
+    let recovering = core.slots().recovering();
+    if recovering.is_empty() {
+        return None;
+    }
+    let start = recovering.iter().map(|(_, m)| m.recovery_offset()).min().unwrap_or(0);
+    Some(Work {
+        mode: SyncMode::Recover,
+        start: start.min(pers.recovery_domain_sectors()),
+        end: pers.recovery_domain_sectors(),
+    })
+}
+
+/// md's remove_and_add_spares: spares fill empty roles (recovering from 0), or become the
+/// replacement of a member that wants one.
+async fn activate_spares(core: &Arc<ArrayCore>) -> io::Result<()> {
+    let _m = core.membership.lock().await;
+    let slots = core.slots();
+    if slots.spares().is_empty() {
+        return Ok(());
+    }
+    let mut t = (*slots).clone();
+    let mut spares: Vec<Arc<Member>> = slots.spares().to_vec();
+    let mut changed = false;
+    for role in slots.empty_roles() {
+        let Some(s) = spares.first().cloned() else { break };
+        spares.remove(0);
+        t.remove(&s);
+        s.clear(flag::IN_SYNC | flag::REPLACEMENT);
+        s.set_recovery_offset(0);
+        t.set_holder(role, Some(s.clone()));
+        tracing::info!(array = core.name(), member = s.name(), role, "spare activated: recovery starts");
+        changed = true;
+    }
+    for role in 0..slots.raid_disks() {
+        let wants = slots.working(role).is_some_and(|m| m.has(flag::WANT_REPLACEMENT));
+        let has_repl = slots.slot(role).is_some_and(|s| s.replacement.as_ref().is_some_and(|r| !r.is_faulty()));
+        if !wants || has_repl {
+            continue;
+        }
+        let Some(s) = spares.first().cloned() else { break };
+        spares.remove(0);
+        t.remove(&s);
+        s.clear(flag::IN_SYNC);
+        s.set(flag::REPLACEMENT);
+        s.set_recovery_offset(0);
+        t.set_replacement(role, Some(s.clone()));
+        tracing::info!(array = core.name(), member = s.name(), role, "spare becomes replacement");
+        changed = true;
+    }
+    if changed {
+        core.set_slots(t);
+        core.update_superblocks("spare activated").await?;
+    }
+    Ok(())
+}
+
+fn set_running(core: &ArrayCore, w: &Work) {
+    let mut g = core.sync.inner.lock();
+    g.running = Some(w.mode);
+    g.done_sectors = w.start;
+    g.total_sectors = w.end;
+    g.speed_kib = 0;
+    g.eta = None;
+    g.idle = false;
+    if matches!(w.mode, SyncMode::Check | SyncMode::Repair) {
+        g.mismatch_ranges.clear();
+        g.mismatch_ranges_truncated = false;
+        core.sync.mismatch_sectors.store(0, Ordering::Relaxed);
+    }
+}
+
+fn note_mismatches(core: &ArrayCore, sectors: u64, ranges: Vec<Range<u64>>) {
+    if sectors == 0 {
+        return;
+    }
+    core.sync.mismatch_sectors.fetch_add(sectors, Ordering::Relaxed);
+    let mut g = core.sync.inner.lock();
+    for r in ranges {
+        let full = g.mismatch_ranges.len() >= MISMATCH_RANGES_MAX;
+        match g.mismatch_ranges.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ if full => g.mismatch_ranges_truncated = true,
+            _ => g.mismatch_ranges.push(r),
+        }
+    }
+}
+
+/// Progress, speed and throttling.
+struct Pacer {
+    window_start: Instant,
+    window_pos: u64,
+    last_user_requests: u64,
+}
+
+impl Pacer {
+    fn new(core: &ArrayCore, pos: u64) -> Pacer {
+        Pacer { window_start: Instant::now(), window_pos: pos, last_user_requests: core.user_requests() }
+    }
+
+    fn speed_kib(&self, pos: u64) -> u64 {
+        let secs = self.window_start.elapsed().as_secs_f64().max(1e-3);
+        ((pos - self.window_pos) as f64 / 2.0 / secs) as u64
+    }
+
+    /// Sleeps as md does: above `speed_min` only while idle, never above `speed_max`.
+    async fn pace(&mut self, core: &ArrayCore, pos: u64, generation: u64) {
+        loop {
+            if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
+                return;
+            }
+            let speed = self.speed_kib(pos);
+            let users = core.user_requests();
+            let busy = users != self.last_user_requests;
+            self.last_user_requests = users;
+            if speed > core.sync.speed_max_kib() || (speed > core.sync.speed_min_kib() && busy) {
+                tokio::time::sleep(Duration::from_millis(if busy { 50 } else { 10 })).await;
+                continue;
+            }
+            break;
+        }
+        if self.window_start.elapsed() > Duration::from_secs(3) {
+            self.window_start = Instant::now();
+            self.window_pos = pos;
+        }
+    }
+}
+
+async fn execute(core: &Arc<ArrayCore>, w: Work) {
+    let pers: Arc<dyn Personality> = core.personality().clone();
+    let generation = core.sync.interrupt_gen.load(Ordering::Acquire);
+    set_running(core, &w);
+    tracing::info!(array = core.name(), action = w.mode.as_str(), from = w.start, to = w.end, "sync started");
+    let mut pos = w.start;
+    let mut pacer = Pacer::new(core, pos);
+    let mut last_checkpoint = Instant::now();
+    let mut error: Option<io::Error> = None;
+    let targets: Vec<Arc<Member>> = core.slots().recovering().into_iter().map(|(_, m)| m).collect();
+    while pos < w.end {
+        if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
+            break;
+        }
+        pacer.pace(core, pos, generation).await;
+        let ranges: Vec<Range<u64>> = (0..STEP_DEPTH as u64)
+            .map(|i| pos + i * STEP_SECTORS)
+            .take_while(|s| *s < w.end)
+            .map(|s| s..(s + STEP_SECTORS).min(w.end))
+            .collect();
+        let results = join_all(ranges.iter().map(|r| pers.sync_range(core, w.mode, r.start, r.end - r.start))).await;
+        for (r, res) in ranges.iter().zip(results) {
+            match res {
+                Ok(o) => {
+                    note_mismatches(core, o.mismatch_sectors, o.mismatch_ranges);
+                    if error.is_none() {
+                        pos = r.end;
+                    }
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        advance(core, &w, &targets, pos);
+        {
+            let mut g = core.sync.inner.lock();
+            g.done_sectors = pos;
+            g.speed_kib = pacer.speed_kib(pos);
+            g.eta = (g.speed_kib > 0).then(|| Duration::from_secs_f64((w.end - pos) as f64 / 2.0 / g.speed_kib as f64));
+        }
+        if error.is_some() {
+            break;
+        }
+        if last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL && matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
+            last_checkpoint = Instant::now();
+            if let Err(e) = core.update_superblocks("sync checkpoint").await {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let completed = pos >= w.end && error.is_none();
+    finish(core, &w, &targets, completed).await;
+    let mut g = core.sync.inner.lock();
+    if let Some(e) = &error {
+        tracing::error!(array = core.name(), action = w.mode.as_str(), at = pos, "sync stopped: {e}");
+        g.last_error = Some(format!("{} stopped at sector {pos}: {e}", w.mode.as_str()));
+        g.error_at = Some(Instant::now());
+    }
+    g.running = None;
+    g.runs += 1;
+    g.last_run = Some((w.mode, completed));
+    g.eta = None;
+    tracing::info!(
+        array = core.name(),
+        action = w.mode.as_str(),
+        completed,
+        at = pos,
+        mismatch_cnt = core.sync.mismatch_sectors(),
+        "sync finished"
+    );
+    drop(g);
+    core.sync.idle_changed.notify_waiters();
+}
+
+/// Records progress in memory (the superblocks get it at the next checkpoint).
+fn advance(core: &ArrayCore, w: &Work, targets: &[Arc<Member>], pos: u64) {
+    match w.mode {
+        SyncMode::Resync => core.set_resync_checkpoint(pos),
+        SyncMode::Recover => {
+            for m in targets {
+                if !m.is_faulty() && !m.has(flag::IN_SYNC) && m.recovery_offset() < pos {
+                    m.set_recovery_offset(pos);
+                }
+            }
+        }
+        SyncMode::Check | SyncMode::Repair => {}
+    }
+}
+
+async fn finish(core: &Arc<ArrayCore>, w: &Work, targets: &[Arc<Member>], completed: bool) {
+    let r = match (w.mode, completed) {
+        (SyncMode::Resync, true) => {
+            core.set_resync_checkpoint(MAX_SECTOR);
+            core.update_superblocks("resync done").await
+        }
+        (SyncMode::Recover, true) => complete_recovery(core, targets).await,
+        (SyncMode::Resync | SyncMode::Recover, false) if !core.is_shutting_down() => {
+            core.update_superblocks("sync checkpoint").await
+        }
+        _ => Ok(()),
+    };
+    if let Err(e) = r {
+        tracing::error!(array = core.name(), "recording the end of {}: {e}", w.mode.as_str());
+    }
+}
+
+/// Rebuilt members become in sync; a finished replacement takes its role over and the member it
+/// replaced is failed (md raid1_spare_active).
+async fn complete_recovery(core: &Arc<ArrayCore>, targets: &[Arc<Member>]) -> io::Result<()> {
+    let _m = core.membership.lock().await;
+    let slots = core.slots();
+    let mut t = (*slots).clone();
+    for m in targets {
+        if m.is_faulty() {
+            continue;
+        }
+        let Some(role) = slots.role_of(m) else { continue };
+        m.set(flag::IN_SYNC);
+        m.set_recovery_offset(MAX_SECTOR);
+        if m.has(flag::REPLACEMENT) {
+            m.clear(flag::REPLACEMENT);
+            if let Some(old) = slots.slot(role).and_then(|s| s.member.clone()) {
+                old.set(flag::FAULTY);
+                t.remove(&old);
+                t.add_faulty(old.clone());
+                tracing::info!(
+                    array = core.name(),
+                    member = old.name(),
+                    replacement = m.name(),
+                    role,
+                    "replacement complete"
+                );
+            }
+            t.set_replacement(role, None);
+            t.set_holder(role, Some(m.clone()));
+        }
+        tracing::info!(array = core.name(), member = m.name(), role, "recovery complete: member in sync");
+    }
+    core.set_slots(t);
+    core.update_superblocks("recovery done").await
+}

@@ -1,0 +1,244 @@
+//! Shared helpers for the array runtime tests (`tests/array_*.rs`), reusable by every
+//! personality (raid4/5/6 too): simulated members (RAM, fault-injecting, crash-recording),
+//! creating and re-assembling arrays on them, a byte-exact model of the array contents with a
+//! random workload of odd request shapes, and waiting for sync work / running a check.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mdkit_io::{
+    BlockDevice, BlockDeviceExt, CrashDevice, CrashGroup, DeviceRef, FaultHandle, FaultyDevice, IoBuf, MemDevice, Rng,
+    SharedBuf, WriteFlags,
+};
+use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create};
+use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::layout::Level;
+
+pub const MIB: u64 = 1 << 20;
+
+/// The seed for randomized tests: `MDKIT_TEST_SEED` or `default`, printed for replay.
+pub fn seed(test: &str, default: u64) -> u64 {
+    let s = std::env::var("MDKIT_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    eprintln!("{test}: seed {s} (replay with MDKIT_TEST_SEED={s})");
+    s
+}
+
+/// One simulated member: the device handed to the array, plus handles to reach below it.
+#[derive(Clone)]
+pub struct SimMember {
+    pub name: String,
+    pub dev: DeviceRef,
+    pub mem: Option<Arc<MemDevice>>,
+    pub fault: Option<FaultHandle>,
+}
+
+impl SimMember {
+    pub fn member_dev(&self) -> MemberDev {
+        MemberDev::new(self.name.clone(), self.dev.clone())
+    }
+}
+
+pub fn member_devs(ms: &[SimMember]) -> Vec<MemberDev> {
+    ms.iter().map(SimMember::member_dev).collect()
+}
+
+/// `n` RAM members of `size` bytes.
+pub fn mem_members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let mem = Arc::new(MemDevice::new(name.clone(), size));
+            SimMember { name, dev: mem.clone(), mem: Some(mem), fault: None }
+        })
+        .collect()
+}
+
+/// `n` RAM members behind fault injectors.
+pub fn faulty_members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let mem = Arc::new(MemDevice::new(name.clone(), size));
+            let f = FaultyDevice::new(mem.clone() as DeviceRef);
+            let h = f.handle();
+            SimMember { name, dev: Arc::new(f), mem: Some(mem), fault: Some(h) }
+        })
+        .collect()
+}
+
+/// `n` members recorded by one crash group (one power domain).
+pub fn crash_members(group: &CrashGroup, prefix: &str, n: usize, size: u64) -> Vec<(SimMember, Arc<CrashDevice>)> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let dev = Arc::new(group.wrap(name.clone(), MemDevice::new(name.clone(), size)));
+            (SimMember { name, dev: dev.clone(), mem: None, fault: None }, dev)
+        })
+        .collect()
+}
+
+/// Members over images (e.g. a crash image), named like the originals.
+pub fn image_members(names: &[String], images: Vec<MemDevice>) -> Vec<SimMember> {
+    names
+        .iter()
+        .zip(images)
+        .map(|(n, img)| {
+            let mem = Arc::new(img);
+            SimMember { name: n.clone(), dev: mem.clone(), mem: Some(mem), fault: None }
+        })
+        .collect()
+}
+
+/// Create options for the common cases.
+pub fn opts(
+    level: Level,
+    raid_devices: u32,
+    chunk_kib: Option<u32>,
+    layout: Option<u32>,
+    bitmap: bool,
+    assume_clean: bool,
+) -> CreateOptions {
+    let mut o = CreateOptions::new("md-test", level, raid_devices);
+    o.chunk_kib = chunk_kib;
+    o.layout = layout;
+    o.bitmap = if bitmap { BitmapRequest::Internal { chunk_bytes: Some(1 << 20) } } else { BitmapRequest::None };
+    o.assume_clean = assume_clean;
+    o
+}
+
+pub async fn create_array(ms: &[SimMember], o: CreateOptions) -> Array {
+    let a = create(member_devs(ms), o).await.unwrap_or_else(|e| panic!("create: {e}"));
+    a.array
+}
+
+pub async fn assemble_array(ms: &[SimMember]) -> Array {
+    let a = assemble(member_devs(ms), AssembleOptions { name: "md-test".into(), ..AssembleOptions::default() })
+        .await
+        .unwrap_or_else(|e| panic!("assemble: {e}"));
+    a.array
+}
+
+/// Runs `check` to the end and returns mismatch_cnt.
+pub async fn check(a: &Array) -> u64 {
+    a.wait_sync_idle().await;
+    let before = a.sync_status().runs;
+    a.request_sync("check").expect("request check");
+    loop {
+        a.wait_sync_idle().await;
+        let st = a.sync_status();
+        if st.runs > before {
+            assert_eq!(
+                st.last_run.map(|(m, done)| (m.as_str(), done)),
+                Some(("check", true)),
+                "check did not complete: {st:?}"
+            );
+            return st.mismatch_sectors;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Raises the sync speed limits so background work finishes quickly in tests.
+pub fn fast_sync(a: &Array) {
+    a.set_attribute("sync_speed_min", "10000000").unwrap();
+    a.set_attribute("sync_speed_max", "10000000").unwrap();
+}
+
+//------------------------------------------------------------------------------------------------
+
+/// What the array should hold: a byte image of the whole array.
+pub struct Model {
+    pub data: Vec<u8>,
+}
+
+impl Model {
+    pub fn new(size: u64) -> Model {
+        Model { data: vec![0; size as usize] }
+    }
+
+    pub fn apply(&mut self, off: u64, bytes: &[u8]) {
+        self.data[off as usize..off as usize + bytes.len()].copy_from_slice(bytes);
+    }
+
+    pub fn zero(&mut self, off: u64, len: u64) {
+        self.data[off as usize..(off + len) as usize].fill(0);
+    }
+
+    pub fn slice(&self, off: u64, len: u64) -> &[u8] {
+        &self.data[off as usize..(off + len) as usize]
+    }
+}
+
+/// A random request: offset and length in 4 KiB blocks, biased toward odd shapes (chunk
+/// crossings, single blocks, long runs, the last block).
+pub fn random_extent(rng: &mut Rng, size: u64, max_blocks: u64) -> (u64, u64) {
+    let blocks = size / 4096;
+    let len = match rng.below(4) {
+        0 => 1,
+        1 => 1 + rng.below(8),
+        2 => 1 + rng.below(max_blocks),
+        _ => max_blocks.min(blocks),
+    }
+    .min(blocks);
+    let start = match rng.below(8) {
+        0 => blocks - len,
+        1 => 0,
+        _ => rng.below(blocks - len + 1),
+    };
+    (start * 4096, len * 4096)
+}
+
+/// Writes random data at a random extent, into the array and the model.
+pub async fn random_write(a: &dyn BlockDevice, m: &mut Model, rng: &mut Rng, max_blocks: u64) -> (u64, u64) {
+    let (off, len) = random_extent(rng, m.data.len() as u64, max_blocks);
+    let mut buf = IoBuf::zeroed(len as usize);
+    rng.fill(buf.as_mut_slice());
+    let fua = rng.below(8) == 0;
+    m.apply(off, buf.as_slice());
+    a.write(off, buf.freeze(), if fua { WriteFlags::FUA } else { WriteFlags::NONE })
+        .await
+        .unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
+    (off, len)
+}
+
+/// Reads a random extent and compares it with the model.
+pub async fn random_verify(a: &dyn BlockDevice, m: &Model, rng: &mut Rng, max_blocks: u64) {
+    let (off, len) = random_extent(rng, m.data.len() as u64, max_blocks);
+    verify_range(a, m, off, len).await;
+}
+
+pub async fn verify_range(a: &dyn BlockDevice, m: &Model, off: u64, len: u64) {
+    let got = a.read_vec(off, len as usize).await.unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
+    if got != m.slice(off, len) {
+        let first = got.iter().zip(m.slice(off, len)).position(|(x, y)| x != y).unwrap_or(0);
+        panic!("{}: data differs from the model at byte {} (read {off}+{len})", a.name(), off + first as u64);
+    }
+}
+
+/// Reads the whole array in large pieces and compares it with the model.
+pub async fn verify_all(a: &dyn BlockDevice, m: &Model) {
+    let size = m.data.len() as u64;
+    let step = 4 * MIB;
+    let mut off = 0;
+    while off < size {
+        let len = step.min(size - off);
+        verify_range(a, m, off, len).await;
+        off += len;
+    }
+}
+
+/// Fills the array with random data through large writes.
+pub async fn fill(a: &dyn BlockDevice, m: &mut Model, rng: &mut Rng) {
+    let size = m.data.len() as u64;
+    let step = 2 * MIB;
+    let mut off = 0;
+    while off < size {
+        let len = step.min(size - off);
+        let mut buf = vec![0u8; len as usize];
+        rng.fill(&mut buf);
+        m.apply(off, &buf);
+        a.write(off, SharedBuf::from_slice(&buf), WriteFlags::NONE).await.unwrap_or_else(|e| panic!("fill {off}: {e}"));
+        off += len;
+    }
+}
