@@ -1,6 +1,8 @@
 //! mdkit-thin: dm-thin provisioning in user space.
 //!
 //! [`meta`] is the metadata library: kernel-compatible (version 2) btrees, space maps and
-//! transactions, with offline check / dump / restore. The pool runtime builds on it.
+//! transactions, with offline check / dump / restore. [`pool`] is the runtime: pools, thin
+//! volumes (`mdkit_io::BlockDevice`s), snapshots, discards, commits, over any two devices.
 
 pub mod meta;
+pub mod pool;

@@ -1,0 +1,517 @@
+//! The data path's own view of one thin device's mappings, and the bio-prison equivalent.
+//!
+//! Every thin device that has an open [`ThinVolume`](super::ThinVolume) owns a `MappingTable`:
+//! 64 shards (by virtual block), each a short `parking_lot` mutex over a hash map from virtual
+//! block to an [`Entry`]. An entry is three things at once:
+//!
+//! ```text
+//!   known     Unmapped | Mapped{data block, time, txn} | Unknown   (what the metadata says)
+//!   inflight  fast-path reads/writes now using `known`'s data block   (dm-thin's all_io_ds)
+//!   cell      Some(..) while a slow-path operation owns the block    (dm-thin's bio prison cell)
+//! ```
+//!
+//! * Fast path (no cell, mapped, unshared for a write): under the shard lock take an `inflight`
+//!   reference, drop the lock, do the data I/O, drop the reference. No metadata lock, no worker,
+//!   no pool-wide state.
+//! * Slow path (provision, break sharing, discard, or a lookup that missed): take the cell
+//!   (creating an `Unknown` entry if needed), wait until `inflight` drains to zero, do the work,
+//!   then release the cell with the new `known` state; waiters queued on the cell retry.
+//! * Every change of a mapping of this device goes through its cell, so a `Mapped` or `Unmapped`
+//!   entry without a cell is always what the metadata says (the invariant that makes the table a
+//!   coherent cache, not a guess). The one thing that changes without cells is *sharing*: a
+//!   snapshot of this device raises `snapshotted_time`; [`MappingTable::freeze`] stops and drains
+//!   writes first (dm-thin requires the origin to be suspended for `create_snap`).
+//! * Bounded: at most `capacity_entries` entries; idle entries (no cell, nothing in flight) are
+//!   evicted and reloaded from the metadata on the next access.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, oneshot};
+
+/// Shards per table (a power of two: sequential blocks land on different shards).
+pub(crate) const SHARDS: usize = 64;
+
+/// A mapping as the data path caches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cached {
+    pub data_block: u64,
+    /// 24-bit mapping time (shared iff the device's snapshotted time is greater).
+    pub time: u32,
+    /// Pool transaction the mapping was made in; committed iff `txn <= committed_txn`
+    /// (0 = known committed).
+    pub txn: u64,
+}
+
+/// What the metadata says about one virtual block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// Not known (only while a cell is held, e.g. during a lookup).
+    Unknown,
+    Unmapped,
+    Mapped(Cached),
+}
+
+/// A bio-prison cell: held by one slow-path operation; others queue on it.
+#[derive(Default)]
+struct Cell {
+    waiters: Vec<oneshot::Sender<()>>,
+    /// Signalled when `inflight` reaches zero (the holder waits for fast-path I/O to drain).
+    drained: Option<oneshot::Sender<()>>,
+}
+
+struct Entry {
+    known: Known,
+    inflight: u32,
+    cell: Option<Box<Cell>>,
+}
+
+/// Cheap, well-mixed hash for block numbers (keys of one shard share their low 6 bits).
+#[derive(Default)]
+pub(crate) struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        let p = u128::from(v ^ self.0) * 0x9e37_79b9_7f4a_7c15_u128;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHasher>>;
+
+/// Counters kept under the shard locks (no shared cache line on the fast path).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableCounters {
+    pub fast_reads: u64,
+    pub fast_writes: u64,
+    pub zero_reads: u64,
+    pub slow_ops: u64,
+    pub cell_waits: u64,
+    pub evictions: u64,
+}
+
+impl TableCounters {
+    fn add(&mut self, o: &TableCounters) {
+        self.fast_reads += o.fast_reads;
+        self.fast_writes += o.fast_writes;
+        self.zero_reads += o.zero_reads;
+        self.slow_ops += o.slow_ops;
+        self.cell_waits += o.cell_waits;
+        self.evictions += o.evictions;
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    map: BlockMap<Entry>,
+    /// Writes (fast or slow) that passed the freeze gate and have not finished.
+    writes: u32,
+    frozen: bool,
+    counters: TableCounters,
+}
+
+/// One cache line per shard so shards do not share lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct PaddedShard(Mutex<Shard>);
+
+/// Decision for a read of one virtual block.
+pub(crate) enum ReadDecision {
+    /// Read the data block; an in-flight reference was taken (release with `end_io`).
+    Mapped { data_block: u64 },
+    /// Unmapped: the block reads as zeroes.
+    Zeroes,
+    /// A slow-path operation holds the block: wait, then decide again.
+    Wait(oneshot::Receiver<()>),
+    /// The caller now holds the cell and must resolve the mapping (wait for `drained` first).
+    Resolve { drained: Option<oneshot::Receiver<()>> },
+}
+
+/// Decision for a write of one virtual block.
+pub(crate) enum WriteDecision {
+    /// Mapped and unshared: write in place; an in-flight write reference was taken.
+    InPlace {
+        data_block: u64,
+        txn: u64,
+    },
+    Wait(oneshot::Receiver<()>),
+    /// Writes are frozen for a snapshot of this device: wait for the thaw, then decide again.
+    Frozen,
+    /// The caller holds the cell (and a write reference): provision, break sharing, or resolve.
+    Slow {
+        known: Known,
+        drained: Option<oneshot::Receiver<()>>,
+    },
+}
+
+/// Decision when taking a cell for a non-write slow-path operation (discard, lookup).
+pub(crate) enum AcquireDecision {
+    Acquired { known: Known, drained: Option<oneshot::Receiver<()>> },
+    Wait(oneshot::Receiver<()>),
+}
+
+pub(crate) struct MappingTable {
+    shards: Box<[PaddedShard]>,
+    /// The device's snapshotted time: a mapping is shared iff this is greater than its time.
+    snapshotted_time: AtomicU32,
+    capacity_per_shard: usize,
+    /// Set while a freeze is in progress (mirrors the shards' flags, for a cheap check).
+    freezing: AtomicBool,
+    thawed: Notify,
+    drained: Notify,
+}
+
+impl MappingTable {
+    pub fn new(snapshotted_time: u32, capacity_entries: usize) -> MappingTable {
+        MappingTable {
+            shards: (0..SHARDS).map(|_| PaddedShard::default()).collect(),
+            snapshotted_time: AtomicU32::new(snapshotted_time),
+            capacity_per_shard: (capacity_entries / SHARDS).max(16),
+            freezing: AtomicBool::new(false),
+            thawed: Notify::new(),
+            drained: Notify::new(),
+        }
+    }
+
+    fn shard(&self, vblock: u64) -> &Mutex<Shard> {
+        &self.shards[(vblock % SHARDS as u64) as usize].0
+    }
+
+    pub fn is_shared(&self, c: &Cached) -> bool {
+        self.snapshotted_time.load(Ordering::Acquire) > c.time
+    }
+
+    /// Decides a read. `max_valid_txn`: cached mappings of later transactions are not trusted
+    /// (after a failed commit the metadata went back to the last commit).
+    pub fn begin_read(&self, vblock: u64, max_valid_txn: u64) -> ReadDecision {
+        let mut s = self.shard(vblock).lock();
+        let s = &mut *s;
+        match s.map.get_mut(&vblock) {
+            Some(e) if e.cell.is_some() => {
+                s.counters.cell_waits += 1;
+                ReadDecision::Wait(queue_on(e))
+            }
+            Some(Entry { known: Known::Unmapped, .. }) => {
+                s.counters.zero_reads += 1;
+                ReadDecision::Zeroes
+            }
+            Some(e) if matches!(e.known, Known::Mapped(c) if c.txn <= max_valid_txn) => {
+                let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
+                e.inflight += 1;
+                s.counters.fast_reads += 1;
+                ReadDecision::Mapped { data_block: c.data_block }
+            }
+            Some(e) => {
+                // Unknown without a cell, or an untrusted mapping: resolve again.
+                e.known = Known::Unknown;
+                let drained = take_cell(e);
+                s.counters.slow_ops += 1;
+                ReadDecision::Resolve { drained }
+            }
+            None => {
+                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
+                s.counters.slow_ops += 1;
+                ReadDecision::Resolve { drained: None }
+            }
+        }
+    }
+
+    /// Decides a write: in place (mapped, unshared), or the slow path with the cell held.
+    pub fn begin_write(&self, vblock: u64) -> WriteDecision {
+        let snap_time = self.snapshotted_time.load(Ordering::Acquire);
+        let mut s = self.shard(vblock).lock();
+        let s = &mut *s;
+        if s.frozen {
+            return WriteDecision::Frozen;
+        }
+        match s.map.get_mut(&vblock) {
+            Some(e) if e.cell.is_some() => {
+                s.counters.cell_waits += 1;
+                WriteDecision::Wait(queue_on(e))
+            }
+            Some(e) if matches!(e.known, Known::Mapped(c) if snap_time <= c.time) => {
+                let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
+                e.inflight += 1;
+                s.writes += 1;
+                s.counters.fast_writes += 1;
+                WriteDecision::InPlace { data_block: c.data_block, txn: c.txn }
+            }
+            Some(e) => {
+                let known = e.known;
+                let drained = take_cell(e);
+                s.writes += 1;
+                s.counters.slow_ops += 1;
+                WriteDecision::Slow { known, drained }
+            }
+            None => {
+                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
+                s.writes += 1;
+                s.counters.slow_ops += 1;
+                WriteDecision::Slow { known: Known::Unknown, drained: None }
+            }
+        }
+    }
+
+    /// Takes the cell of `vblock` for a slow-path operation that is not a write.
+    pub fn acquire(&self, vblock: u64) -> AcquireDecision {
+        let mut s = self.shard(vblock).lock();
+        let s = &mut *s;
+        match s.map.get_mut(&vblock) {
+            Some(e) if e.cell.is_some() => {
+                s.counters.cell_waits += 1;
+                AcquireDecision::Wait(queue_on(e))
+            }
+            Some(e) => {
+                let known = e.known;
+                let drained = take_cell(e);
+                AcquireDecision::Acquired { known, drained }
+            }
+            None => {
+                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
+                AcquireDecision::Acquired { known: Known::Unknown, drained: None }
+            }
+        }
+    }
+
+    /// Ends a fast-path I/O started by `begin_read` (`write = false`) or `begin_write`.
+    pub fn end_io(&self, vblock: u64, write: bool) {
+        let mut s = self.shard(vblock).lock();
+        let s = &mut *s;
+        if let Some(e) = s.map.get_mut(&vblock) {
+            debug_assert!(e.inflight > 0, "end_io without begin on block {vblock}");
+            e.inflight = e.inflight.saturating_sub(1);
+            if e.inflight == 0
+                && let Some(c) = e.cell.as_mut()
+                && let Some(d) = c.drained.take()
+            {
+                let _ = d.send(());
+            }
+        } else {
+            debug_assert!(false, "end_io on block {vblock} that has no entry");
+        }
+        if write {
+            end_write(s, &self.drained);
+        }
+    }
+
+    /// Releases the cell of `vblock` with what the metadata now says, waking every waiter.
+    /// `write`: the cell was taken by `begin_write` (its write reference ends too).
+    pub fn release(&self, vblock: u64, known: Known, write: bool) {
+        let mut s = self.shard(vblock).lock();
+        let s = &mut *s;
+        let mut remove = false;
+        if let Some(e) = s.map.get_mut(&vblock) {
+            e.known = known;
+            if let Some(c) = e.cell.take() {
+                for w in c.waiters {
+                    let _ = w.send(());
+                }
+            }
+            remove = known == Known::Unknown && e.inflight == 0;
+        } else {
+            debug_assert!(false, "release of block {vblock} that has no entry");
+        }
+        if remove {
+            s.map.remove(&vblock);
+        }
+        if write {
+            end_write(s, &self.drained);
+        }
+        if s.map.len() > self.capacity_per_shard {
+            evict(s, self.capacity_per_shard);
+        }
+    }
+
+    /// Stops new writes and waits until every write in flight has finished (fast and slow).
+    /// The caller must `thaw` afterwards. Reads continue.
+    pub async fn freeze(&self) {
+        self.freezing.store(true, Ordering::Release);
+        for sh in self.shards.iter() {
+            sh.0.lock().frozen = true;
+        }
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shards.iter().all(|sh| sh.0.lock().writes == 0) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Sets the snapshotted time (while frozen) and lets writes go again.
+    pub fn thaw(&self, snapshotted_time: Option<u32>) {
+        if let Some(t) = snapshotted_time {
+            self.snapshotted_time.store(t, Ordering::Release);
+        }
+        for sh in self.shards.iter() {
+            sh.0.lock().frozen = false;
+        }
+        self.freezing.store(false, Ordering::Release);
+        self.thawed.notify_waiters();
+    }
+
+    /// Waits for a freeze to end (after `begin_write` said `Frozen`).
+    pub async fn wait_thawed(&self) {
+        let notified = self.thawed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.freezing.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().map.len()).sum()
+    }
+
+    pub fn counters(&self) -> TableCounters {
+        let mut c = TableCounters::default();
+        for s in self.shards.iter() {
+            let g = s.0.lock();
+            c.add(&g.counters);
+        }
+        c
+    }
+}
+
+fn queue_on(e: &mut Entry) -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    e.cell.as_mut().expect("caller checked the cell is held").waiters.push(tx);
+    rx
+}
+
+fn take_cell(e: &mut Entry) -> Option<oneshot::Receiver<()>> {
+    debug_assert!(e.cell.is_none());
+    let mut cell = Box::<Cell>::default();
+    let drained = (e.inflight > 0).then(|| {
+        let (tx, rx) = oneshot::channel();
+        cell.drained = Some(tx);
+        rx
+    });
+    e.cell = Some(cell);
+    drained
+}
+
+fn end_write(s: &mut Shard, drained: &Notify) {
+    debug_assert!(s.writes > 0);
+    s.writes = s.writes.saturating_sub(1);
+    if s.frozen && s.writes == 0 {
+        drained.notify_waiters();
+    }
+}
+
+/// Drops idle entries until the shard is at 7/8 of its capacity.
+fn evict(s: &mut Shard, capacity: usize) {
+    let target = capacity - capacity / 8;
+    let mut excess = s.map.len().saturating_sub(target);
+    let before = s.map.len();
+    s.map.retain(|_, e| {
+        if excess > 0 && e.cell.is_none() && e.inflight == 0 {
+            excess -= 1;
+            false
+        } else {
+            true
+        }
+    });
+    s.counters.evictions += (before - s.map.len()) as u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapped(b: u64, time: u32) -> Known {
+        Known::Mapped(Cached { data_block: b, time, txn: 0 })
+    }
+
+    #[test]
+    fn miss_then_fast_path_then_shared() {
+        let t = MappingTable::new(0, 1 << 16);
+        assert!(matches!(t.begin_read(5, u64::MAX), ReadDecision::Resolve { drained: None }));
+        // A second reader queues on the cell.
+        let ReadDecision::Wait(mut rx) = t.begin_read(5, u64::MAX) else { panic!("expected to wait") };
+        t.release(5, mapped(9, 0), false);
+        assert!(rx.try_recv().is_ok(), "the waiter is woken");
+        assert!(matches!(t.begin_read(5, u64::MAX), ReadDecision::Mapped { data_block: 9 }));
+        t.end_io(5, false);
+        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 9, .. }));
+        t.end_io(5, true);
+        // A snapshot makes the mapping shared: writes take the slow path.
+        t.thaw(Some(1));
+        assert!(matches!(t.begin_write(5), WriteDecision::Slow { known, .. } if known == mapped(9, 0)));
+        t.release(5, mapped(10, 1), true);
+        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 10, .. }));
+        t.end_io(5, true);
+    }
+
+    #[test]
+    fn slow_path_waits_for_in_flight_io_to_drain() {
+        let t = MappingTable::new(0, 1 << 16);
+        let AcquireDecision::Acquired { .. } = t.acquire(3) else { panic!() };
+        t.release(3, mapped(1, 0), false);
+        assert!(matches!(t.begin_read(3, u64::MAX), ReadDecision::Mapped { .. }));
+        let AcquireDecision::Acquired { drained: Some(mut d), .. } = t.acquire(3) else {
+            panic!("must wait for drain")
+        };
+        assert!(d.try_recv().is_err());
+        t.end_io(3, false);
+        assert!(d.try_recv().is_ok());
+        t.release(3, Known::Unmapped, false);
+        assert!(matches!(t.begin_read(3, u64::MAX), ReadDecision::Zeroes));
+    }
+
+    #[test]
+    fn untrusted_mappings_are_resolved_again() {
+        let t = MappingTable::new(0, 1 << 16);
+        let AcquireDecision::Acquired { .. } = t.acquire(1) else { panic!() };
+        t.release(1, Known::Mapped(Cached { data_block: 4, time: 0, txn: 7 }), false);
+        assert!(matches!(t.begin_read(1, 7), ReadDecision::Mapped { .. }));
+        t.end_io(1, false);
+        assert!(matches!(t.begin_read(1, 6), ReadDecision::Resolve { .. }));
+    }
+
+    #[test]
+    fn freeze_blocks_writes_until_thaw_and_waits_for_drain() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let t = std::sync::Arc::new(MappingTable::new(0, 1 << 16));
+            let AcquireDecision::Acquired { .. } = t.acquire(2) else { panic!() };
+            t.release(2, mapped(3, 0), false);
+            assert!(matches!(t.begin_write(2), WriteDecision::InPlace { .. }));
+            let t2 = t.clone();
+            let freezer = tokio::spawn(async move { t2.freeze().await });
+            tokio::task::yield_now().await;
+            assert!(!freezer.is_finished(), "a write is still in flight");
+            assert!(matches!(t.begin_write(7), WriteDecision::Frozen));
+            t.end_io(2, true);
+            freezer.await.unwrap();
+            t.thaw(Some(5));
+            t.wait_thawed().await;
+            assert!(matches!(t.begin_write(2), WriteDecision::Slow { .. }), "shared after the snapshot");
+        });
+    }
+
+    #[test]
+    fn idle_entries_are_evicted_beyond_capacity() {
+        let t = MappingTable::new(0, 16 * SHARDS);
+        for vb in 0..(64 * SHARDS as u64) {
+            let AcquireDecision::Acquired { .. } = t.acquire(vb) else { panic!() };
+            t.release(vb, Known::Unmapped, false);
+        }
+        assert!(t.len() <= 16 * SHARDS, "{}", t.len());
+        assert!(t.counters().evictions > 0);
+    }
+}

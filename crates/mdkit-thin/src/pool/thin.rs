@@ -1,0 +1,627 @@
+//! Thin volumes: the data path (see the `pool` module docs for the rules).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use mdkit_io::{BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io};
+
+use super::table::{AcquireDecision, Cached, Known, ReadDecision, TableCounters, WriteDecision};
+use super::util::{Detached, join_all};
+use super::worker::{AllocFailure, known_from};
+use super::{DiscardMode, PoolMode, ThinDev};
+
+/// Blocks whose cells one discard holds at once (dm's BIO_PRISON_MAX_RANGE idea: big discards
+/// proceed in regions, so memory stays bounded).
+const DISCARD_CHUNK_BLOCKS: u64 = 1024;
+/// Largest buffer used to zero or copy part of a data block.
+const COPY_CHUNK_BYTES: u64 = 1 << 20;
+
+/// A thin device opened as a block device. Clone freely; clones share everything.
+#[derive(Clone)]
+pub struct ThinVolume {
+    dev: Arc<ThinDev>,
+    name: Arc<str>,
+    topology: Topology,
+}
+
+impl std::fmt::Debug for ThinVolume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThinVolume").field("name", &self.name).field("size_bytes", &self.topology.size_bytes).finish()
+    }
+}
+
+impl ThinVolume {
+    pub(crate) fn new(dev: Arc<ThinDev>, size_bytes: u64) -> ThinVolume {
+        let pool = &dev.pool;
+        let data = pool.data.topology();
+        let bs = pool.state.block_bytes;
+        let topology = Topology {
+            size_bytes,
+            logical_block_bytes: data.logical_block_bytes,
+            physical_block_bytes: data.physical_block_bytes.max(4096),
+            optimal_io_bytes: u32::try_from(bs).unwrap_or(u32::MAX).min(data.max_io_bytes),
+            max_io_bytes: data.max_io_bytes,
+            supports_fua: true,
+            volatile_cache: true,
+            supports_discard: pool.state.opts.discard != DiscardMode::Ignore,
+            supports_write_zeroes: true,
+            discard_granularity_bytes: u32::try_from(bs).unwrap_or(u32::MAX),
+            rotational: data.rotational,
+        };
+        let name: Arc<str> = format!("{}/thin{}", pool.state.name, dev.id).into();
+        ThinVolume { dev, name, topology }
+    }
+
+    /// The thin device id.
+    pub fn id(&self) -> u64 {
+        self.dev.id
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.topology.size_bytes
+    }
+
+    /// Fast-path and slow-path counters of this device's mapping table.
+    pub fn counters(&self) -> TableCounters {
+        self.dev.table.counters()
+    }
+
+    /// Mappings the table holds now.
+    pub fn cached_mappings(&self) -> usize {
+        self.dev.table.len()
+    }
+
+    /// Splits `[offset, offset+len)` into per-block pieces: (vblock, offset in block, length).
+    fn pieces(&self, offset_bytes: u64, len_bytes: u64) -> Vec<(u64, u64, u64)> {
+        let bs = self.dev.pool.state.block_bytes;
+        let mut v = Vec::new();
+        let mut pos = offset_bytes;
+        let end = offset_bytes + len_bytes;
+        while pos < end {
+            let vb = pos / bs;
+            let off = pos % bs;
+            let n = (bs - off).min(end - pos);
+            v.push((vb, off, n));
+            pos += n;
+        }
+        v
+    }
+
+    fn detached<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = T> + Send + 'static>> {
+        Box::pin(Detached::new(&self.dev.pool.handle, f))
+    }
+}
+
+impl BlockDevice for ThinVolume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    fn read(&self, offset_bytes: u64, mut buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        let len = buf.len() as u64;
+        if let Err(e) = check_io(&self.name, &self.topology, IoOp::Read, offset_bytes, len)
+            .and_then(|()| self.dev.pool.state.check_open())
+        {
+            return Box::pin(std::future::ready((buf, Err(e))));
+        }
+        if len == 0 {
+            return Box::pin(std::future::ready((buf, Ok(()))));
+        }
+        let pieces = self.pieces(offset_bytes, len);
+        if let [(vb, off, _)] = pieces[..] {
+            return self.detached(self.dev.clone().read_block(vb, off, buf));
+        }
+        let mut futs: Vec<Pin<Box<dyn Future<Output = ReadResult> + Send>>> = Vec::with_capacity(pieces.len());
+        for (vb, off, n) in pieces {
+            let part = buf.split_to(n as usize);
+            futs.push(Box::pin(self.dev.clone().read_block(vb, off, part)));
+        }
+        self.detached(async move {
+            let results = join_all(futs).await;
+            let mut err = None;
+            let mut whole: Option<IoBuf> = None;
+            for (part, r) in results {
+                if let Err(e) = r
+                    && err.is_none()
+                {
+                    err = Some(e);
+                }
+                match whole.as_mut() {
+                    None => whole = Some(part),
+                    Some(w) => {
+                        if let Err(p) = w.unsplit(part) {
+                            // Not adjacent: cannot happen for pieces split in order.
+                            debug_assert!(false, "read pieces not adjacent");
+                            let mut joined = IoBuf::from_slice(w.as_slice());
+                            let _ = joined.unsplit(p);
+                            *w = joined;
+                        }
+                    }
+                }
+            }
+            (whole.expect("at least two pieces"), err.map_or(Ok(()), Err))
+        })
+    }
+
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
+        let len = buf.len() as u64;
+        let ok = check_io(&self.name, &self.topology, IoOp::Write, offset_bytes, len)
+            .and_then(|()| self.dev.pool.state.check_writable());
+        if let Err(e) = ok {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        if len == 0 {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let pieces = self.pieces(offset_bytes, len);
+        if let [(vb, off, _)] = pieces[..] {
+            return self.detached(self.dev.clone().write_block(vb, off, buf, flags.fua));
+        }
+        let mut at = 0usize;
+        let futs: Vec<Pin<Box<dyn Future<Output = io::Result<()>> + Send>>> = pieces
+            .into_iter()
+            .map(|(vb, off, n)| {
+                let part = buf.slice(at..at + n as usize);
+                at += n as usize;
+                Box::pin(self.dev.clone().write_block(vb, off, part, flags.fua))
+                    as Pin<Box<dyn Future<Output = io::Result<()>> + Send>>
+            })
+            .collect();
+        self.detached(async move { join_all(futs).await.into_iter().find(|r| r.is_err()).unwrap_or(Ok(())) })
+    }
+
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        let dev = self.dev.clone();
+        self.detached(async move { dev.pool.flush().await })
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        let ok = check_io(&self.name, &self.topology, IoOp::Discard, offset_bytes, len_bytes)
+            .and_then(|()| self.dev.pool.state.check_writable());
+        if let Err(e) = ok {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let state = &self.dev.pool.state;
+        if state.opts.discard == DiscardMode::Ignore {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let bs = state.block_bytes;
+        let begin = offset_bytes.div_ceil(bs);
+        let end = (offset_bytes + len_bytes) / bs;
+        if begin >= end {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let passdown = state.passdown;
+        let dev = self.dev.clone();
+        self.detached(async move { dev.unmap_blocks(begin, end, passdown).await })
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
+        let ok = check_io(&self.name, &self.topology, IoOp::WriteZeroes, offset_bytes, len_bytes)
+            .and_then(|()| self.dev.pool.state.check_writable());
+        if let Err(e) = ok {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let bs = self.dev.pool.state.block_bytes;
+        let pieces = self.pieces(offset_bytes, len_bytes);
+        let passdown = self.dev.pool.state.passdown;
+        let dev = self.dev.clone();
+        self.detached(async move {
+            // Whole blocks are unmapped (they read as zeroes), unless the range must stay
+            // allocated; partial blocks get zeroes written where they are mapped.
+            let mut run: Option<(u64, u64)> = None;
+            for (vb, off, n) in pieces {
+                if !flags.no_unmap && off == 0 && n == bs {
+                    run = match run {
+                        Some((b, e)) if e == vb => Some((b, vb + 1)),
+                        Some((b, e)) => {
+                            dev.unmap_blocks(b, e, passdown).await?;
+                            Some((vb, vb + 1))
+                        }
+                        None => Some((vb, vb + 1)),
+                    };
+                    continue;
+                }
+                if let Some((b, e)) = run.take() {
+                    dev.unmap_blocks(b, e, passdown).await?;
+                }
+                dev.clone().zero_piece(vb, off, n, flags.no_unmap).await?;
+            }
+            if let Some((b, e)) = run {
+                dev.unmap_blocks(b, e, passdown).await?;
+            }
+            if flags.fua {
+                dev.pool.flush().await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// Guards
+
+/// An in-flight reference on a mapped block (released when the data I/O is done).
+struct IoRef<'a> {
+    dev: &'a ThinDev,
+    vblock: u64,
+    write: bool,
+}
+
+impl Drop for IoRef<'_> {
+    fn drop(&mut self) {
+        self.dev.table.end_io(self.vblock, self.write);
+    }
+}
+
+/// A held cell. `release` publishes the new state; dropping it unreleased (error paths)
+/// forgets what the table knew, so the next access reloads the mapping from the metadata.
+struct CellRef<'a> {
+    dev: &'a ThinDev,
+    vblock: u64,
+    write: bool,
+    done: bool,
+}
+
+impl<'a> CellRef<'a> {
+    fn new(dev: &'a ThinDev, vblock: u64, write: bool) -> CellRef<'a> {
+        CellRef { dev, vblock, write, done: false }
+    }
+
+    fn release(mut self, known: Known) {
+        self.done = true;
+        self.dev.table.release(self.vblock, known, self.write);
+    }
+}
+
+impl Drop for CellRef<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.dev.table.release(self.vblock, Known::Unknown, self.write);
+        }
+    }
+}
+
+async fn wait(rx: Option<tokio::sync::oneshot::Receiver<()>>) {
+    if let Some(rx) = rx {
+        let _ = rx.await;
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// Per-block operations
+
+impl ThinDev {
+    fn block_bytes(&self) -> u64 {
+        self.pool.state.block_bytes
+    }
+
+    fn data_error(&self, e: io::Error, op: &str, vblock: u64, data_block: u64) -> io::Error {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{}/thin{}: {op} of virtual block {vblock} (data block {data_block}): {e}",
+                self.pool.state.name, self.id
+            ),
+        )
+    }
+
+    async fn read_block(self: Arc<Self>, vblock: u64, off: u64, mut buf: IoBuf) -> ReadResult {
+        let bs = self.block_bytes();
+        loop {
+            let max_txn = self.pool.state.max_valid_txn();
+            match self.table.begin_read(vblock, max_txn) {
+                ReadDecision::Mapped { data_block } => {
+                    let guard = IoRef { dev: &self, vblock, write: false };
+                    let (b, r) = self.pool.data.read(data_block * bs + off, buf).await;
+                    drop(guard);
+                    return (b, r.map_err(|e| self.data_error(e, "read", vblock, data_block)));
+                }
+                ReadDecision::Zeroes => {
+                    buf.as_mut_slice().fill(0);
+                    return (buf, Ok(()));
+                }
+                ReadDecision::Wait(rx) => wait(Some(rx)).await,
+                ReadDecision::Resolve { drained } => {
+                    let cell = CellRef::new(&self, vblock, false);
+                    wait(drained).await;
+                    match self.resolve(vblock).await {
+                        Ok(k) => cell.release(k),
+                        Err(e) => return (buf, Err(e)),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write_block(self: Arc<Self>, vblock: u64, off: u64, data: SharedBuf, fua: bool) -> io::Result<()> {
+        let bs = self.block_bytes();
+        loop {
+            match self.table.begin_write(vblock) {
+                WriteDecision::InPlace { data_block, txn } => {
+                    // The fast path: nothing but the data write (and, for FUA to a mapping not
+                    // yet committed, a commit round after it).
+                    let guard = IoRef { dev: &self, vblock, write: true };
+                    let committed = self.pool.state.is_committed(txn);
+                    let flags = if fua && committed { WriteFlags::FUA } else { WriteFlags::NONE };
+                    let r = self.pool.data.write(data_block * bs + off, data, flags).await;
+                    drop(guard);
+                    r.map_err(|e| self.data_error(e, "write", vblock, data_block))?;
+                    if fua && !committed {
+                        self.pool.commit_covering(txn).await?;
+                    }
+                    return Ok(());
+                }
+                WriteDecision::Wait(rx) => wait(Some(rx)).await,
+                WriteDecision::Frozen => self.table.wait_thawed().await,
+                WriteDecision::Slow { known, drained } => {
+                    let cell = CellRef::new(&self, vblock, true);
+                    wait(drained).await;
+                    return self.slow_write(cell, known, vblock, off, data, fua).await;
+                }
+            }
+        }
+    }
+
+    /// Provision, break sharing, or (after a lookup miss) write in place, holding the cell.
+    async fn slow_write(
+        &self,
+        cell: CellRef<'_>,
+        known: Known,
+        vblock: u64,
+        off: u64,
+        data: SharedBuf,
+        fua: bool,
+    ) -> io::Result<()> {
+        let bs = self.block_bytes();
+        let known = match known {
+            Known::Unknown => self.resolve(vblock).await?,
+            k => k,
+        };
+        self.pool.state.check_writable()?;
+        if let Known::Mapped(c) = known
+            && !self.table.is_shared(&c)
+        {
+            let committed = self.pool.state.is_committed(c.txn);
+            let flags = if fua && committed { WriteFlags::FUA } else { WriteFlags::NONE };
+            let r = self.pool.data.write(c.data_block * bs + off, data, flags).await;
+            cell.release(known);
+            r.map_err(|e| self.data_error(e, "write", vblock, c.data_block))?;
+            if fua && !committed {
+                self.pool.commit_covering(c.txn).await?;
+            }
+            return Ok(());
+        }
+        let old = match known {
+            Known::Mapped(c) => Some(c.data_block),
+            _ => None,
+        };
+        let b = match self.alloc_block().await {
+            Ok(b) => b,
+            Err(e) => {
+                cell.release(known);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.fill_new_block(b, old, off, &data).await {
+            let _ = self.pool.call_io(move |w| w.unalloc(b)).await;
+            cell.release(known);
+            return Err(self.data_error(e, if old.is_some() { "breaking sharing" } else { "provisioning" }, vblock, b));
+        }
+        let id = self.id;
+        let (time, txn) = self.pool.call_io(move |w| w.insert(id, vblock, b)).await??;
+        cell.release(Known::Mapped(Cached { data_block: b, time, txn }));
+        let counters = &self.pool.state.counters;
+        if old.is_some() {
+            counters.sharing_breaks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.provisions.fetch_add(1, Ordering::Relaxed);
+        }
+        if fua {
+            self.pool.commit_covering(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// What the metadata says about `vblock` (the caller holds its cell).
+    async fn resolve(&self, vblock: u64) -> io::Result<Known> {
+        let state = &self.pool.state;
+        if let Some(md) = self.pool.md.try_read()
+            && md.is_poisoned().is_none()
+            && let Ok(m) = md.lookup_cached(self.id, vblock)
+        {
+            return Ok(known_from(state, m, md.changed_this_transaction(self.id)));
+        }
+        let id = self.id;
+        self.pool.call_io(move |w| w.lookup(id, vblock)).await?
+    }
+
+    /// A data block for a provision, per the out-of-space policy.
+    async fn alloc_block(&self) -> io::Result<u64> {
+        let state = &self.pool.state;
+        let mut deadline: Option<Instant> = None;
+        loop {
+            state.check_writable()?;
+            match self.pool.call_io(|w| w.alloc()).await? {
+                Ok(b) => return Ok(b),
+                Err(AllocFailure::Error(e)) => return Err(e),
+                Err(AllocFailure::NoSpace { space_gen }) => {
+                    let nr = state.total_data_blocks.load(Ordering::Acquire);
+                    if state.opts.error_if_no_space {
+                        state.counters.no_space_errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(io::Error::new(
+                            io::ErrorKind::StorageFull,
+                            format!(
+                                "thin pool {}: out of data space (all {nr} blocks in use; error_if_no_space)",
+                                state.name
+                            ),
+                        ));
+                    }
+                    let timeout = state.opts.no_space_timeout;
+                    let d = *deadline.get_or_insert_with(|| {
+                        state.counters.no_space_waits.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pool = %state.name, "out of data space: queueing writes for up to {} s", timeout.as_secs());
+                        Instant::now() + timeout
+                    });
+                    let notified = state.space_notify.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if state.space_gen.load(Ordering::Acquire) != space_gen {
+                        continue;
+                    }
+                    if tokio::time::timeout_at(d.into(), notified).await.is_err() {
+                        state.counters.no_space_errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(io::Error::new(
+                            io::ErrorKind::StorageFull,
+                            format!(
+                                "thin pool {}: out of data space (all {nr} blocks in use) for {} ms; write failed",
+                                state.name,
+                                timeout.as_millis()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the contents of new block `b`: the write's data, over a copy of `old` (breaking
+    /// sharing) or zeroes (provisioning), or just the data when it covers the block or zeroing
+    /// is off.
+    async fn fill_new_block(&self, b: u64, old: Option<u64>, off: u64, data: &SharedBuf) -> io::Result<()> {
+        let bs = self.block_bytes();
+        let pool = &self.pool;
+        let base = b * bs;
+        let (ws, we) = (off, off + data.len() as u64);
+        if ws == 0 && we == bs {
+            return pool.data.write(base, data.clone(), WriteFlags::NONE).await;
+        }
+        if old.is_none() && !pool.state.opts.zero_new_blocks {
+            return pool.data.write(base + off, data.clone(), WriteFlags::NONE).await;
+        }
+        if old.is_none() {
+            pool.state.counters.zeroed_blocks.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut cs = 0;
+        while cs < bs {
+            let ce = (cs + COPY_CHUNK_BYTES).min(bs);
+            let n = (ce - cs) as usize;
+            let (os, oe) = (ws.max(cs), we.min(ce));
+            if ws <= cs && ce <= we {
+                pool.data
+                    .write(base + cs, data.slice((cs - ws) as usize..(ce - ws) as usize), WriteFlags::NONE)
+                    .await?;
+            } else if old.is_none() && os >= oe {
+                zero_range(&*pool.data, base + cs, ce - cs).await?;
+            } else {
+                let mut buf = match old {
+                    Some(o) => {
+                        let (buf, r) = pool.data.read(o * bs + cs, IoBuf::uninit_contents(n)).await;
+                        r?;
+                        buf
+                    }
+                    None => IoBuf::zeroed(n),
+                };
+                if os < oe {
+                    buf.as_mut_slice()[(os - cs) as usize..(oe - cs) as usize]
+                        .copy_from_slice(&data.as_slice()[(os - ws) as usize..(oe - ws) as usize]);
+                }
+                pool.data.write(base + cs, buf.freeze(), WriteFlags::NONE).await?;
+            }
+            cs = ce;
+        }
+        Ok(())
+    }
+
+    /// Unmaps `[begin, end)` in regions, holding the cells of each region.
+    async fn unmap_blocks(&self, begin: u64, end: u64, passdown: bool) -> io::Result<()> {
+        let mut vb = begin;
+        while vb < end {
+            let region_end = (vb + DISCARD_CHUNK_BLOCKS).min(end);
+            let mut cells = Vec::with_capacity((region_end - vb) as usize);
+            for v in vb..region_end {
+                loop {
+                    match self.table.acquire(v) {
+                        AcquireDecision::Acquired { drained, .. } => {
+                            cells.push(CellRef::new(self, v, false));
+                            wait(drained).await;
+                            break;
+                        }
+                        AcquireDecision::Wait(rx) => wait(Some(rx)).await,
+                    }
+                }
+            }
+            let (id, b, e) = (self.id, vb, region_end);
+            self.pool.call_io(move |w| w.discard(id, b, e, passdown)).await??;
+            for c in cells {
+                c.release(Known::Unmapped);
+            }
+            vb = region_end;
+        }
+        Ok(())
+    }
+
+    /// Zeroes part of one block: nothing to do when it is unmapped (unless it must become
+    /// allocated), else a write of zeroes through the normal write path.
+    async fn zero_piece(self: Arc<Self>, vblock: u64, off: u64, len: u64, allocate: bool) -> io::Result<()> {
+        if !allocate {
+            let known = loop {
+                match self.table.acquire(vblock) {
+                    AcquireDecision::Acquired { known, drained } => {
+                        let cell = CellRef::new(&self, vblock, false);
+                        wait(drained).await;
+                        let k = match known {
+                            Known::Unknown => self.resolve(vblock).await?,
+                            k => k,
+                        };
+                        cell.release(k);
+                        break k;
+                    }
+                    AcquireDecision::Wait(rx) => wait(Some(rx)).await,
+                }
+            };
+            if known == Known::Unmapped {
+                return Ok(());
+            }
+        }
+        let mut pos = off;
+        while pos < off + len {
+            let n = (off + len - pos).min(COPY_CHUNK_BYTES);
+            self.clone().write_block(vblock, pos, SharedBuf::zeroed(n as usize), false).await?;
+            pos += n;
+        }
+        Ok(())
+    }
+}
+
+/// Zeroes a range of the data device (write-zeroes where supported, else zero buffers).
+async fn zero_range(data: &dyn BlockDevice, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+    if data.topology().supports_write_zeroes {
+        return data.write_zeroes(offset_bytes, len_bytes, ZeroFlags::default()).await;
+    }
+    let mut pos = offset_bytes;
+    while pos < offset_bytes + len_bytes {
+        let n = (offset_bytes + len_bytes - pos).min(COPY_CHUNK_BYTES);
+        data.write(pos, SharedBuf::zeroed(n as usize), WriteFlags::NONE).await?;
+        pos += n;
+    }
+    Ok(())
+}
+
+impl super::Pool {
+    /// True when the pool fails writes (metadata error).
+    pub fn is_failed(&self) -> bool {
+        self.inner.state.mode() == PoolMode::Failed
+    }
+}
