@@ -30,9 +30,11 @@
 pub mod assemble;
 pub mod attrs;
 pub mod barrier;
+pub mod bitmap;
 pub mod bitmap_fallback;
 pub mod core;
 pub mod create;
+pub mod flush;
 pub mod gate;
 pub mod io;
 pub mod member;

@@ -1,0 +1,180 @@
+//! Lazy clearing: the daemon and its sweeps (md_bitmap_daemon_work, made safe to run while
+//! writes continue).
+//!
+//! A sweep, one at a time:
+//! 1. **Age**: every dirty, idle, not-needed chunk gets `age + 1` (a CAS; a `start_write`
+//!    resets the age to 0). That includes bits set for a `start_write` that failed or was
+//!    dropped before returning (not durable, nothing pending): no data write was issued for
+//!    them, so they clear like idle ones. Chunks whose new age reaches `min_age` are candidates,
+//!    remembered with the exact state word the CAS left.
+//! 2. **events_cleared**: set to the md events and written durably (page 0) before any bit is
+//!    cleared, so a member that left before this point is never re-added on the strength of
+//!    bits cleared after it left.
+//! 3. **Flush** every working member. Every data write to a candidate ended before step 1
+//!    (the chunk was idle then and no write started since, or the CAS below fails), so the
+//!    flush covers them all. A failed flush aborts the sweep.
+//! 4. **Clear**, under each page's lock: a candidate whose state word is still exactly what
+//!    step 1 left loses DURABLE and its bit; then the page's next round writes it (no FUA: a
+//!    lost clear only costs resync work). Writers racing with this see DURABLE gone and set the
+//!    bit again through a FUA round.
+//!
+//! Nothing is cleared while the array is degraded or `can_clear` is false.
+//!
+//! The daemon sweeps every `time_base` with `min_age` 2 (a chunk is cleared after one whole
+//! idle period, as the kernel's 2 -> 1 -> 0 counter does) and, as soon as the idle dirty
+//! chunks reach `flush_chunks`, with `min_age` 1 (every chunk idle now).
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::chunks::ChunkState;
+use super::pages::{FIRST_CHUNK_BIT, RoundKind, chunk_slot, slot_chunk};
+use super::{Inner, THRESHOLD_POLL};
+
+/// Periodic sweeps clear chunks idle for a whole period.
+const PERIODIC_MIN_AGE: u32 = 2;
+/// Threshold and explicit sweeps clear every idle chunk.
+const EAGER_MIN_AGE: u32 = 1;
+
+/// The background task: periodic and threshold sweeps until the bitmap stops.
+pub(super) async fn daemon(inner: Arc<Inner>) {
+    let mut next_periodic = tokio::time::Instant::now() + inner.daemon_sleep();
+    loop {
+        if inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let poll_at = tokio::time::Instant::now() + THRESHOLD_POLL.min(inner.daemon_sleep());
+        let kicked = tokio::select! {
+            _ = inner.stop.notified() => continue,
+            _ = inner.kick.notified() => true,
+            _ = inner.retime.notified() => false,
+            _ = tokio::time::sleep_until(next_periodic.min(poll_at)) => false,
+        };
+        if inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        // A shorter time_base takes effect at once.
+        next_periodic = next_periodic.min(now + inner.daemon_sleep());
+        let min_age = if now >= next_periodic {
+            next_periodic = now + inner.daemon_sleep();
+            PERIODIC_MIN_AGE
+        } else if kicked || over_threshold(&inner) {
+            EAGER_MIN_AGE
+        } else {
+            continue;
+        };
+        if let Err(e) = sweep(&inner, min_age).await {
+            tracing::warn!("{}: bitmap clear sweep: {e}", inner.name);
+        }
+    }
+}
+
+fn over_threshold(inner: &Inner) -> bool {
+    let limit = inner.settings.flush_chunks.load(Ordering::Relaxed);
+    limit != 0 && inner.idle_dirty.sum() >= limit && inner.clearing_allowed()
+}
+
+/// One sweep (see the module documentation); returns the number of bits cleared.
+pub(super) async fn sweep(inner: &Arc<Inner>, min_age: u32) -> io::Result<u64> {
+    let _one_at_a_time = inner.sweep_lock.lock().await;
+    inner.kick_pending.store(false, Ordering::Release);
+    inner.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+    if !inner.clearing_allowed() {
+        return Ok(0);
+    }
+    let candidates = age_idle_chunks(inner, min_age);
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let advance = {
+        let mut h = inner.header.lock();
+        let advance = h.events_cleared != h.events;
+        h.events_cleared = h.events;
+        advance
+    };
+    if advance {
+        inner.write_header().await?;
+    }
+    inner.flush_members().await?;
+    if !inner.clearing_allowed() {
+        return Ok(0);
+    }
+    Ok(clear(inner, &candidates).await)
+}
+
+/// Step 1: ages idle chunks; returns `(chunk, state word left by the aging CAS)` for those
+/// that reached `min_age`, ascending.
+fn age_idle_chunks(inner: &Inner, min_age: u32) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    let chunks = inner.chunks();
+    for (p, page) in inner.pages.iter().enumerate() {
+        let Some(block) = page.chunks.get() else { continue };
+        for (w, word) in page.words.iter().enumerate() {
+            if p == 0 && (w as u64) < FIRST_CHUNK_BIT / 64 {
+                continue;
+            }
+            let mut bits = word.load(Ordering::Acquire);
+            while bits != 0 {
+                let b = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let chunk = slot_chunk(p, b);
+                if chunk >= chunks {
+                    break;
+                }
+                let state = &block[b];
+                let old = state.load(Ordering::Acquire);
+                if !ChunkState::sweepable(old) {
+                    continue;
+                }
+                let age = (ChunkState::age(old) + 1).min(ChunkState::AGE_MAX);
+                let new = ChunkState::with_age(old, age);
+                if new != old && state.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    continue; // a write started: not idle
+                }
+                if age >= min_age {
+                    out.push((chunk, new));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Step 4: clears the candidates still untouched since aging and writes their pages.
+async fn clear(inner: &Arc<Inner>, candidates: &[(u64, u32)]) -> u64 {
+    let mut cleared = 0u64;
+    let mut waits = Vec::new();
+    let mut i = 0;
+    while i < candidates.len() {
+        let p = chunk_slot(candidates[i].0).0;
+        let j = i + candidates[i..].iter().take_while(|(c, _)| chunk_slot(*c).0 == p).count();
+        let group = &candidates[i..j];
+        let need = inner.join_round(p, false, RoundKind::Clear, |page| {
+            let block = page.chunk_block();
+            let mut any = false;
+            for &(chunk, expected) in group {
+                let bit = chunk_slot(chunk).1;
+                let new = ChunkState::with_age(expected & !ChunkState::DURABLE, 0);
+                if block[bit].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    page.clear_bit(bit);
+                    inner.account(chunk, expected, new);
+                    any = true;
+                    cleared += 1;
+                }
+            }
+            any
+        });
+        waits.extend(need.map(|n| (p, n)));
+        i = j;
+    }
+    inner.stats.bits_cleared.fetch_add(cleared, Ordering::Relaxed);
+    for (p, need) in waits {
+        if let Err(e) = inner.wait_round(p, need).await {
+            // The bits stay set on disk: safe, only more resync work after a crash.
+            tracing::warn!("{}: writing cleared bitmap bits: {e}", inner.name);
+        }
+    }
+    cleared
+}
