@@ -352,13 +352,13 @@ impl ThinDev {
                 WriteDecision::InPlace { data_block, txn } => {
                     // The fast path: nothing but the data write (and, for FUA to a mapping not
                     // yet committed, a commit round after it).
+                    // The data write carries FUA itself: a commit round that starts while it
+                    // is in flight may commit the mapping without flushing this data.
                     let guard = IoRef { dev: &self, vblock, write: true };
-                    let committed = self.pool.state.is_committed(txn);
-                    let flags = if fua && committed { WriteFlags::FUA } else { WriteFlags::NONE };
-                    let r = self.pool.data.write(data_block * bs + off, data, flags).await;
+                    let r = self.pool.data.write(data_block * bs + off, data, WriteFlags { fua }).await;
                     drop(guard);
                     r.map_err(|e| self.data_error(e, "write", vblock, data_block))?;
-                    if fua && !committed {
+                    if fua {
                         self.pool.commit_covering(txn).await?;
                     }
                     return Ok(());
@@ -393,12 +393,10 @@ impl ThinDev {
         if let Known::Mapped(c) = known
             && !self.table.is_shared(&c)
         {
-            let committed = self.pool.state.is_committed(c.txn);
-            let flags = if fua && committed { WriteFlags::FUA } else { WriteFlags::NONE };
-            let r = self.pool.data.write(c.data_block * bs + off, data, flags).await;
+            let r = self.pool.data.write(c.data_block * bs + off, data, WriteFlags { fua }).await;
             cell.release(known);
             r.map_err(|e| self.data_error(e, "write", vblock, c.data_block))?;
-            if fua && !committed {
+            if fua {
                 self.pool.commit_covering(c.txn).await?;
             }
             return Ok(());
