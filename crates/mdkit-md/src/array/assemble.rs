@@ -454,7 +454,9 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
     if degraded > 0 {
         notes.push(format!("started degraded: {degraded} of {raid_disks} roles without an in-sync member"));
     }
-    if resync_cp != MAX_SECTOR {
+    if forced {
+        notes.push("stale member(s) forced in: resync from sector 0".to_string());
+    } else if resync_cp != MAX_SECTOR {
         notes.push(format!("unclean shutdown: resync from sector {resync_cp}"));
     }
     for (r, m) in table.recovering() {

@@ -4,8 +4,8 @@
 //! `resync_offset` (0 while the array is active, else the resync checkpoint), `dev_roles`
 //! (every member's role: slot, 0xfffe faulty, 0xffff spare/absent), and per member
 //! `feature_map` / `recovery_offset` (RECOVERY_OFFSET while it rebuilds, REPLACEMENT when it
-//! replaces), then the checksum — whole 4 KiB blocks, FUA, all members concurrently, the bitmap
-//! superblock first. A member whose write fails is failed and another round records that; when
+//! replaces), then the checksum — whole 4 KiB blocks, each member flushed first and the block
+//! written FUA (md's PREFLUSH|FUA), all members concurrently, the bitmap superblock first. A member whose write fails is failed and another round records that; when
 //! no member can be written (or the last one the array needs fails), the array stops writing and
 //! reports needs-check.
 //!
@@ -183,12 +183,18 @@ impl ArrayCore {
                 .map_err(|e| RoundError::Fatal(format!("member {}: superblock does not encode: {e}", m.name())))?;
             blocks.push((sb, SharedBuf::from_slice(&block)));
         }
-        let results = join_all(
-            members
-                .iter()
-                .zip(&blocks)
-                .map(|(m, (_, buf))| self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone())),
-        )
+        // Preflush, then FUA (md_super_write: REQ_PREFLUSH | REQ_FUA): a superblock that says
+        // "clean" or advances a checkpoint must not reach the medium before the data it vouches
+        // for.
+        let results = join_all(members.iter().zip(&blocks).map(|(m, (_, buf))| async move {
+            m.device().flush().await.map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{}: member {}: flush before the superblock: {e}", self.name(), m.name()),
+                )
+            })?;
+            self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone()).await
+        }))
         .await;
         let mut written = 0usize;
         for ((m, (sb, _)), r) in members.iter().zip(blocks).zip(results) {

@@ -35,7 +35,8 @@ use crate::format::superblock::MAX_SECTOR;
 pub const STEP_SECTORS: u64 = 2048;
 /// Steps in flight at once.
 pub const STEP_DEPTH: usize = 4;
-/// How often progress is written to the superblocks.
+/// How often progress is written to the superblocks: at least this often, and after every
+/// sixteenth of the domain (as md: `resync_max_sectors >> 4`), whichever comes first.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(3);
 /// md defaults (KiB/s): /proc/sys/dev/raid/speed_limit_min and _max.
 pub const DEFAULT_SPEED_MIN_KIB: u64 = 1000;
@@ -440,6 +441,8 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
     let mut pos = w.start;
     let mut pacer = Pacer::new(core, pos);
     let mut last_checkpoint = Instant::now();
+    let mut last_checkpoint_pos = pos;
+    let checkpoint_sectors = (w.end / 16).max(STEP_SECTORS * STEP_DEPTH as u64);
     let mut error: Option<io::Error> = None;
     let targets: Vec<Arc<Member>> = core.slots().recovering().into_iter().map(|(_, m)| m).collect();
     while pos < w.end {
@@ -476,8 +479,10 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
         if error.is_some() {
             break;
         }
-        if last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL && matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
+        let due = last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL || pos - last_checkpoint_pos >= checkpoint_sectors;
+        if due && matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
             last_checkpoint = Instant::now();
+            last_checkpoint_pos = pos;
             if let Err(e) = core.update_superblocks("sync checkpoint").await {
                 error = Some(e);
                 break;

@@ -100,7 +100,7 @@ pub fn opts(
     assume_clean: bool,
 ) -> CreateOptions {
     let mut o = CreateOptions::new("md-test", level, raid_devices);
-    o.chunk_kib = chunk_kib;
+    o.chunk_kib = if level.uses_chunks() { chunk_kib } else { None };
     o.layout = layout;
     o.bitmap = if bitmap { BitmapRequest::Internal { chunk_bytes: Some(1 << 20) } } else { BitmapRequest::None };
     o.assume_clean = assume_clean;
