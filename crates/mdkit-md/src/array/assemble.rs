@@ -23,18 +23,17 @@ use std::sync::Arc;
 use mdkit_io::{BlockDeviceExt, DeviceRef};
 
 use super::Array;
-use super::bitmap_fallback::FallbackBitmap;
-use super::core::{ArrayCore, ArrayInfo};
+use super::bitmap::{BitmapArrayInfo, WriteIntentBitmap};
+use super::core::{ArrayCore, ArrayInfo, BitmapFailSink};
 use super::member::{Member, flag};
 use super::personality::Personality;
 use super::slots::SlotTable;
 use super::{raid0, raid1, raid5, raid10};
-use crate::format::bitmap::BitmapSuper;
+use crate::format::format_uuid;
 use crate::format::superblock::{
     Freshness, MAX_SECTOR, MetadataVersion, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE, SB_BLOCK_BYTES,
     Superblock, feature, member_freshness, superblock_locations,
 };
-use crate::format::{METADATA_BLOCK_BYTES, format_uuid};
 use crate::layout::{ArrayGeometry, Level};
 
 /// A member device handed to assembly or creation: a name for messages (its path) and the device.
@@ -440,12 +439,25 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
         resync_cp = 0;
     }
 
-    // The bitmap, from an in-sync holder.
+    // The write-intent bitmap, from every working member (md_bitmap_load).
+    let sink = Arc::new(BitmapFailSink::default());
     let bitmap = if refsb.feature_map & feature::BITMAP_OFFSET != 0 && pers.has_redundancy() {
-        let holder = (0..raid_disks)
-            .find_map(|r| table.in_sync(r).cloned())
-            .ok_or_else(|| fail("no in-sync member to read the bitmap from".into(), &refused))?;
-        Some(load_bitmap(&name, &holder, &uuid, refsb.events).await?)
+        let members: Vec<super::bitmap::BitmapMember> = table
+            .working_members()
+            .iter()
+            .filter_map(|m| {
+                super::bitmap::BitmapMember::from_superblock(m.dev_number, m.device().clone(), &m.superblock()).ok()
+            })
+            .collect();
+        let info = BitmapArrayInfo {
+            name: name.clone(),
+            set_uuid: uuid,
+            events: refsb.events,
+            resync_offset_sectors: resync_cp,
+            sync_size_sectors: pers.sync_domain_sectors(),
+            degraded: table.missing_in_sync() > 0,
+        };
+        Some(WriteIntentBitmap::load(members, info, sink.fail_fn()).await.map_err(|e| fail(e.to_string(), &refused))?)
     } else {
         None
     };
@@ -475,24 +487,7 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
         metadata: refsb.metadata_version(),
     };
     let core = ArrayCore::new(info, pers, table, refsb.events, resync_cp, bitmap);
-    let array = Array::start(core, opts.start_frozen);
+    let array = Array::start(core, opts.start_frozen, Some(sink));
     tracing::info!(array = %name, level = level.name(), uuid = %format_uuid(&uuid), degraded, refused = refused.len(), "array assembled");
     Ok(Assembled { array, refused, notes })
-}
-
-/// Reads and validates the bitmap superblock and page 0 from `m`.
-async fn load_bitmap(name: &str, m: &Arc<Member>, uuid: &[u8; 16], events: u64) -> io::Result<FallbackBitmap> {
-    let sb = m.superblock();
-    let sector = sb.bitmap_sector().ok_or_else(|| invalid(format!("{name}: member {}: no bitmap offset", m.name())))?;
-    let page0 = m.device().read_vec(sector * 512, METADATA_BLOCK_BYTES).await.map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("{name}: member {}: reading the bitmap at byte {}: {e}", m.name(), sector * 512),
-        )
-    })?;
-    let bms = BitmapSuper::decode(&page0)
-        .map_err(|e| invalid(format!("{name}: member {}: bitmap at byte {}: {e}", m.name(), sector * 512)))?;
-    bms.check_against_array(uuid, events).map_err(|e| invalid(format!("{name}: member {}: bitmap: {e}", m.name())))?;
-    let location = sb.bitmap_offset_sectors().unwrap_or(0);
-    FallbackBitmap::new(bms, page0, location).map_err(|e| invalid(format!("{name}: member {}: bitmap: {e}", m.name())))
 }

@@ -11,7 +11,8 @@
 //! Writable: `sync_action` (idle frozen check repair resync recover), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
-//! `writemostly`, `-writemostly`), and the personality's writable attributes.
+//! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks),
+//! `flush_batching`, and the personality's writable attributes.
 
 use std::io;
 use std::time::Duration;
@@ -120,6 +121,7 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
     if let Some(bm) = &core.bitmap {
         v.extend(bm.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     }
+    v.extend(core.flusher.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     v.extend(core.personality().attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     v
 }
@@ -215,6 +217,15 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
         }
         _ => {
             if let Some(r) = core.personality().set_attribute(name, value) {
+                return r;
+            }
+            if let Some(r) = core.flusher.set_attribute(name, value) {
+                return r;
+            }
+            if name.starts_with("bitmap/")
+                && let Some(bm) = &core.bitmap
+                && let Some(r) = bm.set_attribute(name, value)
+            {
                 return r;
             }
             if all(core, array.size_bytes()).iter().any(|(k, _)| k == name) {
@@ -314,7 +325,15 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
         },
         "bitmap": core.bitmap.as_ref().map(|b| {
             let h = b.header();
-            json!({ "chunk_bytes": h.chunk_bytes, "events": h.events, "events_cleared": h.events_cleared, "all_bits_set": b.all_bits_set() })
+            let st = b.stats();
+            json!({
+                "chunk_bytes": h.chunk_bytes,
+                "chunks": b.geometry().chunks(),
+                "dirty_chunks": st.dirty_chunks,
+                "needed_chunks": st.needed_chunks,
+                "events": h.events,
+                "events_cleared": h.events_cleared,
+            })
         }),
         "members": members,
     })

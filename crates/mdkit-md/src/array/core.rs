@@ -10,7 +10,8 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use super::barrier::RegionBarrier;
-use super::bitmap_fallback::FallbackBitmap;
+use super::bitmap::{BitmapMember, FailFn, WriteIntentBitmap};
+use super::flush::FlushBatcher;
 use super::gate::WriteGate;
 use super::io::join_all;
 use super::member::{Member, flag};
@@ -55,7 +56,10 @@ pub struct ArrayCore {
     /// Region barrier over the sync domain: user writes vs sync work.
     pub barrier: RegionBarrier,
     pub(crate) sb: SbState,
-    pub(crate) bitmap: Option<FallbackBitmap>,
+    /// The write-intent bitmap (`array/bitmap.rs`), when the array has one.
+    pub bitmap: Option<WriteIntentBitmap>,
+    /// One member-flush round serves every flush that arrived before it.
+    pub flusher: FlushBatcher,
     /// Sync domain below this is known in sync; [`MAX_SECTOR`] when the whole array is.
     resync_cp: AtomicU64,
     failures_noted: AtomicU64,
@@ -78,7 +82,7 @@ impl ArrayCore {
         slots: SlotTable,
         events: u64,
         resync_cp: u64,
-        bitmap: Option<FallbackBitmap>,
+        bitmap: Option<WriteIntentBitmap>,
     ) -> ArrayCore {
         ArrayCore {
             info,
@@ -90,6 +94,7 @@ impl ArrayCore {
             barrier: RegionBarrier::new(),
             sb: SbState::new(events),
             bitmap,
+            flusher: FlushBatcher::new(),
             resync_cp: AtomicU64::new(resync_cp),
             failures_noted: AtomicU64::new(0),
             failures_recorded: AtomicU64::new(0),
@@ -269,11 +274,39 @@ impl ArrayCore {
     }
 
     //--------------------------------------------------------------------------------------------
+    // Bitmap
+
+    /// The bitmap's view of the membership: every working member (spares too, so a spare's
+    /// copy is current before it takes a role). The bitmap reports failures by `dev_number`.
+    pub(crate) fn bitmap_members(&self, slots: &SlotTable) -> Vec<BitmapMember> {
+        slots
+            .working_members()
+            .iter()
+            .filter_map(|m| BitmapMember::from_superblock(m.dev_number, m.device().clone(), &m.superblock()).ok())
+            .collect()
+    }
+
+    /// Brings the bitmap's member set and degraded flag up to date (after membership or state
+    /// changes; the superblock writer calls it every round).
+    pub(crate) fn refresh_bitmap(&self) {
+        if let Some(bm) = &self.bitmap {
+            let slots = self.slots();
+            bm.set_members(self.bitmap_members(&slots));
+            bm.set_degraded(slots.missing_in_sync() > 0);
+        }
+    }
+
+    //--------------------------------------------------------------------------------------------
     // Flush
 
-    /// Flushes every working member concurrently. A member whose flush fails is failed; the
-    /// flush succeeds when the array can still run and the failures are recorded.
+    /// Flushes every working member (batched: one round serves every flush that arrived before
+    /// it started). A member whose flush fails is failed; the flush succeeds when the array can
+    /// still run and the failures are recorded.
     pub async fn flush_members(&self) -> io::Result<()> {
+        self.flusher.flush(|| self.flush_round()).await
+    }
+
+    async fn flush_round(&self) -> io::Result<()> {
         let slots = self.slots();
         let members = slots.working_members();
         let results = join_all(members.iter().map(|m| self.member_flush(m))).await;
@@ -338,6 +371,42 @@ impl ArrayCore {
                 self.gate.abort_clean();
                 Err(e)
             }
+        }
+    }
+}
+
+/// The bitmap's member-failure callback: fails the member with that `dev_number` in the array,
+/// once the array exists (failures reported while the bitmap loads are applied at start).
+#[derive(Default)]
+pub(crate) struct BitmapFailSink {
+    core: std::sync::OnceLock<std::sync::Weak<ArrayCore>>,
+    early: Mutex<Vec<(u32, String)>>,
+}
+
+impl BitmapFailSink {
+    pub(crate) fn fail_fn(self: &Arc<Self>) -> FailFn {
+        let sink = self.clone();
+        Arc::new(move |dev_number: u32, e: &io::Error| {
+            sink.report(dev_number, format!("write-intent bitmap I/O failed: {e}"))
+        })
+    }
+
+    fn report(&self, dev_number: u32, why: String) {
+        match self.core.get().and_then(std::sync::Weak::upgrade) {
+            Some(core) => {
+                if let Some(m) = core.slots().all_members().into_iter().find(|m| m.dev_number == dev_number) {
+                    core.fail_member(&m, &why);
+                }
+            }
+            None => self.early.lock().push((dev_number, why)),
+        }
+    }
+
+    /// Connects the sink to its array and applies what was reported before.
+    pub(crate) fn attach(&self, core: &Arc<ArrayCore>) {
+        let _ = self.core.set(Arc::downgrade(core));
+        for (dev_number, why) in std::mem::take(&mut *self.early.lock()) {
+            self.report(dev_number, why);
         }
     }
 }

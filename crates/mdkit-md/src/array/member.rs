@@ -23,6 +23,9 @@ pub mod flag {
     pub const WANT_REPLACEMENT: u32 = 8;
     /// Read only when no other copy is readable (raid1 write-mostly).
     pub const WRITE_MOSTLY: u32 = 16;
+    /// Re-added with a write-intent bitmap: only the chunks the bitmap says are needed are
+    /// rebuilt (md's RECOVERY_BITMAP).
+    pub const BITMAP_RECOVERY: u32 = 32;
 }
 
 /// One member device.

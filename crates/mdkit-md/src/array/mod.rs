@@ -20,7 +20,7 @@
 //! | [`assemble`], [`create`] | starting arrays from members, creating new ones            |
 //! | [`attrs`]         | md's sysfs-named attributes                                       |
 //! | [`raid0`], [`raid1`], [`raid10`], [`raid5`] | the personalities (`raid5`: dispatch point) |
-//! | [`bitmap_fallback`] | interim write-intent bitmap (all bits set, never cleared)       |
+//! | [`bitmap`], [`flush`] | the write-intent bitmap; flush batching                    |
 //!
 //! An array must be created or assembled inside a tokio runtime: it runs two background tasks
 //! (the array daemon: safe-mode clean marking and failure recording; the sync engine). Stop it
@@ -31,7 +31,6 @@ pub mod assemble;
 pub mod attrs;
 pub mod barrier;
 pub mod bitmap;
-pub mod bitmap_fallback;
 pub mod core;
 pub mod create;
 pub mod flush;
@@ -84,8 +83,11 @@ fn needs_check_error(core: &ArrayCore, reason: &str) -> stdio::Error {
 
 impl Array {
     /// Starts the background tasks of an assembled core.
-    pub(crate) fn start(core: ArrayCore, frozen: bool) -> Array {
+    pub(crate) fn start(core: ArrayCore, frozen: bool, bitmap_sink: Option<Arc<self::core::BitmapFailSink>>) -> Array {
         let core = Arc::new(core);
+        if let Some(sink) = bitmap_sink {
+            sink.attach(&core);
+        }
         if frozen {
             let _ = core.sync.request("frozen");
         }
@@ -152,6 +154,13 @@ impl Array {
         }
         core.personality().stop(core).await?;
         let flushed = core.flush_members().await;
+        // Clear idle bits (after a flush) and write the bitmap superblock before the final
+        // superblocks, as md does on stop.
+        let bitmap_done = match &core.bitmap {
+            Some(bm) => bm.shutdown().await,
+            None => Ok(()),
+        };
+        let flushed = flushed.and(bitmap_done);
         if core.needs_check().is_some() {
             return flushed;
         }
@@ -226,7 +235,11 @@ impl Array {
         let block = sb.encode().map_err(|e| stdio::Error::other(format!("{}: {}: {e}", self.name(), dev.name)))?;
         let m = Arc::new(Member::new(dev.name.clone(), dev.dev.clone(), sb.clone()));
         if let Some(bm) = &self.core.bitmap {
-            bm.initialise_member(&self.core, &m).await?;
+            // The new member's bitmap copy is complete before its superblock points at it.
+            let mut t = (*slots).clone();
+            t.add_spare(m.clone());
+            bm.set_members(self.core.bitmap_members(&t));
+            bm.sync_all_pages().await?;
         }
         self.core.member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
         let mut t = (*slots).clone();
@@ -327,7 +340,7 @@ impl Array {
         let in_sync = sb.events == events && sb.feature_map & crate::format::superblock::feature::RECOVERY_OFFSET == 0;
         if !in_sync {
             let covered = match &self.core.bitmap {
-                Some(bm) => sb.events >= bm.header().events_cleared && sb.events <= events,
+                Some(bm) => bm.can_readd(sb.events) && sb.events <= events,
                 None => false,
             };
             if !covered {
@@ -341,7 +354,9 @@ impl Array {
         if in_sync {
             m.set(flag::IN_SYNC);
         } else {
+            // Recovered from the bitmap: only the chunks written while it was away.
             m.set_recovery_offset(0);
+            m.set(flag::BITMAP_RECOVERY);
         }
         let mut t = (*slots).clone();
         if let Some(old) = t.slot(role).and_then(|s| s.member.clone()) {
@@ -506,12 +521,21 @@ impl Array {
         let pers = core.personality().clone();
         let range = pers.sync_range_of(off, len);
         if let Some(bm) = &core.bitmap {
-            bm.start_write(core).await?;
+            bm.start_write(range.clone()).await?;
         }
+        let slots = core.slots();
+        let all_roles = (0..slots.raid_disks()).all(|r| slots.working(r).is_some());
+        let failures_before = core.failures_noted();
         let r = {
-            let _w = core.barrier.enter_write(range).await;
+            let _w = core.barrier.enter_write(range.clone()).await;
             f(core, &*pers, off, len).await
         };
+        if let Some(bm) = &core.bitmap {
+            // "Reached every role": nothing was missing and no member failed meanwhile;
+            // otherwise the chunks stay needed for the member that missed the write.
+            let complete = r.is_ok() && all_roles && core.failures_noted() == failures_before;
+            bm.end_write(range, complete);
+        }
         // Acknowledge only once every member failure seen so far is durable.
         let settled = core.settle_failures().await;
         r.and(settled)

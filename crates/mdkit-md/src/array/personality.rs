@@ -143,6 +143,12 @@ pub trait Personality: Send + Sync + 'static {
         self.sync_domain_sectors()
     }
 
+    /// Whether recovery ranges are sync-domain ranges (so a bitmap-guided recovery can skip the
+    /// chunks the bitmap does not need). False for raid10, which rebuilds by member sector.
+    fn recovery_uses_sync_domain(&self) -> bool {
+        true
+    }
+
     /// Sync-domain range touched by an array range (for bitmap bits and barriers).
     fn sync_range_of(&self, offset_sectors: u64, len_sectors: u64) -> Range<u64>;
 

@@ -179,6 +179,10 @@ impl Personality for Raid10 {
         self.geo.dev_sectors()
     }
 
+    fn recovery_uses_sync_domain(&self) -> bool {
+        false
+    }
+
     fn sync_range_of(&self, offset_sectors: u64, len_sectors: u64) -> Range<u64> {
         offset_sectors..offset_sectors + len_sectors
     }

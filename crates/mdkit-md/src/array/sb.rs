@@ -169,10 +169,17 @@ impl ArrayCore {
         let mut failed: Vec<(Arc<Member>, String)> = Vec::new();
 
         // Bitmap superblock first (md_update_sb: md_bitmap_update_sb before the md superblocks).
+        // Members whose bitmap write fails are failed through the bitmap's callback.
         if let Some(bm) = &self.bitmap {
-            match bm.write_events(self, &members, events).await {
-                Ok(errs) => failed.extend(errs.into_iter().map(|(m, e)| (m, e.to_string()))),
-                Err(e) => return Err(RoundError::Fatal(format!("bitmap superblock: {e}"))),
+            self.refresh_bitmap();
+            if let Err(e) = bm.update_superblock(events).await {
+                return Err(RoundError::Fatal(format!("bitmap superblock: {e}")));
+            }
+            let members_now = self.slots().working_members();
+            for m in &members {
+                if !members_now.iter().any(|x| Arc::ptr_eq(x, m)) || m.is_faulty() {
+                    failed.push((m.clone(), "its bitmap write failed".into()));
+                }
             }
         }
         let mut blocks = Vec::with_capacity(members.len());

@@ -13,6 +13,11 @@
 //! Speed follows md: up to `sync_speed_min` (KiB/s) always; above it only while the array sees
 //! no user I/O, and never above `sync_speed_max`.
 //!
+//! With a write-intent bitmap, a resync (and the recovery of a member re-added with the bitmap)
+//! visits only the chunks the bitmap says are needed; a completed resync or recovery that leaves
+//! the array whole tells the bitmap so (`end_sync`), and a rebuilt member's bitmap copy is
+//! written in full before it is marked in sync.
+//!
 //! Beyond md, check/repair keep the list of mismatched ranges (sync-domain sectors), not only
 //! their count.
 
@@ -28,7 +33,7 @@ use tokio::sync::Notify;
 use super::core::ArrayCore;
 use super::io::join_all;
 use super::member::{Member, flag};
-use super::personality::{Personality, SyncMode};
+use super::personality::{Personality, SyncMode, SyncOutcome};
 use crate::format::superblock::MAX_SECTOR;
 
 /// Sectors per sync step (1 MiB).
@@ -441,27 +446,51 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
     let mut pos = w.start;
     let mut pacer = Pacer::new(core, pos);
     let mut last_checkpoint = Instant::now();
-    let mut last_checkpoint_pos = pos;
+    let mut synced_since_checkpoint = 0u64;
     let checkpoint_sectors = (w.end / 16).max(STEP_SECTORS * STEP_DEPTH as u64);
     let mut error: Option<io::Error> = None;
     let targets: Vec<Arc<Member>> = core.slots().recovering().into_iter().map(|(_, m)| m).collect();
+    let bitmap_guided = core.bitmap.is_some()
+        && match w.mode {
+            SyncMode::Resync => true,
+            SyncMode::Recover => {
+                pers.recovery_uses_sync_domain()
+                    && !targets.is_empty()
+                    && targets.iter().all(|m| m.has(flag::BITMAP_RECOVERY))
+            }
+            SyncMode::Check | SyncMode::Repair => false,
+        };
     while pos < w.end {
         if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
             break;
         }
-        pacer.pace(core, pos, generation).await;
         let ranges: Vec<Range<u64>> = (0..STEP_DEPTH as u64)
             .map(|i| pos + i * STEP_SECTORS)
             .take_while(|s| *s < w.end)
             .map(|s| s..(s + STEP_SECTORS).min(w.end))
             .collect();
-        let results = join_all(ranges.iter().map(|r| pers.sync_range(core, w.mode, r.start, r.end - r.start))).await;
-        for (r, res) in ranges.iter().zip(results) {
+        // With a bitmap, ranges it does not need are skipped without I/O (or pacing).
+        let needed: Vec<bool> = ranges.iter().map(|r| !bitmap_guided || range_needed(core, r)).collect();
+        if needed.iter().any(|n| *n) {
+            pacer.pace(core, pos, generation).await;
+        }
+        let work = ranges.iter().zip(&needed).filter(|(_, n)| **n).map(|(r, _)| r);
+        let mut results =
+            join_all(work.map(|r| pers.sync_range(core, w.mode, r.start, r.end - r.start))).await.into_iter();
+        for (r, n) in ranges.iter().zip(&needed) {
+            let res = if *n {
+                results.next().unwrap_or_else(|| Ok(SyncOutcome::default()))
+            } else {
+                Ok(SyncOutcome::default())
+            };
             match res {
                 Ok(o) => {
                     note_mismatches(core, o.mismatch_sectors, o.mismatch_ranges);
                     if error.is_none() {
                         pos = r.end;
+                        if *n {
+                            synced_since_checkpoint += r.end - r.start;
+                        }
                     }
                 }
                 Err(e) => {
@@ -479,10 +508,10 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
         if error.is_some() {
             break;
         }
-        let due = last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL || pos - last_checkpoint_pos >= checkpoint_sectors;
-        if due && matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
+        let due = last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL || synced_since_checkpoint >= checkpoint_sectors;
+        if due && synced_since_checkpoint > 0 && matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
             last_checkpoint = Instant::now();
-            last_checkpoint_pos = pos;
+            synced_since_checkpoint = 0;
             if let Err(e) = core.update_superblocks("sync checkpoint").await {
                 error = Some(e);
                 break;
@@ -513,6 +542,20 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
     core.sync.idle_changed.notify_waiters();
 }
 
+/// Whether the bitmap needs any chunk of the sync-domain range.
+fn range_needed(core: &ArrayCore, r: &Range<u64>) -> bool {
+    let Some(bm) = &core.bitmap else { return true };
+    let chunk = bm.geometry().chunk_sectors().max(1);
+    let mut s = r.start / chunk * chunk;
+    while s < r.end {
+        if bm.chunk_needs_sync(s.max(r.start)) {
+            return true;
+        }
+        s += chunk;
+    }
+    false
+}
+
 /// Records progress in memory (the superblocks get it at the next checkpoint).
 fn advance(core: &ArrayCore, w: &Work, targets: &[Arc<Member>], pos: u64) {
     match w.mode {
@@ -529,6 +572,22 @@ fn advance(core: &ArrayCore, w: &Work, targets: &[Arc<Member>], pos: u64) {
 }
 
 async fn finish(core: &Arc<ArrayCore>, w: &Work, targets: &[Arc<Member>], completed: bool) {
+    if completed
+        && matches!(w.mode, SyncMode::Resync | SyncMode::Recover)
+        && let Some(bm) = &core.bitmap
+    {
+        let slots = core.slots();
+        let whole = (0..slots.raid_disks()).all(|r| slots.working(r).is_some());
+        if whole {
+            if w.mode == SyncMode::Recover
+                && let Err(e) = bm.sync_all_pages().await
+            {
+                tracing::error!(array = core.name(), "writing the bitmap to rebuilt members: {e}");
+                return;
+            }
+            bm.end_sync(0..core.personality().sync_domain_sectors());
+        }
+    }
     let r = match (w.mode, completed) {
         (SyncMode::Resync, true) => {
             core.set_resync_checkpoint(MAX_SECTOR);
@@ -557,6 +616,7 @@ async fn complete_recovery(core: &Arc<ArrayCore>, targets: &[Arc<Member>]) -> io
         }
         let Some(role) = slots.role_of(m) else { continue };
         m.set(flag::IN_SYNC);
+        m.clear(flag::BITMAP_RECOVERY);
         m.set_recovery_offset(MAX_SECTOR);
         if m.has(flag::REPLACEMENT) {
             m.clear(flag::REPLACEMENT);
