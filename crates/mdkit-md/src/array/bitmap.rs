@@ -15,9 +15,10 @@
 //! ```text
 //!  start_write(range)          per chunk: one CAS on the chunk's own counter
 //!    bit already durable  ---> return                                 (no lock, no I/O)
-//!    bit not durable      ---> page lock: set bit, join the page's next round
-//!                              round writer: snapshot page, one FUA 4 KiB write per member
-//!                              every request that joined before the snapshot is served
+//!    bit not durable      ---> round lock: set bit, join the next round
+//!                              round writer: snapshot the wanted pages, one FUA write per
+//!                              member per run of adjacent pages (whole 4 KiB pages); every
+//!                              request that joined before the snapshot is served
 //!  end_write(range, ok)        per chunk: one CAS (pending - 1; NEEDED when !ok)
 //!  daemon (every time_base, or when idle dirty chunks >= flush_chunks)
 //!    age idle chunks -> events_cleared durable -> flush every member -> clear bits of chunks
@@ -185,15 +186,16 @@ pub struct BitmapStats {
     pub data_writes: u64,
     /// `start_write` calls that found every bit already durable (no lock, no I/O).
     pub fast_path_writes: u64,
-    /// Page writes issued to members (one per member per page per round).
+    /// Bitmap write requests issued to members: one per member per round per run of adjacent
+    /// pages (each whole 4 KiB pages), however many requests the round serves.
     pub page_writes: u64,
     /// Of those, read-modify-writes of a tail block that could not be padded.
     pub rmw_page_writes: u64,
-    /// Rounds that set bits (durable, FUA) — one per page however many requests waited.
+    /// Rounds that set bits (durable, FUA), however many requests and pages they served.
     pub set_rounds: u64,
     /// Rounds that wrote cleared bits.
     pub clear_rounds: u64,
-    /// Page-0 rounds written for the bitmap superblock alone (events, events_cleared).
+    /// Rounds for the bitmap superblock or whole-bitmap writes alone (events, new members).
     pub header_rounds: u64,
     /// Clear sweeps run (periodic, threshold, explicit).
     pub sweeps: u64,
@@ -253,6 +255,8 @@ struct Inner {
     retime: Notify,
     stop: Notify,
     stopped: AtomicBool,
+    /// Bitmap write rounds (group commit).
+    rounds: pages::RoundState,
     /// One clear sweep at a time (daemon, shutdown, explicit).
     sweep_lock: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use super::chunks::ChunkState;
-use super::pages::{MemberIo, Page, RoundKind, chunk_slot};
+use super::pages::{MemberIo, Page, chunk_slot};
 use super::{
     BitmapArrayInfo, BitmapMember, DEFAULT_FLUSH_CHUNKS, FailFn, Inner, PAGE_BYTES, Settings, Stats, WriteIntentBitmap,
 };
@@ -191,15 +191,8 @@ pub(super) async fn load(
     let inner =
         build_inner(&array, geo, header, &image, ios, on_member_error, |c| stale || needed(&geo, c, needed_from));
     let bitmap = WriteIntentBitmap::start(inner.clone());
-    let needs: Vec<(usize, u64)> = rewrite
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| **w)
-        .map(|(p, _)| (p, inner.join_round(p, true, RoundKind::Header, |_| true).expect("an unconditional round")))
-        .collect();
-    for (p, need) in needs {
-        inner.wait_round(p, need).await?;
-    }
+    let need = inner.join_round_pages(rewrite.iter().enumerate().filter(|(_, w)| **w).map(|(p, _)| p), true);
+    inner.wait_round(need).await?;
     tracing::info!(
         "{}: bitmap loaded: {} chunks of {} bytes, {} dirty, {} needed{}",
         array.name,
@@ -302,6 +295,7 @@ fn build_inner(
         retime: Notify::new(),
         stop: Notify::new(),
         stopped: AtomicBool::new(false),
+        rounds: Default::default(),
         sweep_lock: tokio::sync::Mutex::new(()),
         runtime: tokio::runtime::Handle::current(),
         stats: Stats::default(),

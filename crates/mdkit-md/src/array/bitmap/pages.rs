@@ -1,19 +1,22 @@
-//! Bitmap pages: the in-memory page images, the per-page write rounds (group commit) and the
-//! member I/O that writes them.
+//! Bitmap pages: the in-memory page images, the write rounds (group commit) and the member
+//! I/O that writes them.
 //!
 //! # Rounds
-//! Each page has a round counter under a short per-page lock:
+//! One round counter for the whole bitmap, under a short lock taken only by requests that need
+//! bitmap I/O (never by a write whose bits are already durable):
 //! ```text
-//!  join (under the page lock):  set bits in the image; need = started + 1; wanted = max(wanted, need)
-//!                               start the page's writer task if none runs
+//!  join (under the lock):  change bits in the images; mark their pages wanted;
+//!                          need = started + 1; wanted = max(wanted, need); start the writer if idle
 //!  writer task, while started < wanted:
-//!      (lock) started += 1, take the FUA request   (unlock)
-//!      snapshot the image  -> one 4 KiB write per working member  -> completed = started
+//!      (lock) started += 1, take the wanted pages and the FUA request   (unlock)
+//!      snapshot those pages -> per member, one write per run of adjacent pages
+//!      -> completed = started
 //!  waiter: until completed >= need; Ok when a round >= need succeeded on some member
 //! ```
 //! A round's snapshot is taken after `started` moved past every request that joined before,
-//! so it holds their bits; rounds of one page never overlap, so the last completed write of
-//! a page is also the newest content on every member.
+//! so it holds their bits; rounds never overlap, so the last completed write of a page is also
+//! its newest content on every member. However many requests wait, and however many pages they
+//! touch, a round costs one write per member per run of adjacent pages (usually one).
 
 use std::future::Future;
 use std::io;
@@ -48,11 +51,27 @@ pub(super) fn slot_chunk(page: usize, bit: usize) -> u64 {
 pub(super) struct Rounds {
     started: u64,
     wanted: u64,
+    /// Pages the next round writes, ascending.
+    pages: std::collections::BTreeSet<usize>,
     /// The next round must be FUA (someone waits for durability).
     fua: bool,
+    /// Statistics: the next round sets bits (or only clears / writes the superblock).
+    kind: Option<RoundKind>,
     writer_running: bool,
     /// Why the last failed round failed (for the waiters it leaves unserved).
     last_error: Option<(io::ErrorKind, String)>,
+}
+
+/// The round machinery of a bitmap (one per bitmap).
+pub(super) struct RoundState {
+    rounds: Mutex<Rounds>,
+    done: watch::Sender<RoundsDone>,
+}
+
+impl Default for RoundState {
+    fn default() -> RoundState {
+        RoundState { rounds: Mutex::new(Rounds::default()), done: watch::channel(RoundsDone::default()).0 }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -70,8 +89,6 @@ pub(super) struct Page {
     /// Chunk states for the chunks whose bits are in this page (indexed by bit), allocated on
     /// first use.
     pub chunks: OnceLock<Box<[AtomicU32]>>,
-    rounds: Mutex<Rounds>,
-    done: watch::Sender<RoundsDone>,
 }
 
 impl Page {
@@ -81,12 +98,7 @@ impl Page {
             .chunks_exact(8)
             .map(|w| AtomicU64::new(u64::from_le_bytes(w.try_into().expect("8-byte chunks"))))
             .collect();
-        Page {
-            words,
-            chunks: OnceLock::new(),
-            rounds: Mutex::new(Rounds::default()),
-            done: watch::channel(RoundsDone::default()).0,
-        }
+        Page { words, chunks: OnceLock::new() }
     }
 
     pub fn chunk_block(&self) -> &[AtomicU32] {
@@ -161,29 +173,56 @@ impl MemberIo {
         pages * PAGE_BYTES > self.space_bytes
     }
 
-    /// Writes page `index` (a whole page image); a page that reaches beyond the reserved
+    /// Writes pages `first..first + n` from `image` (n whole page images). Pages inside the
+    /// reserved space go in one write (split at `max_io_bytes`); a last page reaching beyond the
     /// space is merged into the 4 KiB block read from the device (read-modify-write).
-    async fn write_page(
+    async fn write_run(
         &self,
-        index: u64,
-        image: SharedBuf,
+        first: u64,
+        image: &SharedBuf,
         flags: WriteFlags,
-        rmw_count: &AtomicU64,
+        stats: &super::Stats,
     ) -> io::Result<()> {
+        let n = image.len() as u64 / PAGE_BYTES;
+        let inside = (self.space_bytes / PAGE_BYTES).saturating_sub(first).min(n);
+        let max_pages = (u64::from(self.dev.topology().max_io_bytes) / PAGE_BYTES).max(1);
+        let mut done = 0;
+        while done < inside {
+            let k = (inside - done).min(max_pages);
+            let at = self.offset_bytes + (first + done) * PAGE_BYTES;
+            let part = image.slice((done * PAGE_BYTES) as usize..((done + k) * PAGE_BYTES) as usize);
+            self.dev.write(at, part, flags).await.map_err(|e| {
+                let pages = match k {
+                    1 => format!("page {}", first + done),
+                    _ => format!("pages {}..{}", first + done, first + done + k),
+                };
+                io::Error::new(e.kind(), format!("{}: bitmap {pages} write at byte {at}: {e}", self.dev.name()))
+            })?;
+            stats.page_writes.fetch_add(1, Ordering::Relaxed);
+            done += k;
+        }
+        if inside < n {
+            debug_assert_eq!(inside + 1, n, "only the last page can reach beyond the space");
+            let page = image.slice((inside * PAGE_BYTES) as usize..((inside + 1) * PAGE_BYTES) as usize);
+            self.write_tail(first + inside, page, flags).await?;
+            stats.page_writes.fetch_add(1, Ordering::Relaxed);
+            stats.rmw_page_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write of page `index`, whose 4 KiB block extends beyond the reserved space.
+    async fn write_tail(&self, index: u64, image: SharedBuf, flags: WriteFlags) -> io::Result<()> {
         let rel = index * PAGE_BYTES;
         let at = self.offset_bytes + rel;
         let ctx = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{}: bitmap page {index} {what} at byte {at}: {e}", self.dev.name()))
         };
-        if rel + PAGE_BYTES <= self.space_bytes {
-            return self.dev.write(at, image, flags).await.map_err(|e| ctx(e, "write"));
-        }
         let ours = (self.space_bytes - rel) as usize;
         let _g = self.tail_lock.lock().await;
         let (mut block, r) = self.dev.read(at, IoBuf::uninit_contents(PAGE_BYTES as usize)).await;
         r.map_err(|e| ctx(e, "read (read-modify-write)"))?;
         block.as_mut_slice()[..ours].copy_from_slice(&image.as_slice()[..ours]);
-        rmw_count.fetch_add(1, Ordering::Relaxed);
         self.dev.write(at, block.freeze(), flags).await.map_err(|e| ctx(e, "write (read-modify-write)"))
     }
 }
@@ -275,28 +314,21 @@ impl Inner {
         }
     }
 
-    /// Sets the bits of `chunks` (ascending, each holding a pending count) in their pages, joins
-    /// each page's next FUA round, waits, then marks them durable.
+    /// Sets the bits of `chunks` (each holding a pending count), joins the next FUA round,
+    /// waits, then marks them durable.
     pub(super) async fn make_durable(self: &Arc<Self>, chunks: &[u64]) -> io::Result<()> {
-        let mut waits: Vec<(usize, u64)> = Vec::new();
-        let mut i = 0;
-        while i < chunks.len() {
-            let (p, _) = chunk_slot(chunks[i]);
-            let j = i + chunks[i..].iter().take_while(|&&c| chunk_slot(c).0 == p).count();
-            let group = &chunks[i..j];
-            let need = self.join_round(p, true, RoundKind::Set, |page| {
-                for &c in group {
-                    if page.set_bit(chunk_slot(c).1) {
-                        self.stats.bits_set.fetch_add(1, Ordering::Relaxed);
-                    }
+        let need = self.join_round(true, RoundKind::Set, |pages, wanted| {
+            for &c in chunks {
+                let (p, bit) = chunk_slot(c);
+                if pages[p].set_bit(bit) {
+                    self.stats.bits_set.fetch_add(1, Ordering::Relaxed);
                 }
-                true
-            });
-            waits.extend(need.map(|n| (p, n)));
-            i = j;
-        }
-        for (p, need) in waits {
-            self.wait_round(p, need).await?;
+                wanted.insert(p);
+            }
+            true
+        });
+        if let Some(need) = need {
+            self.wait_round(need).await?;
         }
         for &c in chunks {
             let state = self.chunk_state_alloc(c);
@@ -306,95 +338,108 @@ impl Inner {
         Ok(())
     }
 
-    /// Under page `p`'s lock runs `mark` (which changes the image and returns whether a round
-    /// is needed) and, if so, joins the next round, starting the page's writer when idle.
+    /// Under the round lock runs `mark`, which changes page images, adds the pages to write to
+    /// the set and says whether it needs a round; if so, joins the next round (starting the
+    /// writer when idle).
     /// Returns the round to wait for.
     pub(super) fn join_round(
         self: &Arc<Self>,
-        p: usize,
         fua: bool,
         kind: RoundKind,
-        mark: impl FnOnce(&Page) -> bool,
+        mark: impl FnOnce(&[Page], &mut std::collections::BTreeSet<usize>) -> bool,
     ) -> Option<u64> {
-        let page = &self.pages[p];
-        let mut r = page.rounds.lock();
-        if !mark(page) {
+        let mut r = self.rounds.rounds.lock();
+        let mut wanted = std::mem::take(&mut r.pages);
+        let needed = mark(&self.pages, &mut wanted);
+        r.pages = wanted;
+        if !needed {
             return None;
         }
         let need = r.started + 1;
         r.wanted = r.wanted.max(need);
         r.fua |= fua;
+        r.kind = Some(match (r.kind, kind) {
+            (Some(RoundKind::Set), _) | (_, RoundKind::Set) => RoundKind::Set,
+            (Some(RoundKind::Clear), _) | (_, RoundKind::Clear) => RoundKind::Clear,
+            _ => RoundKind::Header,
+        });
         if !r.writer_running {
             r.writer_running = true;
             let me = self.clone();
-            self.spawn(async move { me.write_rounds(p, kind).await });
+            self.spawn(async move { me.write_rounds().await });
         }
         Some(need)
     }
 
-    /// Waits until round `need` of page `p` (or a later one) completed; `Err` when none of them
-    /// reached a member.
-    pub(super) async fn wait_round(&self, p: usize, need: u64) -> io::Result<()> {
-        let page = &self.pages[p];
-        let mut rx = page.done.subscribe();
+    /// Joins a round writing pages `pages` as they are (superblock updates, new members).
+    pub(super) fn join_round_pages(self: &Arc<Self>, pages: impl IntoIterator<Item = usize>, fua: bool) -> u64 {
+        let pages: Vec<usize> = pages.into_iter().collect();
+        self.join_round(fua, RoundKind::Header, |_, wanted| {
+            wanted.extend(pages.iter().copied());
+            true
+        })
+        .expect("a round with pages to write")
+    }
+
+    /// Waits until round `need` (or a later one) completed; `Err` when none of them reached a
+    /// member.
+    pub(super) async fn wait_round(&self, need: u64) -> io::Result<()> {
+        let mut rx = self.rounds.done.subscribe();
         let done = match rx.wait_for(|d| d.completed >= need).await {
             Ok(d) => *d,
-            Err(_) => return Err(self.io_error(io::ErrorKind::BrokenPipe, "bitmap page writer is gone")),
+            Err(_) => return Err(self.io_error(io::ErrorKind::BrokenPipe, "bitmap writer is gone")),
         };
         if done.last_ok >= need {
             return Ok(());
         }
         let (kind, why) =
-            page.rounds.lock().last_error.clone().unwrap_or((io::ErrorKind::Other, "unknown error".into()));
-        Err(self.io_error(kind, format!("page {p} could not be written to any member: {why}")))
+            self.rounds.rounds.lock().last_error.clone().unwrap_or((io::ErrorKind::Other, "unknown error".into()));
+        Err(self.io_error(kind, format!("could not be written to any member: {why}")))
     }
 
-    /// The writer task of page `p`: runs rounds while requests wait.
-    async fn write_rounds(self: Arc<Self>, p: usize, first_kind: RoundKind) {
-        let page = &self.pages[p];
-        let mut kind = first_kind;
+    /// The writer task: runs rounds while requests wait.
+    async fn write_rounds(self: Arc<Self>) {
         loop {
-            let (round, fua) = {
-                let mut r = page.rounds.lock();
+            let (round, pages, fua, kind) = {
+                let mut r = self.rounds.rounds.lock();
                 if r.started >= r.wanted {
                     r.writer_running = false;
                     return;
                 }
                 r.started += 1;
-                (r.started, std::mem::take(&mut r.fua))
+                (r.started, std::mem::take(&mut r.pages), std::mem::take(&mut r.fua), r.kind.take())
             };
-            match (kind, fua) {
-                (RoundKind::Header, _) => &self.stats.header_rounds,
-                (_, true) => &self.stats.set_rounds,
-                (_, false) => &self.stats.clear_rounds,
+            match kind {
+                Some(RoundKind::Set) => &self.stats.set_rounds,
+                Some(RoundKind::Clear) => &self.stats.clear_rounds,
+                _ => &self.stats.header_rounds,
             }
             .fetch_add(1, Ordering::Relaxed);
-            let result = match self.page_image(p) {
-                Ok(image) => self.write_page_everywhere(p as u64, image, fua).await,
-                Err(e) => Err(e),
-            };
+            let result = self.write_pages_everywhere(&pages, fua).await;
             let ok = result.is_ok();
             if let Err(e) = result {
                 tracing::warn!("{e}");
-                page.rounds.lock().last_error = Some((e.kind(), e.to_string()));
+                self.rounds.rounds.lock().last_error = Some((e.kind(), e.to_string()));
             }
-            page.done.send_modify(|d| {
+            self.rounds.done.send_modify(|d| {
                 d.completed = round;
                 if ok {
                     d.last_ok = round;
                 }
             });
-            kind = RoundKind::Set; // later rounds of this writer serve whoever joined
         }
     }
 
-    /// A snapshot of page `p` as it goes to disk (page 0 with the encoded superblock).
-    pub(super) fn page_image(&self, p: usize) -> io::Result<SharedBuf> {
-        let mut buf = IoBuf::uninit_contents(PAGE_BYTES as usize);
-        for (dst, w) in buf.as_mut_slice().chunks_exact_mut(8).zip(self.pages[p].words.iter()) {
-            dst.copy_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
+    /// A snapshot of pages `first..first + n` as they go to disk (page 0 with the encoded
+    /// superblock).
+    pub(super) fn pages_image(&self, first: usize, n: usize) -> io::Result<SharedBuf> {
+        let mut buf = IoBuf::uninit_contents(n * PAGE_BYTES as usize);
+        for (i, dst_page) in buf.as_mut_slice().chunks_exact_mut(PAGE_BYTES as usize).enumerate() {
+            for (dst, w) in dst_page.chunks_exact_mut(8).zip(self.pages[first + i].words.iter()) {
+                dst.copy_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
+            }
         }
-        if p == 0 {
+        if first == 0 {
             let header = self.header.lock().clone();
             header.write_header(buf.as_mut_slice()).map_err(|e| {
                 self.io_error(io::ErrorKind::InvalidData, format!("refusing to write the bitmap superblock: {e}"))
@@ -403,18 +448,40 @@ impl Inner {
         Ok(buf.freeze())
     }
 
-    /// Writes one page image to every working member; members that fail are reported and
-    /// dropped from later rounds. `Ok` when at least one member took it.
-    pub(super) async fn write_page_everywhere(&self, index: u64, image: SharedBuf, fua: bool) -> io::Result<()> {
+    /// Writes `pages` (ascending) to every working member, one write per run of adjacent pages;
+    /// members that fail are reported and dropped from later rounds. `Ok` when at least one
+    /// member took every page.
+    pub(super) async fn write_pages_everywhere(
+        &self,
+        pages: &std::collections::BTreeSet<usize>,
+        fua: bool,
+    ) -> io::Result<()> {
+        let mut runs: Vec<(usize, SharedBuf)> = Vec::new();
+        let mut it = pages.iter().copied().peekable();
+        while let Some(first) = it.next() {
+            let mut n = 1;
+            while it.peek() == Some(&(first + n)) {
+                it.next();
+                n += 1;
+            }
+            runs.push((first, self.pages_image(first, n)?));
+        }
         let members = self.members_snapshot();
         let active: Vec<&Arc<MemberIo>> = members.iter().filter(|m| !m.failed.load(Ordering::Acquire)).collect();
         if active.is_empty() {
             return Err(self.io_error(io::ErrorKind::NotConnected, "no working member to write the bitmap to"));
         }
         let flags = if fua { WriteFlags::FUA } else { WriteFlags::NONE };
-        let results =
-            join_all(active.iter().map(|m| m.write_page(index, image.clone(), flags, &self.stats.rmw_page_writes)))
-                .await;
+        let results = join_all(active.iter().map(|m| {
+            let runs = &runs;
+            async move {
+                for (first, image) in runs {
+                    m.write_run(*first as u64, image, flags, &self.stats).await?;
+                }
+                Ok::<(), io::Error>(())
+            }
+        }))
+        .await;
         let mut ok = 0usize;
         let mut failures = Vec::new();
         let mut last_err = None;
@@ -429,8 +496,6 @@ impl Inner {
                 }
             }
         }
-        self.stats.page_writes.fetch_add(ok as u64, Ordering::Relaxed);
-        drop(members);
         for (slot, e) in &failures {
             tracing::warn!("{}: bitmap write failed on slot {slot}, failing the member: {e}", self.name);
             (self.on_member_error)(*slot, e);
@@ -478,22 +543,14 @@ impl Inner {
 
     /// Writes page 0 (the bitmap superblock) durably everywhere and waits.
     pub(super) async fn write_header(self: &Arc<Self>) -> io::Result<()> {
-        let need = self.join_round(0, true, RoundKind::Header, |_| true).expect("an unconditional round");
-        self.wait_round(0, need).await
+        let need = self.join_round_pages([0], true);
+        self.wait_round(need).await
     }
 
     /// Writes every page durably everywhere and waits.
     pub(super) async fn write_all_pages(self: &Arc<Self>) -> io::Result<()> {
-        let needs: Vec<(usize, u64)> = (0..self.pages.len())
-            .map(|p| (p, self.join_round(p, true, RoundKind::Header, |_| true).expect("an unconditional round")))
-            .collect();
-        let mut first_err = None;
-        for (p, need) in needs {
-            if let Err(e) = self.wait_round(p, need).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        let need = self.join_round_pages(0..self.pages.len(), true);
+        self.wait_round(need).await
     }
 
     /// Replaces the member set; new members get every page in the background.

@@ -142,39 +142,30 @@ fn age_idle_chunks(inner: &Inner, min_age: u32) -> Vec<(u64, u32)> {
     out
 }
 
-/// Step 4: clears the candidates still untouched since aging and writes their pages.
+/// Step 4: clears the candidates still untouched since aging and writes their pages (one
+/// round for all of them).
 async fn clear(inner: &Arc<Inner>, candidates: &[(u64, u32)]) -> u64 {
     let mut cleared = 0u64;
-    let mut waits = Vec::new();
-    let mut i = 0;
-    while i < candidates.len() {
-        let p = chunk_slot(candidates[i].0).0;
-        let j = i + candidates[i..].iter().take_while(|(c, _)| chunk_slot(*c).0 == p).count();
-        let group = &candidates[i..j];
-        let need = inner.join_round(p, false, RoundKind::Clear, |page| {
-            let block = page.chunk_block();
-            let mut any = false;
-            for &(chunk, expected) in group {
-                let bit = chunk_slot(chunk).1;
-                let new = ChunkState::with_age(expected & !ChunkState::DURABLE, 0);
-                if block[bit].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    page.clear_bit(bit);
-                    inner.account(chunk, expected, new);
-                    any = true;
-                    cleared += 1;
-                }
+    let need = inner.join_round(false, RoundKind::Clear, |pages, wanted| {
+        for &(chunk, expected) in candidates {
+            let (p, bit) = chunk_slot(chunk);
+            let page = &pages[p];
+            let new = ChunkState::with_age(expected & !ChunkState::DURABLE, 0);
+            if page.chunk_block()[bit].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                page.clear_bit(bit);
+                inner.account(chunk, expected, new);
+                wanted.insert(p);
+                cleared += 1;
             }
-            any
-        });
-        waits.extend(need.map(|n| (p, n)));
-        i = j;
-    }
-    inner.stats.bits_cleared.fetch_add(cleared, Ordering::Relaxed);
-    for (p, need) in waits {
-        if let Err(e) = inner.wait_round(p, need).await {
-            // The bits stay set on disk: safe, only more resync work after a crash.
-            tracing::warn!("{}: writing cleared bitmap bits: {e}", inner.name);
         }
+        cleared > 0
+    });
+    inner.stats.bits_cleared.fetch_add(cleared, Ordering::Relaxed);
+    if let Some(need) = need
+        && let Err(e) = inner.wait_round(need).await
+    {
+        // The bits stay set on disk: safe, only more resync work after a crash.
+        tracing::warn!("{}: writing cleared bitmap bits: {e}", inner.name);
     }
     cleared
 }

@@ -1,0 +1,345 @@
+//! Component-level benchmarks of the write-intent bitmap and flush batching on io_uring file
+//! members (`bench/bitmap.sh` and `bench/flush.sh` run them side by side with their references).
+//!
+//! ```text
+//! bitmap_bench bitmap --dir DIR --mode bitmap|none --chunk-bytes N --domain-gib G --qd Q
+//!                     [--members 2] [--copies 2] [--data-mib 1024] [--secs 10]
+//! bitmap_bench flush  --dir DIR --batching on|off --clients C [--members 2] [--secs 5]
+//! ```
+//! `bitmap`: Q workers each loop on one 4 KiB random write of the array — `start_write` on its
+//! chunk (mode `bitmap`), one 4 KiB data write to each of `copies` members (chosen per chunk
+//! among `members`, raid10-like when copies < members), `end_write` — the work a mirror does
+//! around the bitmap, without the rest of the array. The sync domain is `domain-gib` (so the
+//! bitmap has as many chunks as an array that size); the data writes land in a pre-written
+//! `data-mib` region of each member file at `domain offset mod region`, so both modes do the
+//! same data I/O. Mode `none` skips the bitmap (`--bitmap=none`).
+//! `flush`: C clients each loop on a 4 KiB write to every member then a flush request through
+//! the `FlushBatcher` (a round flushes every member); `--batching off` runs a round per request.
+//! `--flush-latency-us N` models a device whose cache flush costs N µs and is serviced one at a
+//! time (a wrapper adds that before each member flush); without it the file's own fdatasync
+//! cost is all there is.
+//!
+//! Prints one line `key=value ...` per run. The member files `DIR/bitmap-bench-m<i>.img` must
+//! exist and hold at least 1 MiB + `data-mib` (the script prepares them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mdkit_io::{
+    BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, IoBuf, IoFuture, MicroTimer, ReadResult, Rng,
+    SharedBuf, Topology, Tracer, WriteFlags, ZeroFlags,
+};
+use mdkit_md::array::bitmap::{BitmapArrayInfo, BitmapCreate, BitmapMember, WriteIntentBitmap};
+use mdkit_md::array::flush::FlushBatcher;
+
+const BITMAP_OFFSET_BYTES: u64 = 8192;
+const DATA_BASE_BYTES: u64 = 1 << 20;
+
+struct Args {
+    command: String,
+    dir: String,
+    mode_bitmap: bool,
+    batching: bool,
+    chunk_bytes: u32,
+    domain_gib: u64,
+    qd: usize,
+    clients: usize,
+    members: usize,
+    copies: usize,
+    data_mib: u64,
+    secs: u64,
+    flush_latency_us: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let command = it.next().ok_or("usage: bitmap_bench bitmap|flush --dir DIR ...")?;
+    let mut a = Args {
+        command,
+        dir: String::new(),
+        mode_bitmap: true,
+        batching: true,
+        chunk_bytes: 64 << 20,
+        domain_gib: 1,
+        qd: 32,
+        clients: 32,
+        members: 2,
+        copies: 2,
+        data_mib: 1024,
+        secs: 10,
+        flush_latency_us: 0,
+    };
+    while let Some(k) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{k}: '{v}' is not a number"));
+        match k.as_str() {
+            "--dir" => a.dir = v,
+            "--mode" => a.mode_bitmap = v == "bitmap",
+            "--batching" => a.batching = v == "on",
+            "--chunk-bytes" => a.chunk_bytes = u32::try_from(num(&v)?).map_err(|_| "--chunk-bytes too large")?,
+            "--domain-gib" => a.domain_gib = num(&v)?,
+            "--qd" => a.qd = num(&v)? as usize,
+            "--clients" => a.clients = num(&v)? as usize,
+            "--members" => a.members = num(&v)? as usize,
+            "--copies" => a.copies = num(&v)? as usize,
+            "--data-mib" => a.data_mib = num(&v)?,
+            "--secs" => a.secs = num(&v)?,
+            "--flush-latency-us" => a.flush_latency_us = num(&v)?,
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    if a.dir.is_empty() || a.members == 0 || a.copies == 0 || a.copies > a.members || a.qd == 0 || a.clients == 0 {
+        return Err("need --dir, members >= copies >= 1, qd >= 1, clients >= 1".into());
+    }
+    Ok(a)
+}
+
+/// A member whose flushes cost `latency` and run one at a time (a device cache flush).
+struct SerialFlush {
+    inner: DeviceRef,
+    latency: Duration,
+    timer: MicroTimer,
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl BlockDevice for SerialFlush {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn topology(&self) -> Topology {
+        self.inner.topology()
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        self.inner.read(offset_bytes, buf)
+    }
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.write(offset_bytes, buf, flags)
+    }
+    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
+        Box::pin(async move {
+            let _one = self.one_at_a_time.lock().await;
+            self.timer.sleep(self.latency).await;
+            self.inner.flush().await
+        })
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.discard(offset_bytes, len_bytes)
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.write_zeroes(offset_bytes, len_bytes, flags)
+    }
+}
+
+fn open_members(a: &Args, tracer: &Tracer) -> Result<Vec<DeviceRef>, String> {
+    (0..a.members)
+        .map(|i| {
+            let path = format!("{}/bitmap-bench-m{i}.img", a.dir);
+            let opts = FileOptions { direct: DirectMode::Require, queue_depth: 256, ..FileOptions::default() };
+            let dev: DeviceRef = Arc::new(FileDevice::open(&path, opts).map_err(|e| format!("{path}: {e}"))?);
+            let dev: DeviceRef = if a.flush_latency_us > 0 {
+                Arc::new(SerialFlush {
+                    inner: dev,
+                    latency: Duration::from_micros(a.flush_latency_us),
+                    timer: MicroTimer::new().map_err(|e| e.to_string())?,
+                    one_at_a_time: tokio::sync::Mutex::new(()),
+                })
+            } else {
+                dev
+            };
+            Ok(Arc::new(tracer.wrap(dev)) as DeviceRef)
+        })
+        .collect()
+}
+
+/// User + system CPU time of the process (from /proc/self/stat, USER_HZ = 100).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with ')'): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+async fn bench_bitmap(a: &Args) -> Result<String, String> {
+    let tracer = Tracer::new(0);
+    let devs = open_members(a, &tracer)?;
+    let domain_sectors = a.domain_gib << 21;
+    let chunk_sectors = u64::from(a.chunk_bytes) / 512;
+    let bm = if a.mode_bitmap {
+        let members = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| BitmapMember {
+                slot: i as u32,
+                dev: d.clone(),
+                bitmap_offset_bytes: BITMAP_OFFSET_BYTES,
+                space_bytes: DATA_BASE_BYTES - BITMAP_OFFSET_BYTES,
+            })
+            .collect();
+        let info = BitmapArrayInfo {
+            name: "bench".into(),
+            set_uuid: [7; 16],
+            events: 1,
+            resync_offset_sectors: u64::MAX,
+            sync_size_sectors: domain_sectors,
+            degraded: false,
+        };
+        let params = BitmapCreate { all_dirty: false, ..BitmapCreate::new(a.chunk_bytes) };
+        let fail: mdkit_md::array::bitmap::FailFn = Arc::new(|slot, e| eprintln!("member {slot} failed: {e}"));
+        Some(Arc::new(WriteIntentBitmap::create(members, info, params, fail).await.map_err(|e| e.to_string())?))
+    } else {
+        None
+    };
+    let chunks = domain_sectors.div_ceil(chunk_sectors);
+    tracer.reset();
+    let before = bm.as_ref().map(|b| b.stats());
+    let done = Arc::new(AtomicU64::new(0));
+    let lat_ns = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(a.secs);
+    let data_bytes = a.data_mib << 20;
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..a.qd)
+        .map(|w| {
+            let (bm, devs, done, lat_ns) = (bm.clone(), devs.clone(), done.clone(), lat_ns.clone());
+            let (members, copies) = (a.members as u64, a.copies as u64);
+            tokio::spawn(async move {
+                let mut rng = Rng::new(0xb17 + w as u64);
+                let buf = SharedBuf::from_slice(&[w as u8; 4096]);
+                while Instant::now() < deadline {
+                    let sector = rng.below(domain_sectors / 8) * 8;
+                    let range = sector..sector + 8;
+                    let t = Instant::now();
+                    if let Some(bm) = &bm {
+                        bm.start_write(range.clone()).await.expect("start_write");
+                    }
+                    let chunk = sector / chunk_sectors;
+                    let at = DATA_BASE_BYTES + (sector * 512) % data_bytes;
+                    for k in 0..copies {
+                        let m = ((chunk * copies + k) % members) as usize;
+                        devs[m].write(at, buf.clone(), WriteFlags::NONE).await.expect("data write");
+                    }
+                    if let Some(bm) = &bm {
+                        bm.end_write(range, true);
+                    }
+                    lat_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(|e| e.to_string())?;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let ops = done.load(Ordering::Relaxed);
+    let snap = tracer.snapshot().total();
+    let (page_writes, dirty, set_rounds) = match (&bm, &before) {
+        (Some(b), Some(s0)) => {
+            let s = b.stats();
+            (s.page_writes - s0.page_writes, s.dirty_chunks, s.set_rounds - s0.set_rounds)
+        }
+        _ => (0, 0, 0),
+    };
+    Ok(format!(
+        "mode={} chunk_bytes={} chunks={chunks} qd={} members={} copies={} iops={:.0} lat_avg_us={:.1} cpu_us_per_io={:.2} \
+         data_writes={ops} bitmap_page_writes={page_writes} bitmap_writes_per_write={:.4} set_rounds={set_rounds} dirty_chunks_at_end={dirty} \
+         member_writes={} member_writes_below_4k={} member_writes_misaligned_4k={}",
+        if a.mode_bitmap { "bitmap" } else { "none" },
+        a.chunk_bytes,
+        a.qd,
+        a.members,
+        a.copies,
+        ops as f64 / elapsed,
+        lat_ns.load(Ordering::Relaxed) as f64 / ops.max(1) as f64 / 1000.0,
+        cpu / ops.max(1) as f64 * 1e6,
+        page_writes as f64 / ops.max(1) as f64,
+        snap.ops.write.requests,
+        snap.writes_below_4k,
+        snap.writes_misaligned_4k,
+    ))
+}
+
+async fn bench_flush(a: &Args) -> Result<String, String> {
+    let tracer = Tracer::new(0);
+    let devs = Arc::new(open_members(a, &tracer)?);
+    let batcher = Arc::new(FlushBatcher::new());
+    batcher.set_batching(a.batching);
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(a.secs);
+    let data_bytes = a.data_mib << 20;
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..a.clients)
+        .map(|c| {
+            let (devs, batcher, done) = (devs.clone(), batcher.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng::new(0xf1 + c as u64);
+                let buf = SharedBuf::from_slice(&[c as u8; 4096]);
+                while Instant::now() < deadline {
+                    let at = DATA_BASE_BYTES + rng.below(data_bytes / 4096) * 4096;
+                    for d in devs.iter() {
+                        d.write(at, buf.clone(), WriteFlags::NONE).await.expect("write");
+                    }
+                    let round = {
+                        let devs = devs.clone();
+                        move || async move {
+                            for d in devs.iter() {
+                                d.flush().await?;
+                            }
+                            Ok(())
+                        }
+                    };
+                    batcher.flush(round).await.expect("flush");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.map_err(|e| e.to_string())?;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let st = batcher.stats();
+    let member_flushes = tracer.snapshot().total().ops.flush.requests;
+    Ok(format!(
+        "batching={} clients={} members={} flush_latency_us={} client_flushes_per_s={:.0} requests={} rounds={} member_flushes={member_flushes} \
+         member_flushes_per_client_flush={:.4} rounds_per_request={:.4}",
+        if a.batching { "on" } else { "off" },
+        a.clients,
+        a.members,
+        a.flush_latency_us,
+        done.load(Ordering::Relaxed) as f64 / elapsed,
+        st.requests,
+        st.rounds,
+        member_flushes as f64 / st.requests.max(1) as f64,
+        st.rounds as f64 / st.requests.max(1) as f64,
+    ))
+}
+
+fn main() {
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bitmap_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let r = rt.block_on(async {
+        match a.command.as_str() {
+            "bitmap" => bench_bitmap(&a).await,
+            "flush" => bench_flush(&a).await,
+            other => Err(format!("unknown command {other}")),
+        }
+    });
+    match r {
+        Ok(line) => println!("{line}"),
+        Err(e) => {
+            eprintln!("bitmap_bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
