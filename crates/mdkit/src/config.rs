@@ -348,7 +348,7 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("/d"));
         assert_eq!(c.control_socket, PathBuf::from("/d/mdkit.sock"));
         assert_eq!(c.volumes.len(), 1);
-        assert_eq!(c.volumes[0].kind, "file");
+        assert_eq!(c.volumes[0].kind, "md");
         assert_eq!(c.exports[0].name, "default");
         assert_eq!(c.nbd.default_export.as_deref(), Some("default"));
         assert_eq!(c.nbd.listen, vec![ListenAddr::Tcp("127.0.0.1:10809".into())]);

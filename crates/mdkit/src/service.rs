@@ -124,6 +124,8 @@ async fn start(svc: &Arc<Service>) -> Result<ControlServer> {
     for spec in &svc.config.exports {
         svc.add_export(spec.clone()).await?;
     }
+    // md arrays created or assembled at run time earlier (md-arrays.json).
+    control::md::restore(svc).await;
     for addr in &svc.config.nbd.listen {
         svc.nbd.listen(addr).await.with_context(|| format!("NBD listener {addr}"))?;
     }

@@ -17,7 +17,7 @@ fn print_default_config_is_a_valid_config_with_the_default_export() {
     std::fs::write(&cfg, &text).unwrap();
     let out = run(Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&cfg).arg("--data-dir").arg(dir.path()));
     let check = String::from_utf8(out.stdout).unwrap();
-    assert!(check.contains("volume: vol0 (kind file)") && check.contains("export: default -> volume vol0"), "{check}");
+    assert!(check.contains("volume: md0 (kind md)") && check.contains("export: default -> volume md0"), "{check}");
     assert!(check.contains("listen: 127.0.0.1:10809"), "{check}");
 }
 
@@ -43,10 +43,12 @@ fn embedded_default_creates_its_member_file_and_serves_status() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(sock.exists());
-    assert!(status.contains("vol0") && status.contains("1.0 GiB") && status.contains("default"), "{status}");
-    let meta = std::fs::metadata(data.join("vol0.img")).unwrap();
-    assert_eq!(meta.len(), 1 << 30);
-    assert!(std::os::unix::fs::MetadataExt::blocks(&meta) < 1024, "member file must be sparse");
+    assert!(status.contains("md0") && status.contains(" md ") && status.contains("default"), "{status}");
+    for m in ["md0-0.img", "md0-1.img"] {
+        let meta = std::fs::metadata(data.join(m)).unwrap();
+        assert_eq!(meta.len(), 1 << 30);
+        assert!(std::os::unix::fs::MetadataExt::blocks(&meta) < 4096, "member file {m} must stay sparse");
+    }
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());

@@ -7,6 +7,7 @@
 //! `args.control.client()?.call("cmd", json!({...}))`; the service side is a control command
 //! (see `control/mod.rs`).
 
+pub mod md;
 pub mod serve;
 pub mod status;
 
@@ -33,12 +34,33 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Show volumes, exports, listeners and counters of a running service.
     Status(status::StatusArgs),
+    /// Create an md array (through the service when it runs, else superblocks only).
+    Create(md::CreateArgs),
+    /// Show the md superblock of member devices (offline, like mdadm --examine).
+    Examine(md::ExamineArgs),
+    /// Assemble an md array from its members and start it in the service.
+    Assemble(md::AssembleArgs),
+    /// Show an md array's state, members and progress (like mdadm --detail).
+    Detail(md::NameArgs),
+    /// Stop an md array (flush, mark clean) and forget it.
+    Stop(md::NameArgs),
+    /// Add, fail, remove, re-add or replace an md array member.
+    Manage(md::ManageArgs),
+    /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
+    Attr(md::AttrArgs),
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Status(a) => status::run(a),
+        Command::Create(a) => md::create(a),
+        Command::Examine(a) => md::examine(a),
+        Command::Assemble(a) => md::assemble(a),
+        Command::Detail(a) => md::detail(a),
+        Command::Stop(a) => md::stop(a),
+        Command::Manage(a) => md::manage(a),
+        Command::Attr(a) => md::attr(a),
     }
 }
 

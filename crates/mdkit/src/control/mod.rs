@@ -17,6 +17,7 @@
 //! [`client::ControlClient::call`].
 
 pub mod client;
+pub mod md;
 mod status;
 
 use std::collections::BTreeMap;
@@ -101,6 +102,7 @@ impl Response {
 pub fn registry() -> Registry {
     let mut r = Registry::default();
     status::register(&mut r);
+    md::register(&mut r);
     r
 }
 

@@ -16,6 +16,7 @@
 //! [`Volume::as_any`] and downcast.
 
 pub mod file;
+pub mod md;
 pub mod mem;
 
 use std::any::Any;
@@ -33,7 +34,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Every volume kind the service knows. Add new kinds here.
 pub fn kinds() -> Vec<Box<dyn VolumeKind>> {
-    vec![Box::new(file::FileKind), Box::new(mem::MemKind)]
+    vec![Box::new(file::FileKind), Box::new(mem::MemKind), Box::new(md::MdKind)]
 }
 
 /// Finds the kind for `kind = "..."`.

@@ -1,0 +1,450 @@
+//! md control commands (`mdkit create`, `assemble`, `detail`, `stop`, `manage`, `attr`) and the
+//! record of arrays created or assembled at run time.
+//!
+//! | command       | args                                                                  |
+//! |---------------|-----------------------------------------------------------------------|
+//! | `md.create`   | name, members, level, raid_devices, chunk_kib, layout, bitmap,        |
+//! |               | assume_clean, metadata, member_size_bytes, export, force              |
+//! | `md.assemble` | name, members, uuid, force, export                                    |
+//! | `md.detail`   | name                                                                  |
+//! | `md.stop`     | name                                                                  |
+//! | `md.manage`   | name, action (add, fail, remove, re-add, replace), member, with       |
+//! | `md.attr`     | name, key (optional), value (optional: set)                           |
+//! | `md.list`     | —                                                                     |
+//!
+//! Members are paths (relative to the data directory) or `volume:NAME`. Arrays created or
+//! assembled through these commands are remembered in `<data_dir>/md-arrays.json` (like
+//! mdadm.conf: name, uuid, members, export) and assembled again when the service starts;
+//! `md.stop` forgets them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::Registry;
+use crate::config::ExportSpec;
+use crate::service::Service;
+use crate::volumes::Volume;
+use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array};
+
+/// File (in the data directory) recording run-time arrays.
+pub const STATE_FILE: &str = "md-arrays.json";
+
+/// One remembered array.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Remembered {
+    pub name: String,
+    pub uuid: String,
+    pub members: Vec<String>,
+    #[serde(default)]
+    pub export: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct StateFile {
+    arrays: Vec<Remembered>,
+}
+
+fn state_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(STATE_FILE)
+}
+
+fn load_state(data_dir: &Path) -> Result<StateFile> {
+    let p = state_path(data_dir);
+    match std::fs::read(&p) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("parsing {}", p.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(StateFile::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+fn save_state(data_dir: &Path, st: &StateFile) -> Result<()> {
+    let p = state_path(data_dir);
+    let tmp = p.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(st)?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &p).with_context(|| format!("renaming to {}", p.display()))?;
+    Ok(())
+}
+
+fn remember(svc: &Service, r: Remembered) -> Result<()> {
+    let mut st = load_state(&svc.config.data_dir)?;
+    st.arrays.retain(|a| a.name != r.name);
+    st.arrays.push(r);
+    save_state(&svc.config.data_dir, &st)
+}
+
+fn forget(svc: &Service, name: &str) -> Result<()> {
+    let mut st = load_state(&svc.config.data_dir)?;
+    let before = st.arrays.len();
+    st.arrays.retain(|a| a.name != name);
+    if st.arrays.len() != before { save_state(&svc.config.data_dir, &st) } else { Ok(()) }
+}
+
+/// Updates the remembered members of `name`, if it is remembered.
+fn remember_members(svc: &Service, vol: &MdVolume) -> Result<()> {
+    let mut st = load_state(&svc.config.data_dir)?;
+    if let Some(a) = st.arrays.iter_mut().find(|a| a.name == vol.name) {
+        a.members = vol.member_sources();
+        save_state(&svc.config.data_dir, &st)?;
+    }
+    Ok(())
+}
+
+pub fn register(r: &mut Registry) {
+    r.register("md.create", "create an md array on members and start it (mdadm --create)", |svc, args| {
+        Box::pin(async move { create(svc, args).await })
+    });
+    r.register("md.assemble", "assemble an md array from members and start it (mdadm --assemble)", |svc, args| {
+        Box::pin(async move { assemble(svc, args).await })
+    });
+    r.register("md.detail", "an md array's state, members and progress (mdadm --detail)", |svc, args| {
+        Box::pin(async move { Ok(md_volume(&svc, &args).await?.details()) })
+    });
+    r.register("md.stop", "stop an md array: flush, mark clean, forget it (mdadm --stop)", |svc, args| {
+        Box::pin(async move { stop(svc, args).await })
+    });
+    r.register("md.manage", "add / fail / remove / re-add / replace a member (mdadm --manage)", |svc, args| {
+        Box::pin(async move { manage(svc, args).await })
+    });
+    r.register("md.attr", "get all, get one or set an md attribute (sysfs names: sync_action, ...)", |svc, args| {
+        Box::pin(async move { attr(svc, args).await })
+    });
+    r.register("md.list", "the running md arrays", |svc, _| {
+        Box::pin(async move {
+            let vols = svc.volumes.read().await;
+            let arrays: Vec<Value> = vols
+                .iter()
+                .filter_map(|v| v.as_any().downcast_ref::<MdVolume>())
+                .map(|m| json!({"name": m.name, "level": m.array.info().level.name(), "state": v_state(m)}))
+                .collect();
+            Ok(json!({ "arrays": arrays }))
+        })
+    });
+}
+
+fn v_state(m: &MdVolume) -> String {
+    crate::volumes::md::state_word(&m.array)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameArg {
+    name: String,
+}
+
+async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
+    let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
+    let vols = svc.volumes.read().await;
+    let v = vols.get(&a.name).ok_or_else(|| anyhow!("no volume named {:?}", a.name))?;
+    if v.as_any().downcast_ref::<MdVolume>().is_none() {
+        bail!("volume {:?} is a {} volume, not an md array", a.name, v.kind());
+    }
+    Ok(v.clone())
+}
+
+fn as_md(v: &Arc<dyn Volume>) -> &MdVolume {
+    // Invariant: md_volume() only returns volumes that downcast to MdVolume.
+    v.as_any().downcast_ref::<MdVolume>().expect("md_volume checked the kind")
+}
+
+fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateArgs {
+    name: String,
+    members: Vec<String>,
+    #[serde(flatten)]
+    params: CreateParams,
+    member_size_bytes: Option<u64>,
+    export: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// Refuses members another running array already uses (same file opened twice = corruption).
+async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
+    let vols = svc.volumes.read().await;
+    for v in vols.iter() {
+        if let Some(m) = v.as_any().downcast_ref::<MdVolume>() {
+            for s in m.member_sources() {
+                if sources.contains(&s) {
+                    bail!("member {s} is already used by md array {:?}", m.name);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: CreateArgs = serde_json::from_value(args).context("md.create arguments")?;
+    if !valid_name(&a.name) {
+        bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
+    }
+    if svc.volumes.read().await.get(&a.name).is_some() {
+        bail!("a volume named {:?} already exists", a.name);
+    }
+    // Refuse bad parameters before any member file is created.
+    a.params.to_options(&a.name, a.members.len(), false)?;
+    let opened = {
+        let vols = svc.volumes.read().await;
+        let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
+        open_members(&a.members, &svc.config.data_dir, &vols, how)?
+    };
+    check_not_in_use(&svc, &opened.sources).await?;
+    if !a.force {
+        for m in &opened.devs {
+            if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {
+                bail!(
+                    "member {} already holds an md superblock (array {}, {}); use --force to overwrite it",
+                    m.name,
+                    mdkit_md::format::format_uuid(&sb.set_uuid),
+                    sb.name()
+                );
+            }
+        }
+    }
+    let opts = a.params.to_options(&a.name, opened.devs.len(), opened.all_created)?;
+    let sources: Vec<String> = opened.sources.clone();
+    let names: Vec<String> = opened.devs.iter().map(|d| d.name.clone()).collect();
+    let assembled = mdkit_md::array::create(opened.devs.clone(), opts).await?;
+    let vol = Arc::new(MdVolume {
+        name: a.name.clone(),
+        array: Arc::new(assembled.array),
+        sources: parking_lot::Mutex::new(names.into_iter().zip(sources).collect()),
+    });
+    install(&svc, vol, a.export).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AssembleArgs {
+    name: String,
+    members: Vec<String>,
+    uuid: Option<String>,
+    #[serde(default)]
+    force: bool,
+    export: Option<String>,
+}
+
+async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: AssembleArgs = serde_json::from_value(args).context("md.assemble arguments")?;
+    if !valid_name(&a.name) {
+        bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
+    }
+    if svc.volumes.read().await.get(&a.name).is_some() {
+        bail!("a volume named {:?} already exists", a.name);
+    }
+    let uuid = match &a.uuid {
+        Some(u) => Some(mdkit_md::format::parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
+        None => None,
+    };
+    let opened = {
+        let vols = svc.volumes.read().await;
+        open_members(&a.members, &svc.config.data_dir, &vols, MemberOpen::default())?
+    };
+    check_not_in_use(&svc, &opened.sources).await?;
+    let vol = start_array(&a.name, opened, None, uuid, a.force).await?;
+    install(&svc, vol, a.export).await
+}
+
+/// Registers a started array as a volume, exports it when asked, remembers it.
+async fn install(svc: &Arc<Service>, vol: Arc<MdVolume>, export: Option<String>) -> Result<Value> {
+    let name = vol.name.clone();
+    let uuid = mdkit_md::format::format_uuid(&vol.array.info().uuid);
+    let members = vol.member_sources();
+    svc.volumes.write().await.insert(vol.clone())?;
+    if let Some(e) = &export {
+        let spec = ExportSpec {
+            name: e.clone(),
+            volume: name.clone(),
+            read_only: false,
+            description: format!("md array {name}"),
+        };
+        if let Err(err) = svc.add_export(spec).await {
+            tracing::warn!(array = %name, "export {e:?} not added: {err:#}");
+        }
+    }
+    remember(svc, Remembered { name: name.clone(), uuid, members, export })?;
+    Ok(vol.details())
+}
+
+/// Assembles the arrays remembered in the state file (service start-up). Failures are logged:
+/// the service starts without that array.
+pub async fn restore(svc: &Arc<Service>) {
+    let st = match load_state(&svc.config.data_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("md arrays not restored: {e:#}");
+            return;
+        }
+    };
+    for r in st.arrays {
+        if svc.volumes.read().await.get(&r.name).is_some() {
+            tracing::warn!(array = %r.name, "remembered md array has the name of a configured volume; skipped");
+            continue;
+        }
+        let result: Result<()> = async {
+            let uuid = mdkit_md::format::parse_uuid(&r.uuid)
+                .ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
+            let opened = {
+                let vols = svc.volumes.read().await;
+                open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default())?
+            };
+            let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
+            svc.volumes.write().await.insert(vol)?;
+            if let Some(e) = &r.export {
+                let spec = ExportSpec {
+                    name: e.clone(),
+                    volume: r.name.clone(),
+                    read_only: false,
+                    description: format!("md array {}", r.name),
+                };
+                svc.add_export(spec).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => tracing::info!(array = %r.name, "remembered md array assembled"),
+            Err(e) => tracing::error!(array = %r.name, "remembered md array not assembled: {e:#}"),
+        }
+    }
+}
+
+async fn stop(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let v = md_volume(&svc, &args).await?;
+    let name = v.name().to_string();
+    {
+        let vols = svc.volumes.read().await;
+        for other in vols.iter() {
+            if let Some(m) = other.as_any().downcast_ref::<MdVolume>()
+                && m.member_sources().iter().any(|s| s == &format!("volume:{name}"))
+            {
+                bail!("md array {:?} is a member of {:?}; stop that first", name, m.name);
+            }
+        }
+    }
+    let exports: Vec<String> =
+        svc.exports.read().await.iter().filter(|e| e.volume == name).map(|e| e.name.clone()).collect();
+    let stats = svc.nbd.export_stats();
+    for e in &exports {
+        if stats.iter().any(|(n, s)| n == e && s.connections > 0) {
+            bail!("export {e:?} of {name:?} has clients connected; disconnect them first");
+        }
+    }
+    for e in &exports {
+        svc.nbd.remove_export(e);
+    }
+    svc.exports.write().await.retain(|e| e.volume != name);
+    let vol = svc.volumes.write().await.remove(&name).ok_or_else(|| anyhow!("volume {name:?} vanished"))?;
+    vol.close().await?;
+    forget(&svc, &name)?;
+    Ok(json!({ "stopped": name, "exports_removed": exports }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ManageArgs {
+    name: String,
+    action: String,
+    member: String,
+    with: Option<String>,
+    member_size_bytes: Option<u64>,
+}
+
+/// The member name for `spec`: a member name, or the path/source it was opened from.
+fn resolve_member(vol: &MdVolume, spec: &str, data_dir: &Path) -> Option<String> {
+    let src = vol.sources.lock();
+    let abs = if Path::new(spec).is_absolute() { spec.to_string() } else { data_dir.join(spec).display().to_string() };
+    src.iter().find(|(n, s)| n == spec || s == spec || *s == abs).map(|(n, _)| n.clone())
+}
+
+async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: ManageArgs = serde_json::from_value(args).context("md.manage arguments")?;
+    let v = md_volume(&svc, &json!({ "name": a.name })).await?;
+    let vol = as_md(&v);
+    let open_new = |spec: &str| -> Result<_> {
+        let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
+        let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
+        let mut o = open_members(&[spec.to_string()], &svc.config.data_dir, &vols, how)?;
+        // Keep member names unique within the array.
+        let existing: Vec<String> = vol.sources.lock().iter().map(|(n, _)| n.clone()).collect();
+        if existing.contains(&o.devs[0].name) {
+            o.devs[0].name = o.sources[0].clone();
+        }
+        Ok(o)
+    };
+    match a.action.as_str() {
+        "add" | "re-add" => {
+            let o = open_new(&a.member)?;
+            check_not_in_use(&svc, &o.sources).await?;
+            let dev = o.devs[0].clone();
+            if a.action == "add" {
+                vol.array.add_member(dev.clone()).await?;
+            } else {
+                vol.array.re_add_member(dev.clone()).await?;
+            }
+            vol.sources.lock().push((dev.name.clone(), o.sources[0].clone()));
+        }
+        "fail" | "remove" => {
+            let m = resolve_member(vol, &a.member, &svc.config.data_dir)
+                .ok_or_else(|| anyhow!("{}: no member {:?}", a.name, a.member))?;
+            if a.action == "fail" {
+                vol.array.fail_member(&m).await?;
+            } else {
+                vol.array.remove_member(&m).await?;
+                vol.sources.lock().retain(|(n, _)| n != &m);
+            }
+        }
+        "replace" => {
+            let m = resolve_member(vol, &a.member, &svc.config.data_dir)
+                .ok_or_else(|| anyhow!("{}: no member {:?}", a.name, a.member))?;
+            let with = match &a.with {
+                Some(w) => {
+                    let o = open_new(w)?;
+                    check_not_in_use(&svc, &o.sources).await?;
+                    vol.sources.lock().push((o.devs[0].name.clone(), o.sources[0].clone()));
+                    Some(o.devs[0].clone())
+                }
+                None => None,
+            };
+            vol.array.replace_member(&m, with).await?;
+        }
+        other => bail!("action {other:?}: use add, fail, remove, re-add or replace"),
+    }
+    remember_members(&svc, vol)?;
+    Ok(vol.details())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttrArgs {
+    name: String,
+    key: Option<String>,
+    value: Option<String>,
+}
+
+async fn attr(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: AttrArgs = serde_json::from_value(args).context("md.attr arguments")?;
+    let v = md_volume(&svc, &json!({ "name": a.name })).await?;
+    let vol = as_md(&v);
+    match (a.key, a.value) {
+        (None, _) => {
+            let m: serde_json::Map<String, Value> =
+                vol.array.attributes().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+            Ok(Value::Object(m))
+        }
+        (Some(k), None) => Ok(json!({ k.clone(): vol.array.get_attribute(&k)? })),
+        (Some(k), Some(val)) => {
+            vol.array.set_attribute(&k, &val)?;
+            Ok(json!({ k.clone(): vol.array.get_attribute(&k).unwrap_or(val) }))
+        }
+    }
+}

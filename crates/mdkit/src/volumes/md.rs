@@ -1,0 +1,418 @@
+//! `kind = "md"`: an md array (raid0/1/10; raid4/5/6 once their personality lands) assembled
+//! from member files, block devices or other volumes — or created on them when asked and no
+//! member carries a superblock yet.
+//!
+//! ```toml
+//! [[volume]]
+//! name = "md0"
+//! kind = "md"
+//! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume
+//! member_size = "1GiB"      # create missing member files sparse with this size
+//! create = true             # no member has a superblock yet: create the array (else assemble)
+//! level = "raid1"           # create: raid0 raid1 raid10 (raid4/5/6 later)
+//! raid_devices = 2          # create: default = number of members (the rest become spares)
+//! chunk = "512KiB"          # create: chunk size (raid0/10), default 512 KiB
+//! layout = "n2"             # create: raid0 original/alternate, raid10 nN/fN/oN
+//! bitmap = "internal"       # create: internal | none (default internal for raid1/10)
+//! assume_clean = false      # create: skip the initial resync (default: true only when mdkit
+//!                           # created every member file just now — they are all zeroes)
+//! metadata = "1.2"          # create: 1.0 | 1.1 | 1.2
+//! uuid = "..."              # assemble: only this array
+//! force = false             # assemble: take stale members back / start dirty degraded parity
+//! direct = "auto"           # member files: auto | require | off (O_DIRECT)
+//! queue_depth = 128         # member files: io_uring requests in flight per member
+//! [volume.attributes]       # md attributes set after start (sync_speed_max = 100000, ...)
+//! ```
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use mdkit_io::{DeviceRef, DirectMode, FileDevice, FileOptions};
+use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create, read_superblock};
+use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::format::parse_uuid;
+use mdkit_md::format::superblock::MetadataVersion;
+use mdkit_md::layout::{Level, parse_layout, parse_level};
+use serde::Deserialize;
+
+use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
+use crate::config::{Size, VolumeSpec};
+
+pub struct MdKind;
+
+#[derive(Deserialize, Default, Clone, Copy, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Direct {
+    #[default]
+    Auto,
+    Require,
+    Off,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MdParams {
+    members: Vec<String>,
+    member_size: Option<Size>,
+    #[serde(default)]
+    create: bool,
+    level: Option<String>,
+    raid_devices: Option<u32>,
+    chunk: Option<Size>,
+    layout: Option<String>,
+    bitmap: Option<String>,
+    assume_clean: Option<bool>,
+    metadata: Option<String>,
+    uuid: Option<String>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    direct: Direct,
+    queue_depth: Option<u32>,
+    #[serde(default)]
+    attributes: BTreeMap<String, toml::Value>,
+}
+
+/// How member devices are opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemberOpen {
+    pub direct: Direct,
+    pub queue_depth: Option<u32>,
+    /// Create missing member files sparse with this size.
+    pub create_size_bytes: Option<u64>,
+}
+
+/// Opened members: devices with their names, where each came from, and whether mdkit created
+/// every one of them just now (fresh zero files).
+pub struct OpenedMembers {
+    pub devs: Vec<MemberDev>,
+    pub sources: Vec<String>,
+    pub all_created: bool,
+}
+
+/// Member names for messages and `dev-NAME` attributes: the file name when unique in the
+/// array, else the whole path.
+fn member_names(specs: &[String]) -> Vec<String> {
+    let base: Vec<String> = specs
+        .iter()
+        .map(|s| match s.strip_prefix("volume:") {
+            Some(v) => v.to_string(),
+            None => Path::new(s).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| s.clone()),
+        })
+        .collect();
+    base.iter()
+        .zip(specs)
+        .map(|(b, s)| if base.iter().filter(|x| *x == b).count() > 1 { s.clone() } else { b.clone() })
+        .collect()
+}
+
+/// Opens member specs: paths (relative to `data_dir`) or `volume:NAME`.
+pub fn open_members(specs: &[String], data_dir: &Path, volumes: &Volumes, how: MemberOpen) -> Result<OpenedMembers> {
+    if specs.is_empty() {
+        bail!("no members given");
+    }
+    let names = member_names(specs);
+    let mut devs = Vec::with_capacity(specs.len());
+    let mut sources = Vec::with_capacity(specs.len());
+    let mut all_created = true;
+    for (spec, name) in specs.iter().zip(names) {
+        if let Some(v) = spec.strip_prefix("volume:") {
+            let vol = volumes
+                .get(v)
+                .ok_or_else(|| anyhow!("member {spec:?}: no volume named {v:?} (volumes open in config order)"))?;
+            devs.push(MemberDev::new(name, vol.device()));
+            sources.push(spec.clone());
+            all_created = false;
+            continue;
+        }
+        let p = Path::new(spec);
+        let path = if p.is_absolute() { p.to_path_buf() } else { data_dir.join(p) };
+        let dev = open_member_file(&path, how, &mut all_created)?;
+        devs.push(MemberDev::new(name, dev));
+        sources.push(path.display().to_string());
+    }
+    Ok(OpenedMembers { devs, sources, all_created })
+}
+
+fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
+    if !path.exists() {
+        let Some(size) = how.create_size_bytes else {
+            bail!("member {} does not exist (give a member size to create it)", path.display());
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        FileDevice::create_sparse(path, size)?;
+        tracing::info!(path = %path.display(), size_bytes = size, "created sparse md member file");
+    } else {
+        *all_created = false;
+    }
+    let direct = match how.direct {
+        Direct::Auto => DirectMode::Auto,
+        Direct::Require => DirectMode::Require,
+        Direct::Off => DirectMode::Off,
+    };
+    let mut opts = FileOptions { direct, ..FileOptions::default() };
+    if let Some(qd) = how.queue_depth {
+        opts.queue_depth = qd;
+    }
+    let dev = FileDevice::open(path, opts).with_context(|| format!("opening member {}", path.display()))?;
+    if let Some(why) = dev.direct_fallback_reason() {
+        tracing::warn!(path = %path.display(), "member not using O_DIRECT: {why}");
+    }
+    Ok(Arc::new(dev))
+}
+
+/// What `create` needs besides the members; parsed from config keys or CLI/control arguments.
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize)]
+pub struct CreateParams {
+    pub level: String,
+    pub raid_devices: Option<u32>,
+    /// Chunk in KiB.
+    pub chunk_kib: Option<u32>,
+    pub layout: Option<String>,
+    /// "internal" or "none"; default internal for raid1/10.
+    pub bitmap: Option<String>,
+    pub assume_clean: Option<bool>,
+    pub metadata: Option<String>,
+}
+
+impl CreateParams {
+    /// The runtime's create options for `members` members.
+    pub fn to_options(&self, name: &str, members: usize, default_assume_clean: bool) -> Result<CreateOptions> {
+        let level = parse_level(&self.level).map_err(|e| anyhow!("level {:?}: {e}", self.level))?;
+        let mut o = CreateOptions::new(name, level, self.raid_devices.unwrap_or(members as u32));
+        o.chunk_kib = self.chunk_kib;
+        if let Some(l) = &self.layout {
+            o.layout = Some(parse_layout(level, l).map_err(|e| anyhow!("layout {l:?}: {e}"))?);
+        }
+        let redundant = matches!(level, Level::Raid1 | Level::Raid10 | Level::Raid4 | Level::Raid5 | Level::Raid6);
+        o.bitmap = match self.bitmap.as_deref() {
+            None if redundant => BitmapRequest::Internal { chunk_bytes: None },
+            None | Some("none") => BitmapRequest::None,
+            Some("internal") => BitmapRequest::Internal { chunk_bytes: None },
+            Some(other) => bail!("bitmap {other:?}: use internal or none"),
+        };
+        o.assume_clean = self.assume_clean.unwrap_or(default_assume_clean);
+        if let Some(m) = &self.metadata {
+            o.metadata = MetadataVersion::parse(m).ok_or_else(|| anyhow!("metadata {m:?}: use 1.0, 1.1 or 1.2"))?;
+        }
+        o.homehost = hostname();
+        Ok(o)
+    }
+}
+
+/// The host name mdadm would use as the home host.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// Creates or assembles an array and returns it as a volume. `create`: create when no member
+/// carries a superblock; otherwise always assemble.
+pub async fn start_array(
+    name: &str,
+    opened: OpenedMembers,
+    create_params: Option<&CreateParams>,
+    uuid: Option<[u8; 16]>,
+    force: bool,
+) -> Result<Arc<MdVolume>> {
+    let mut any_sb = false;
+    for m in &opened.devs {
+        if read_superblock(&m.dev).await.is_ok() {
+            any_sb = true;
+        }
+    }
+    let assembled = match create_params {
+        Some(p) if !any_sb => {
+            let o = p.to_options(name, opened.devs.len(), opened.all_created)?;
+            tracing::info!(
+                array = name,
+                level = o.level.name(),
+                members = opened.devs.len(),
+                assume_clean = o.assume_clean,
+                "creating md array"
+            );
+            create(opened.devs.clone(), o).await?
+        }
+        _ => {
+            assemble(opened.devs.clone(), AssembleOptions { name: name.to_string(), force, uuid, start_frozen: false })
+                .await?
+        }
+    };
+    for r in &assembled.refused {
+        tracing::warn!(array = name, "member left out: {r}");
+    }
+    for n in &assembled.notes {
+        tracing::info!(array = name, "{n}");
+    }
+    let sources = opened.devs.iter().zip(&opened.sources).map(|(d, s)| (d.name.clone(), s.clone())).collect();
+    Ok(Arc::new(MdVolume {
+        name: name.to_string(),
+        array: Arc::new(assembled.array),
+        sources: parking_lot::Mutex::new(sources),
+    }))
+}
+
+/// Applies `[volume.attributes]`-style settings.
+pub fn apply_attributes(array: &Array, attrs: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in attrs {
+        array.set_attribute(k, v).with_context(|| format!("attribute {k} = {v:?}"))?;
+    }
+    Ok(())
+}
+
+impl VolumeKind for MdKind {
+    fn kind(&self) -> &'static str {
+        "md"
+    }
+
+    fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
+        Box::pin(async move {
+            let p: MdParams = spec.parse_params()?;
+            let how = MemberOpen {
+                direct: p.direct,
+                queue_depth: p.queue_depth,
+                create_size_bytes: p.member_size.map(Size::bytes),
+            };
+            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how)?;
+            let uuid = match &p.uuid {
+                Some(u) => Some(parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
+                None => None,
+            };
+            let create_params = if p.create {
+                let level = p.level.clone().ok_or_else(|| anyhow!("create = true needs `level`"))?;
+                let chunk_kib = match p.chunk {
+                    Some(c) if c.bytes() % 1024 != 0 || c.bytes() == 0 => {
+                        bail!("chunk {} bytes is not a whole number of KiB", c.bytes())
+                    }
+                    Some(c) => Some(u32::try_from(c.bytes() / 1024).map_err(|_| anyhow!("chunk too large"))?),
+                    None => None,
+                };
+                Some(CreateParams {
+                    level,
+                    raid_devices: p.raid_devices,
+                    chunk_kib,
+                    layout: p.layout.clone(),
+                    bitmap: p.bitmap.clone(),
+                    assume_clean: p.assume_clean,
+                    metadata: p.metadata.clone(),
+                })
+            } else {
+                None
+            };
+            let vol = start_array(&spec.name, opened, create_params.as_ref(), uuid, p.force).await?;
+            let attrs: BTreeMap<String, String> = p
+                .attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+                .collect();
+            apply_attributes(&vol.array, &attrs)?;
+            Ok(vol as Arc<dyn Volume>)
+        })
+    }
+}
+
+/// A running md array as a volume.
+pub struct MdVolume {
+    pub name: String,
+    pub array: Arc<Array>,
+    /// Member name → where it came from (path or `volume:NAME`).
+    pub sources: parking_lot::Mutex<Vec<(String, String)>>,
+}
+
+impl MdVolume {
+    /// The member sources in array order (for the state file).
+    pub fn member_sources(&self) -> Vec<String> {
+        self.sources.lock().iter().map(|(_, s)| s.clone()).collect()
+    }
+}
+
+/// One word for `mdkit status`.
+pub fn state_word(array: &Array) -> String {
+    let core = array.core();
+    if core.needs_check().is_some() {
+        return "needs-check".into();
+    }
+    if core.is_broken() {
+        return "broken".into();
+    }
+    let st = array.sync_status();
+    if let Some(m) = st.running {
+        return match m.as_str() {
+            "resync" => "resyncing",
+            "recover" => "recovering",
+            "check" => "checking",
+            _ => "repairing",
+        }
+        .into();
+    }
+    if core.degraded() > 0 {
+        return "degraded".into();
+    }
+    array.get_attribute("array_state").unwrap_or_else(|_| "active".into())
+}
+
+impl Volume for MdVolume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &'static str {
+        "md"
+    }
+    fn device(&self) -> DeviceRef {
+        self.array.clone()
+    }
+    fn state(&self) -> String {
+        state_word(&self.array)
+    }
+    fn details(&self) -> serde_json::Value {
+        let mut d = self.array.detail();
+        d["member_sources"] = serde_json::json!(
+            self.sources.lock().iter().map(|(n, s)| serde_json::json!({"name": n, "source": s})).collect::<Vec<_>>()
+        );
+        d
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn close(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.array.stop().await.with_context(|| format!("stopping md array {}", self.name)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_names_are_file_names_unless_ambiguous() {
+        let specs = vec!["a/x.img".to_string(), "b/x.img".to_string(), "c/y.img".to_string(), "volume:v0".to_string()];
+        assert_eq!(member_names(&specs), vec!["a/x.img", "b/x.img", "y.img", "v0"]);
+    }
+
+    #[test]
+    fn create_params_parse_md_spellings() {
+        let p = CreateParams { level: "mirror".into(), ..Default::default() };
+        let o = p.to_options("md0", 2, true).unwrap();
+        assert_eq!(o.level, Level::Raid1);
+        assert!(o.assume_clean);
+        assert!(matches!(o.bitmap, BitmapRequest::Internal { .. }));
+        let p = CreateParams {
+            level: "10".into(),
+            layout: Some("f2".into()),
+            bitmap: Some("none".into()),
+            ..Default::default()
+        };
+        let o = p.to_options("md0", 4, false).unwrap();
+        assert_eq!((o.layout, o.bitmap), (Some(0x201), BitmapRequest::None));
+        assert!(CreateParams { level: "raid7".into(), ..Default::default() }.to_options("x", 2, false).is_err());
+        assert!(
+            CreateParams { level: "raid1".into(), bitmap: Some("x".into()), ..Default::default() }
+                .to_options("x", 2, false)
+                .is_err()
+        );
+    }
+}
