@@ -683,6 +683,8 @@ impl WriteIntentBitmap {
             ("bitmap/header_rounds", st.header_rounds.to_string()),
             ("bitmap/sweeps", st.sweeps.to_string()),
             ("bitmap/member_flushes", st.member_flushes.to_string()),
+            ("bitmap/bits_set", st.bits_set.to_string()),
+            ("bitmap/bits_cleared", st.bits_cleared.to_string()),
         ]
     }
 
@@ -733,7 +735,7 @@ impl WriteIntentBitmap {
             "location" | "metadata" | "chunksize" | "space" | "max_backlog_used" | "events" | "events_cleared"
             | "chunks" | "dirty_chunks" | "idle_dirty_chunks" | "needed_chunks" | "data_writes"
             | "fast_path_writes" | "page_writes" | "rmw_page_writes" | "set_rounds" | "clear_rounds"
-            | "header_rounds" | "sweeps" | "member_flushes" => Err(io::Error::new(
+            | "header_rounds" | "sweeps" | "member_flushes" | "bits_set" | "bits_cleared" => Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("{}: bitmap/{short} is read-only", inner.name),
             )),
