@@ -296,7 +296,7 @@ fn every_crash_point_opens_clean_and_keeps_every_durable_write() {
         let r = check(&MemMetaIo::from_image("crash-meta", &meta_img), &CheckOptions::default());
         assert!(r.is_clean(), "{what}: mdkit check:\n{r}");
         if pi % 12 == 0 {
-            let path = tool_dir().join("pool-crash-image.meta");
+            let path = scratch_path("pool-crash-image.meta");
             std::fs::write(&path, &meta_img).unwrap();
             assert_thin_check_clean(&path, &what);
             tool_checked += 1;
@@ -334,6 +334,7 @@ fn every_crash_point_opens_clean_and_keeps_every_durable_write() {
         });
         images += 1;
     }
+    let _ = std::fs::remove_file(scratch_path("pool-crash-image.meta"));
     eprintln!(
         "{images} crash images of {} points checked ({tool_checked} also with thin_check, {sectors} sectors verified), {} barriers",
         points.len(),

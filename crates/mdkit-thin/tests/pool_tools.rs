@@ -124,6 +124,7 @@ fn runtime_metadata_passes_thin_check_and_thin_dump_matches_what_it_reports() {
     // The held root dumps too.
     let out = std::process::Command::new("thin_dump").arg("-m").arg(&meta_path).output().unwrap();
     assert!(out.status.success(), "thin_dump -m: {}", String::from_utf8_lossy(&out.stderr));
+    let _ = (std::fs::remove_file(&meta_path), std::fs::remove_file(&data_path));
 }
 
 /// Data block `b` of the restored pool holds this.
@@ -168,7 +169,7 @@ fn restored_xml() -> XmlMetadata {
 #[test]
 fn pool_made_by_thin_restore_opens_and_reads_back_the_data() {
     let x = restored_xml();
-    let xml_path = tool_dir().join("pool-restore.xml");
+    let xml_path = scratch_path("pool-restore.xml");
     std::fs::write(&xml_path, x.to_xml_string()).unwrap();
     let meta_path = fresh_file("pool-restore.meta", 4 << 20);
     thin_restore(&xml_path, &meta_path);
@@ -235,4 +236,5 @@ fn pool_made_by_thin_restore_opens_and_reads_back_the_data() {
     });
     drop(rt);
     assert_thin_check_clean(&meta_path, "restored pool after runtime writes");
+    let _ = (std::fs::remove_file(&meta_path), std::fs::remove_file(&data_path), std::fs::remove_file(&xml_path));
 }

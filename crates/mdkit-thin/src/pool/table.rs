@@ -228,12 +228,14 @@ impl MappingTable {
 
     /// Decides a write: in place (mapped, unshared), or the slow path with the cell held.
     pub fn begin_write(&self, vblock: u64) -> WriteDecision {
-        let snap_time = self.snapshotted_time.load(Ordering::Acquire);
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
         if s.frozen {
             return WriteDecision::Frozen;
         }
+        // Read under the shard lock: `thaw` stores the new time before it unfreezes the shards
+        // (under their locks), so a writer that passes the gate after a snapshot sees it.
+        let snap_time = self.snapshotted_time.load(Ordering::Acquire);
         match s.map.get_mut(&vblock) {
             Some(e) if e.cell.is_some() => {
                 s.counters.cell_waits += 1;

@@ -25,9 +25,14 @@ pub fn quiet_opts() -> PoolOptions {
     PoolOptions { commit_interval: Duration::ZERO, ..PoolOptions::default() }
 }
 
+/// A path under the test directory, unique to this process (test runs may overlap).
+pub fn scratch_path(name: &str) -> PathBuf {
+    crate::common::tool_dir().join(format!("{}-{name}", std::process::id()))
+}
+
 /// A fresh file of `size_bytes` under the test directory (removed first).
 pub fn fresh_file(name: &str, size_bytes: u64) -> PathBuf {
-    let path = crate::common::tool_dir().join(name);
+    let path = scratch_path(name);
     let _ = std::fs::remove_file(&path);
     FileDevice::create_sparse(&path, size_bytes).unwrap();
     path
