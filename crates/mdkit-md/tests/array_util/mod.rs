@@ -242,3 +242,60 @@ pub async fn fill(a: &dyn BlockDevice, m: &mut Model, rng: &mut Rng) {
         off += len;
     }
 }
+
+//------------------------------------------------------------------------------------------------
+
+/// A byte range of another device as a device of its own (members that are regions of one big
+/// file, as the kernel lab attaches them with `losetup --offset --sizelimit`).
+pub struct RegionDevice {
+    name: String,
+    inner: DeviceRef,
+    offset_bytes: u64,
+    topology: mdkit_io::Topology,
+}
+
+impl RegionDevice {
+    pub fn new(name: impl Into<String>, inner: DeviceRef, offset_bytes: u64, size_bytes: u64) -> RegionDevice {
+        let mut topology = inner.topology();
+        assert!(offset_bytes % 4096 == 0 && size_bytes % 4096 == 0, "regions are 4 KiB aligned");
+        assert!(offset_bytes + size_bytes <= topology.size_bytes, "region beyond the device");
+        topology.size_bytes = size_bytes;
+        RegionDevice { name: name.into(), inner, offset_bytes, topology }
+    }
+}
+
+impl BlockDevice for RegionDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn topology(&self) -> mdkit_io::Topology {
+        self.topology
+    }
+    fn read(&self, off: u64, buf: IoBuf) -> mdkit_io::IoFuture<'_, mdkit_io::ReadResult> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topology, mdkit_io::IoOp::Read, off, buf.len() as u64) {
+            return Box::pin(std::future::ready((buf, Err(e))));
+        }
+        self.inner.read(self.offset_bytes + off, buf)
+    }
+    fn write(&self, off: u64, buf: SharedBuf, flags: WriteFlags) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topology, mdkit_io::IoOp::Write, off, buf.len() as u64) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        self.inner.write(self.offset_bytes + off, buf, flags)
+    }
+    fn flush(&self) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        self.inner.flush()
+    }
+    fn discard(&self, off: u64, len: u64) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topology, mdkit_io::IoOp::Discard, off, len) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        self.inner.discard(self.offset_bytes + off, len)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, f: mdkit_io::ZeroFlags) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topology, mdkit_io::IoOp::WriteZeroes, off, len) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        self.inner.write_zeroes(self.offset_bytes + off, len, f)
+    }
+}
