@@ -63,12 +63,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use io_uring::{IoUring, opcode, squeue, types};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+use crate::plug::{self, PlugTarget};
 
 /// Default number of requests in flight per device.
 pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
@@ -203,9 +204,15 @@ struct Shared {
     /// Requests pushed to the ring and not yet reaped.
     inflight: AtomicUsize,
     closing: AtomicBool,
+    /// Set when an `io_uring_enter` could not submit everything (EAGAIN, EBUSY, ...): the reaper
+    /// retries with a back-off, so no caller has to wait in a synchronous path.
+    submit_retry: AtomicBool,
+    /// Failed submission attempts (rate-limits the log).
+    enter_failures: AtomicUsize,
     /// False once the reaper task ended (device dropped, or its runtime shut down).
     reaper_alive: AtomicBool,
-    shutdown: Notify,
+    /// Wakes the reaper for shutdown or a submission retry.
+    wake_reaper: Notify,
 }
 
 /// A member on a regular file or block device, asynchronous through io_uring.
@@ -294,8 +301,10 @@ impl FileDevice {
             permits: Arc::new(Semaphore::new(options.queue_depth as usize)),
             inflight: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
+            submit_retry: AtomicBool::new(false),
+            enter_failures: AtomicUsize::new(0),
             reaper_alive: AtomicBool::new(true),
-            shutdown: Notify::new(),
+            wake_reaper: Notify::new(),
         });
         runtime.spawn(reap_loop(shared.clone(), efd, ReaperAlive(shared.clone())));
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
@@ -363,7 +372,7 @@ impl std::fmt::Debug for FileDevice {
 impl Drop for FileDevice {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
-        self.shared.shutdown.notify_one();
+        self.shared.wake_reaper.notify_one();
     }
 }
 
@@ -584,7 +593,11 @@ impl Shared {
     /// Submits one SQE carrying `keep` and waits for its completion; returns the CQE result
     /// (bytes or -errno) and the buffer. `build` receives the buffer after it has moved into its
     /// in-flight record, so pointers taken from it stay valid until the CQE.
-    async fn submit(&self, keep: Keep, build: impl FnOnce(&Keep) -> squeue::Entry) -> (i32, Keep) {
+    ///
+    /// The SQE goes to the kernel at once, or — when the calling thread holds a
+    /// [`Plug`](crate::plug::Plug) — when that plug ends, together with the others queued
+    /// meanwhile (one `io_uring_enter` for the batch).
+    async fn submit(self: &Arc<Self>, keep: Keep, build: impl FnOnce(&Keep) -> squeue::Entry) -> (i32, Keep) {
         if !self.reaper_alive.load(Ordering::Acquire) {
             // Nobody would ever reap the completion: fail instead of waiting forever.
             return (-libc::ESHUTDOWN, keep);
@@ -599,7 +612,7 @@ impl Shared {
         let ptr = Box::into_raw(record);
         let entry = entry.user_data(ptr as u64);
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        let pushed = {
+        let queued = {
             let _sq = self.sq_lock.lock();
             // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
             let mut sq = unsafe { self.ring.submission_shared() };
@@ -607,45 +620,117 @@ impl Shared {
             // the reaper after the CQE (or by the drain in `Drop`).
             let r = unsafe { sq.push(&entry) };
             sq.sync();
-            r.is_ok()
+            r.map(|()| sq.len())
         };
-        if !pushed {
+        let Ok(queued) = queued else {
             // Invariant: in-flight <= queue_depth <= SQ entries, so the push cannot fail.
             self.inflight.fetch_sub(1, Ordering::AcqRel);
             // SAFETY: the entry was not pushed; we still own the record.
             let record = unsafe { Box::from_raw(ptr) };
             return (-libc::EBUSY, record.keep);
+        };
+        if !plug::defer(self, queued) {
+            self.submit_now();
         }
-        if let Err(e) = self.enter().await {
-            tracing::error!(device = %self.name, "io_uring_enter failed: {e}");
-            // The SQE stays in the ring (its record is freed when it completes or leaked if the
-            // ring never runs it again); report the failure to the caller.
-            return (-e.raw_os_error().unwrap_or(libc::EIO), Keep::None);
-        }
+        // From here on the request belongs to the ring: dropping this future only drops `rx`.
         match rx.await {
             Ok(done) => done,
             Err(_) => (-libc::ESHUTDOWN, Keep::None),
         }
     }
 
-    /// io_uring_enter until the SQ is empty, retrying transient errors.
+    /// SQEs pushed and not yet consumed by the kernel.
+    fn queued_sqes(&self) -> usize {
+        let _sq = self.sq_lock.lock();
+        // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
+        unsafe { self.ring.submission_shared() }.len()
+    }
+
+    /// Submits every queued SQE with `io_uring_enter`, without blocking. Whatever cannot be
+    /// submitted now (EAGAIN/EBUSY, or an unexpected error) is left in the SQ and handed to the
+    /// reaper, which retries with a back-off; the requests stay in flight either way.
+    fn submit_now(&self) {
+        // Bounded: each round either submits something or hands over to the reaper.
+        for _ in 0..8 {
+            let to_submit = self.queued_sqes();
+            if to_submit == 0 {
+                return;
+            }
+            // SAFETY: io_uring_enter on our own ring, no GETEVENTS, no argument pointer.
+            let r = unsafe { self.ring.submitter().enter::<libc::sigset_t>(to_submit as u32, 0, 0, None) };
+            match r {
+                Ok(n) if n >= to_submit => return,
+                // Without SUBMIT_ALL, an SQE failing at submit ends the batch; go again.
+                Ok(n) if n > 0 => {}
+                Ok(_) => return self.hand_submission_to_reaper(None),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return self.hand_submission_to_reaper(Some(e)),
+            }
+        }
+        if self.queued_sqes() > 0 {
+            self.hand_submission_to_reaper(None);
+        }
+    }
+
+    fn hand_submission_to_reaper(&self, error: Option<io::Error>) {
+        let n = self.enter_failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(e) = error {
+            let transient = matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY));
+            if !transient && n.is_power_of_two() {
+                tracing::error!(device = %self.name, failures = n + 1, "io_uring_enter failed: {e}; retrying");
+            }
+        }
+        self.submit_retry.store(true, Ordering::Release);
+        self.wake_reaper.notify_one();
+    }
+
+    /// Reaps the CQ if completions are waiting and nobody else is reaping: used after a plugged
+    /// submission, so requests that finished meanwhile are answered without waiting for the
+    /// reaper task's wake-up.
+    fn reap_if_ready(&self) {
+        if let Some(cq) = self.cq_lock.try_lock() {
+            self.reap_locked(cq);
+        }
+    }
+
+    /// Drains the CQ, answering every waiter. Returns how many completions were reaped.
+    fn reap(&self) -> usize {
+        self.reap_locked(self.cq_lock.lock())
+    }
+
+    fn reap_locked(&self, _cq: MutexGuard<'_, ()>) -> usize {
+        // SAFETY: `cq_lock` is held (`_cq`), so this is the only CompletionQueue in existence.
+        let mut cq = unsafe { self.ring.completion_shared() };
+        let mut n = 0;
+        loop {
+            cq.sync();
+            let Some(cqe) = cq.next() else { break };
+            n += 1;
+            // SAFETY: every SQE we push carries a pointer from `Box::into_raw(InFlight)`, and
+            // each CQE is seen exactly once.
+            let record = unsafe { Box::from_raw(cqe.user_data() as *mut InFlight) };
+            let InFlight { keep, reply, _permit } = *record;
+            // A dropped waiter drops the buffer here, after the kernel is done with it.
+            let _ = reply.send((cqe.result(), keep));
+            drop(_permit);
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+        n
+    }
+
+    /// io_uring_enter until the SQ is empty, retrying transient errors (the reaper's retry path).
     async fn enter(&self) -> io::Result<()> {
         for attempt in 0..MAX_RETRIES {
             match self.ring.submit() {
                 Ok(_) => {
-                    // With SUBMIT_ALL absent, an SQE failing at submit stops the batch; go again.
-                    // SAFETY: reading the queue length only; guarded by `sq_lock`.
-                    let pending = {
-                        let _sq = self.sq_lock.lock();
-                        // SAFETY: `sq_lock` is held.
-                        unsafe { self.ring.submission_shared() }.len()
-                    };
-                    if pending == 0 {
+                    if self.queued_sqes() == 0 {
                         return Ok(());
                     }
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                    // EBUSY: the CQ must be drained before the kernel takes more.
+                    self.reap();
                     if attempt > 10 {
                         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                     } else {
@@ -656,32 +741,6 @@ impl Shared {
             }
         }
         Err(io::Error::new(io::ErrorKind::TimedOut, "io_uring_enter kept returning EAGAIN/EBUSY"))
-    }
-
-    /// Drains the CQ, answering every waiter. Returns how many completions were reaped.
-    fn reap(&self) -> usize {
-        let mut done = Vec::new();
-        {
-            let _cq = self.cq_lock.lock();
-            // SAFETY: `cq_lock` is held, so this is the only CompletionQueue in existence.
-            let mut cq = unsafe { self.ring.completion_shared() };
-            cq.sync();
-            for cqe in &mut cq {
-                done.push((cqe.user_data(), cqe.result()));
-            }
-        }
-        let n = done.len();
-        for (user_data, result) in done {
-            // SAFETY: every SQE we push carries a pointer from `Box::into_raw(InFlight)`, and
-            // each CQE is seen exactly once.
-            let record = unsafe { Box::from_raw(user_data as *mut InFlight) };
-            let InFlight { keep, reply, _permit } = *record;
-            // A dropped waiter drops the buffer here, after the kernel is done with it.
-            let _ = reply.send((result, keep));
-            drop(_permit);
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-        }
-        n
     }
 
     fn fd(&self) -> types::Fixed {
@@ -754,12 +813,34 @@ impl Drop for ReaperAlive {
     }
 }
 
+impl PlugTarget for Shared {
+    fn submit_queued(&self) {
+        self.submit_now();
+        self.reap_if_ready();
+    }
+
+    fn plug_key(&self) -> usize {
+        self as *const Shared as usize
+    }
+}
+
 /// `alive` is an argument (not created inside) so that it is dropped with the task even when the
 /// runtime shuts down before the task was ever polled.
 async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAlive) {
     let _alive = alive;
+    let mut retry_backoff_ms = 0u64;
     loop {
         shared.reap();
+        if shared.submit_retry.swap(false, Ordering::AcqRel) {
+            match shared.enter().await {
+                Ok(()) => retry_backoff_ms = 0,
+                Err(e) => {
+                    retry_backoff_ms = (retry_backoff_ms * 2).clamp(1, 100);
+                    tracing::error!(device = %shared.name, "io_uring_enter: {e}; retrying in {retry_backoff_ms} ms");
+                    shared.submit_retry.store(true, Ordering::Release);
+                }
+            }
+        }
         if shared.closing.load(Ordering::Acquire) {
             if shared.inflight.load(Ordering::Acquire) == 0 {
                 return;
@@ -767,6 +848,7 @@ async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAliv
             // A waiter dropped between push and io_uring_enter may have left an SQE behind.
             let _ = shared.ring.submit();
         }
+        let retry = shared.submit_retry.load(Ordering::Acquire);
         tokio::select! {
             ready = efd.readable() => {
                 let Ok(mut guard) = ready else {
@@ -780,7 +862,8 @@ async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAliv
                 // if no newer event arrived, so no completion can be missed.
                 guard.clear_ready();
             }
-            _ = shared.shutdown.notified() => {}
+            _ = shared.wake_reaper.notified() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_millis(retry_backoff_ms)), if retry => {}
         }
     }
 }
@@ -790,7 +873,7 @@ async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAliv
 
 impl FileDevice {
     async fn do_read(&self, offset_bytes: u64, buf: IoBuf) -> ReadResult {
-        let s = &*self.shared;
+        let s = &self.shared;
         let len = buf.len();
         if let Err(e) = check_io(&s.name, &s.topology, IoOp::Read, offset_bytes, len as u64) {
             return (buf, Err(e));
@@ -849,7 +932,7 @@ impl FileDevice {
     }
 
     async fn do_write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> io::Result<()> {
-        let s = &*self.shared;
+        let s = &self.shared;
         let len = buf.len();
         check_io(&s.name, &s.topology, IoOp::Write, offset_bytes, len as u64)?;
         if s.read_only {
@@ -900,7 +983,7 @@ impl FileDevice {
     }
 
     async fn do_flush(&self) -> io::Result<()> {
-        let s = &*self.shared;
+        let s = &self.shared;
         let mut retries = 0;
         loop {
             let (res, _) =
@@ -914,7 +997,7 @@ impl FileDevice {
     }
 
     async fn fallocate(&self, offset_bytes: u64, len_bytes: u64, mode: i32) -> Result<(), i32> {
-        let s = &*self.shared;
+        let s = &self.shared;
         let mut retries = 0;
         loop {
             let (res, _) = s
@@ -955,7 +1038,7 @@ impl FileDevice {
     }
 
     async fn do_discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        let s = &*self.shared;
+        let s = &self.shared;
         check_io(&s.name, &s.topology, IoOp::Discard, offset_bytes, len_bytes)?;
         if s.read_only {
             return Err(s.read_only_error(IoOp::Discard, offset_bytes, len_bytes));
@@ -986,7 +1069,7 @@ impl FileDevice {
     }
 
     async fn do_write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> io::Result<()> {
-        let s = &*self.shared;
+        let s = &self.shared;
         check_io(&s.name, &s.topology, IoOp::WriteZeroes, offset_bytes, len_bytes)?;
         if s.read_only {
             return Err(s.read_only_error(IoOp::WriteZeroes, offset_bytes, len_bytes));
@@ -1001,7 +1084,7 @@ impl FileDevice {
     }
 
     async fn zero_file_range(&self, offset_bytes: u64, len_bytes: u64, no_unmap: bool) -> io::Result<()> {
-        let s = &*self.shared;
+        let s = &self.shared;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
         let zero_range = libc::FALLOC_FL_ZERO_RANGE | keep;

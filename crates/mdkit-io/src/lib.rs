@@ -9,6 +9,7 @@
 //! | [`buf`]    | [`IoBuf`] / [`SharedBuf`]: owned 4 KiB-aligned buffers                  |
 //! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
+//! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
 //! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
@@ -26,6 +27,7 @@ pub mod fault;
 pub mod file;
 pub mod flash;
 pub mod mem;
+pub mod plug;
 pub mod rng;
 pub mod timer;
 pub mod trace;
@@ -42,6 +44,7 @@ pub use fault::{FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, I
 pub use file::{DirectMode, FileDevice, FileOptions};
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use mem::MemDevice;
+pub use plug::{Plug, Plugged, is_plugged, plugged};
 pub use rng::Rng;
 pub use timer::MicroTimer;
 pub use trace::{DeviceTraceStats, OpTraceStats, TraceEvent, TraceSnapshot, TracedDevice, Tracer};

@@ -1,34 +1,53 @@
 //! The transmission phase of one connection.
 //!
 //! ```text
-//!   socket ──► reader task ──(validate, read payload into IoBuf)──► one task per request
-//!                                                                        │ device I/O
-//!   socket ◄── writer task ◄──── bounded channel of replies ◄────────────┘
+//!            ┌───────────────────── one task per connection ─────────────────────┐
+//!   socket ─►│ reader: every header the socket had, payloads into aligned IoBufs │
+//!            │   └─► RequestSet: requests run as futures of this task            │
+//!            │         └─► device I/O, submitted under one Plug per poll         │
+//!   socket ◄─│ writer: every reply that became ready, in one writev              │
+//!            └───────────────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! The reader parses and validates requests and spawns one task per request, so requests run
-//! concurrently and complete in any order. Each reply goes into a bounded channel; the writer
-//! takes every reply that is ready and sends them with one vectored write (headers from a small
-//! inline array, read data straight from the device's buffer). Two limits bound a connection:
-//! requests in flight (a semaphore) and payload bytes in flight (a second semaphore in 4 KiB
-//! units). A permit is returned only once its reply has been written to the socket, so a client
-//! that stops reading stalls only itself.
+//! Requests run concurrently and complete in any order, but not as tasks of their own: the
+//! connection task polls a request only when its waker fired ([`RequestSet`]). One poll of the
+//! connection parses every request the last socket read brought in, starts them all, submits
+//! their member I/O with one `io_uring_enter` per member (the poll runs under a
+//! [`mdkit_io::Plug`]), and writes every reply that became ready with one `writev`. That keeps
+//! the syscalls and wake-ups per request low: at queue depth 32 a batch of requests costs one
+//! socket read, one submission and one socket write, and no request crosses a thread or a
+//! channel. A connection's work runs on one thread; several connections (NBD multi-conn) spread
+//! over the runtime's workers.
+//!
+//! Two limits bound a connection: requests in flight (parsed and not yet answered on the
+//! socket) and payload bytes in flight (in 4 KiB units). When either is reached the reader stops
+//! until replies have been written, so a client that stops reading stalls only itself. Requests
+//! already started always run to completion, even when the connection ends early (bad input,
+//! socket error, DISC, shutdown); their replies are written while the socket works.
 
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
 
 use mdkit_io::{BlockDevice, IoBuf, SharedBuf, WriteFlags, ZeroFlags};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
 
 use crate::export::ExportState;
 use crate::handshake::Negotiated;
 use crate::proto::*;
-use crate::reader::RequestReader;
+use crate::reader::{PayloadProgress, RequestReader};
+use crate::taskset::RequestSet;
 
-/// Replies written per vectored write at most (two iovecs each, well under IOV_MAX).
-const WRITE_BATCH_MAX: usize = 256;
+/// Socket buffers handed to one vectored write at most (two per reply; IOV_MAX is 1024).
+const WRITE_IOVECS_MAX: usize = 512;
+/// Requests admitted plus replies collected per poll of the connection before it yields to
+/// other tasks (fairness between connections on a worker).
+const WORK_PER_POLL_MAX: usize = 512;
 /// Unit of the in-flight byte budget.
 const BYTE_PERMIT_UNIT: u64 = 4096;
 /// Longest error message sent in a structured error chunk.
@@ -55,7 +74,7 @@ pub enum Ending {
     Shutdown,
 }
 
-/// State shared by the reader and the request tasks of one connection.
+/// What the requests of one connection share (read-only).
 struct Conn {
     export: Arc<ExportState>,
     structured: bool,
@@ -64,16 +83,9 @@ struct Conn {
     min_block_bytes: u64,
     max_payload_bytes: u32,
     size_bytes: u64,
-    replies: mpsc::Sender<Reply>,
 }
 
-/// Held by a request until its reply has been written.
-struct Permits {
-    _request: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
-}
-
-/// A parsed, validated request handed to a request task.
+/// A parsed, validated request.
 struct Request {
     kind: u16,
     flags: u16,
@@ -90,16 +102,13 @@ pub async fn serve<R, W>(
     writer: W,
     neg: Negotiated,
     limits: ConnLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     peer: &str,
 ) -> io::Result<Ending>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel::<Reply>(limits.max_in_flight_requests + 1);
-    let requests = Arc::new(Semaphore::new(limits.max_in_flight_requests));
-    let writer = AbortOnDrop(tokio::spawn(write_replies(writer, rx, requests.clone(), limits.max_in_flight_requests)));
     let topo = neg.export.topology();
     let bs = neg.export.block_sizes(limits.max_payload_bytes);
     let conn = Arc::new(Conn {
@@ -109,144 +118,361 @@ where
         max_payload_bytes: bs.max_payload_bytes,
         size_bytes: topo.size_bytes,
         export: neg.export,
-        replies: tx,
     });
-    let byte_units = (limits.max_in_flight_bytes as u64 / BYTE_PERMIT_UNIT).max(u64::from(bs.max_payload_bytes) / BYTE_PERMIT_UNIT + 2);
-    let bytes = Arc::new(Semaphore::new(byte_units as usize));
-    let mut rd = RequestReader::new(reader);
-
-    let ending = loop {
-        if *shutdown.borrow() {
-            break Ok(Ending::Shutdown);
-        }
-        let header = tokio::select! {
-            biased;
-            _ = shutdown.changed() => break Ok(Ending::Shutdown),
-            h = rd.read_header() => h,
-        };
-        let header = match header {
-            Ok(Some(h)) => RequestHeader::parse(&h),
-            Ok(None) => break Ok(Ending::Eof),
-            Err(e) => break Err(e),
-        };
-        if header.magic != REQUEST_MAGIC {
-            // Nothing after a bad magic can be trusted to be a request boundary.
-            break Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad request magic {:#x}", header.magic)));
-        }
-        let request_permit = requests.clone().acquire_owned().await.expect("semaphore is never closed");
-        match admit(&conn, &mut rd, &header, &bytes, &mut shutdown).await {
-            Ok(Admitted::Run(req, byte_permit)) => {
-                let permits = Permits { _request: request_permit, _bytes: byte_permit };
-                conn.export.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-                let conn = conn.clone();
-                tokio::spawn(async move {
-                    let reply = execute(&conn, req).await;
-                    conn.export.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    // Fails only when the writer is gone (socket dead); nothing left to do then.
-                    let _ = conn.replies.send(reply.with_permits(permits)).await;
-                });
-            }
-            Ok(Admitted::Refused(reply)) => {
-                conn.export.stats.errors.fetch_add(1, Ordering::Relaxed);
-                let permits = Permits { _request: request_permit, _bytes: None };
-                let _ = conn.replies.send(reply.with_permits(permits)).await;
-            }
-            Ok(Admitted::RefusedThenClose(reply, why)) => {
-                conn.export.stats.errors.fetch_add(1, Ordering::Relaxed);
-                let _ = conn.replies.send(reply).await;
-                break Err(io::Error::new(io::ErrorKind::InvalidData, why));
-            }
-            Ok(Admitted::Disconnect) => break Ok(Ending::Disconnect),
-            Ok(Admitted::Shutdown) => break Ok(Ending::Shutdown),
-            Err(e) => break Err(e),
-        }
+    // Always room for one request of the largest payload, whatever the configured budget.
+    let byte_units = (limits.max_in_flight_bytes as u64 / BYTE_PERMIT_UNIT)
+        .max(u64::from(bs.max_payload_bytes) / BYTE_PERMIT_UNIT + 2);
+    let max_requests = limits.max_in_flight_requests.max(1);
+    let mut c = Connection {
+        conn: conn.clone(),
+        rd: RequestReader::new(reader),
+        out: ReplyWriter::new(writer),
+        running: RequestSet::new(max_requests),
+        start: run_request,
+        read_state: ReadState::Header,
+        reading: true,
+        ending: None,
+        shutdown: Box::pin(shutdown_requested(shutdown)),
+        max_requests,
+        max_units: byte_units,
+        requests_in_flight: 0,
+        units_in_flight: 0,
+        write_error: None,
+        close_step: CloseStep::Flush,
     };
+    // Every poll of the connection runs under a plug: the member I/O of all the requests it
+    // starts goes to the kernel together (see `mdkit_io::plug`).
+    let ending = mdkit_io::plugged(poll_fn(|cx| c.poll(cx))).await;
     if let Err(e) = &ending {
         tracing::warn!(peer, export = %conn.export.export.name, "closing connection: {e}");
     }
-    // In-flight requests finish and their replies are written; the writer ends when the last
-    // request task drops its handle on the channel.
-    drop(conn);
-    let written = writer.join().await;
-    match (&ending, written) {
-        (Ok(_), Err(e)) => Err(e),
-        _ => ending,
+    ending
+}
+
+async fn shutdown_requested(mut rx: watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            // The server is gone without a shutdown: nothing will ever be signalled.
+            std::future::pending::<()>().await;
+        }
     }
 }
 
-enum Admitted {
-    Run(Request, Option<OwnedSemaphorePermit>),
-    Refused(Reply),
-    /// The stream cannot be resynchronised (e.g. a write payload over the limit): reply, close.
-    RefusedThenClose(Reply, String),
-    Disconnect,
+async fn run_request(conn: Arc<Conn>, req: Request, units: u32) -> Reply {
+    let mut reply = execute(&conn, req).await;
+    reply.units = units;
+    reply
+}
+
+/// Where the reader is inside the request stream. A request counts as in flight from its
+/// header on (so `Budget`, `Payload` and `Discard` hold a slot).
+enum ReadState {
+    Header,
+    /// Waiting for payload-byte budget (READ/WRITE).
+    Budget { h: RequestHeader, units: u32 },
+    /// Reading a WRITE payload.
+    Payload { h: RequestHeader, units: u32, buf: IoBuf, progress: PayloadProgress },
+    /// Skipping the payload of a refused WRITE, then sending `reply`.
+    Discard { left: u64, reply: Reply },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CloseStep {
+    Flush,
     Shutdown,
+    Done,
 }
 
-/// Validates a request, reads (or skips) its payload, and decides what to do with it.
-async fn admit<R: AsyncRead + Unpin>(
-    conn: &Conn,
-    rd: &mut RequestReader<R>,
-    h: &RequestHeader,
-    bytes: &Arc<Semaphore>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> io::Result<Admitted> {
-    let is_write = h.kind == CMD_WRITE;
-    if is_write && h.len_bytes > conn.max_payload_bytes {
-        let msg = format!(
-            "WRITE of {} bytes exceeds the {}-byte maximum payload; closing the connection",
-            h.len_bytes, conn.max_payload_bytes
-        );
-        let reply = Reply::error(h.cookie, EINVAL, &msg, conn.structured);
-        return Ok(Admitted::RefusedThenClose(reply, msg));
-    }
-    if h.kind == CMD_DISC {
-        return Ok(Admitted::Disconnect);
-    }
-    if let Err((errno, msg)) = validate(conn, h) {
-        if is_write {
-            read_cancellable(rd.discard(u64::from(h.len_bytes)), shutdown).await?;
-        }
-        tracing::debug!(export = %conn.export.export.name, "refused request: {msg}");
-        return Ok(Admitted::Refused(Reply::error(h.cookie, errno, &msg, conn.structured)));
-    }
-    let byte_permit = if matches!(h.kind, CMD_READ | CMD_WRITE) {
-        let units = u64::from(h.len_bytes).div_ceil(BYTE_PERMIT_UNIT).max(1) as u32;
-        Some(bytes.clone().acquire_many_owned(units).await.expect("semaphore is never closed"))
-    } else {
-        None
-    };
-    let payload = if is_write {
-        let mut buf = IoBuf::uninit_contents(h.len_bytes as usize);
-        match read_cancellable(rd.read_payload(buf.as_mut_slice()), shutdown).await {
-            Ok(()) => Some(buf.freeze()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Admitted::Shutdown),
-            Err(e) => return Err(e),
-        }
-    } else {
-        None
-    };
-    let req = Request {
-        kind: h.kind,
-        flags: h.flags,
-        cookie: h.cookie,
-        offset_bytes: h.offset_bytes,
-        len_bytes: u64::from(h.len_bytes),
-        payload,
-    };
-    Ok(Admitted::Run(req, byte_permit))
+/// What a write of replies released.
+#[derive(Default)]
+struct Written {
+    requests: usize,
+    units: u64,
 }
 
-/// Runs a payload read unless the server shuts down first (then `Interrupted`).
-async fn read_cancellable<F: Future<Output = io::Result<()>>>(f: F, shutdown: &mut watch::Receiver<bool>) -> io::Result<()> {
-    if *shutdown.borrow() {
-        return Err(io::Error::new(io::ErrorKind::Interrupted, "server shutting down"));
+struct Connection<R, W, F: Future<Output = Reply>> {
+    conn: Arc<Conn>,
+    rd: RequestReader<R>,
+    out: ReplyWriter<W>,
+    running: RequestSet<F>,
+    /// Builds a request's future (`run_request`; a fn pointer so the set has one future type).
+    start: fn(Arc<Conn>, Request, u32) -> F,
+    read_state: ReadState,
+    /// False once no more requests are read (DISC, EOF, bad input, shutdown, socket error).
+    reading: bool,
+    /// Why reading stopped.
+    ending: Option<io::Result<Ending>>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    max_requests: usize,
+    max_units: u64,
+    /// Requests parsed and not yet answered on the socket (≤ `max_requests`).
+    requests_in_flight: usize,
+    /// Payload budget held by those requests, in [`BYTE_PERMIT_UNIT`]s (≤ `max_units`).
+    units_in_flight: u64,
+    /// The socket failed: replies are dropped from then on.
+    write_error: Option<io::Error>,
+    close_step: CloseStep,
+}
+
+impl<R, W, F> Connection<R, W, F>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    F: Future<Output = Reply>,
+{
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Ending>> {
+        let mut work = 0usize;
+        loop {
+            let mut progress = false;
+            if self.reading && self.shutdown.as_mut().poll(cx).is_ready() {
+                self.stop_reading(Ok(Ending::Shutdown));
+            }
+            // 1. Start every request that is already buffered (limits permitting).
+            while self.reading && work < WORK_PER_POLL_MAX {
+                if self.poll_admit(cx).is_pending() {
+                    break;
+                }
+                progress = true;
+                work += 1;
+            }
+            // 2. Poll the requests whose I/O made progress; collect their replies.
+            while work < WORK_PER_POLL_MAX {
+                let Poll::Ready(Some(reply)) = self.running.poll_next(cx) else { break };
+                self.conn.export.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+                self.queue_reply(reply);
+                progress = true;
+                work += 1;
+            }
+            // 3. The member I/O started above goes to the kernel before the socket write, so
+            //    the disk works while the replies are sent.
+            mdkit_io::plug::flush();
+            // 4. Send every reply that is ready, in as few writes as the socket allows.
+            if self.write_error.is_none() && !self.out.is_empty() {
+                match self.out.poll_write(cx) {
+                    Poll::Ready(Ok(w)) => {
+                        self.release(w);
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.write_error = Some(e);
+                        let dropped = self.out.drop_queued();
+                        self.release(dropped);
+                        self.stop_reading(Ok(Ending::Eof));
+                        progress = true;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if !self.reading && self.running.is_empty() && self.out.is_empty() {
+                return self.poll_close(cx);
+            }
+            if work >= WORK_PER_POLL_MAX {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
     }
-    tokio::select! {
-        r = f => r,
-        _ = shutdown.changed() => Err(io::Error::new(io::ErrorKind::Interrupted, "server shutting down")),
+
+    /// Advances the reader by one step: a request started, a refusal queued or the end of
+    /// reading. `Pending` while waiting for the socket or for a limit (the replies being
+    /// written wake the task again).
+    fn poll_admit(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match std::mem::replace(&mut self.read_state, ReadState::Header) {
+                ReadState::Header => {
+                    if self.requests_in_flight >= self.max_requests {
+                        return Poll::Pending;
+                    }
+                    let raw = match ready!(self.rd.poll_header(cx)) {
+                        Ok(Some(raw)) => raw,
+                        Ok(None) => return self.end_reading(Ok(Ending::Eof)),
+                        Err(e) => return self.end_reading(Err(e)),
+                    };
+                    let h = RequestHeader::parse(&raw);
+                    if let Some(next) = self.admit_header(h) {
+                        self.read_state = next;
+                        continue;
+                    }
+                    return Poll::Ready(());
+                }
+                ReadState::Budget { h, units } => {
+                    if self.units_in_flight + u64::from(units) > self.max_units {
+                        self.read_state = ReadState::Budget { h, units };
+                        return Poll::Pending;
+                    }
+                    self.units_in_flight += u64::from(units);
+                    if h.kind == CMD_WRITE {
+                        let buf = IoBuf::uninit_contents(h.len_bytes as usize);
+                        self.read_state = ReadState::Payload { h, units, buf, progress: PayloadProgress::default() };
+                        continue;
+                    }
+                    self.dispatch(h, None, units);
+                    return Poll::Ready(());
+                }
+                ReadState::Payload { h, units, mut buf, mut progress } => {
+                    let r = self.rd.poll_payload(cx, buf.as_mut_slice(), &mut progress);
+                    self.read_state = ReadState::Payload { h, units, buf, progress };
+                    match ready!(r) {
+                        Ok(()) => {
+                            let ReadState::Payload { h, units, buf, .. } =
+                                std::mem::replace(&mut self.read_state, ReadState::Header)
+                            else {
+                                unreachable!("state set just above")
+                            };
+                            self.dispatch(h, Some(buf.freeze()), units);
+                            return Poll::Ready(());
+                        }
+                        Err(e) => return self.end_reading(Err(e)),
+                    }
+                }
+                ReadState::Discard { mut left, reply } => {
+                    let r = self.rd.poll_discard(cx, &mut left);
+                    self.read_state = ReadState::Discard { left, reply };
+                    match ready!(r) {
+                        Ok(()) => {
+                            let ReadState::Discard { reply, .. } =
+                                std::mem::replace(&mut self.read_state, ReadState::Header)
+                            else {
+                                unreachable!("state set just above")
+                            };
+                            self.queue_reply(reply);
+                            return Poll::Ready(());
+                        }
+                        Err(e) => return self.end_reading(Err(e)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decides what a freshly read header leads to. Returns the next reader state when the
+    /// request needs more reading (budget, payload, discard); `None` when it was handled.
+    fn admit_header(&mut self, h: RequestHeader) -> Option<ReadState> {
+        let stats = &self.conn.export.stats;
+        if h.magic != REQUEST_MAGIC {
+            // Nothing after a bad magic can be trusted to be a request boundary.
+            let e = io::Error::new(io::ErrorKind::InvalidData, format!("bad request magic {:#x}", h.magic));
+            self.stop_reading(Err(e));
+            return None;
+        }
+        let is_write = h.kind == CMD_WRITE;
+        if is_write && h.len_bytes > self.conn.max_payload_bytes {
+            // The stream cannot be resynchronised without reading the whole payload: reply, close.
+            let msg = format!(
+                "WRITE of {} bytes exceeds the {}-byte maximum payload; closing the connection",
+                h.len_bytes, self.conn.max_payload_bytes
+            );
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            self.requests_in_flight += 1;
+            self.queue_reply(Reply::error(h.cookie, EINVAL, &msg, self.conn.structured));
+            self.stop_reading(Err(io::Error::new(io::ErrorKind::InvalidData, msg)));
+            return None;
+        }
+        if h.kind == CMD_DISC {
+            self.stop_reading(Ok(Ending::Disconnect));
+            return None;
+        }
+        self.requests_in_flight += 1;
+        if let Err((errno, msg)) = validate(&self.conn, &h) {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(export = %self.conn.export.export.name, "refused request: {msg}");
+            let reply = Reply::error(h.cookie, errno, &msg, self.conn.structured);
+            if is_write {
+                return Some(ReadState::Discard { left: u64::from(h.len_bytes), reply });
+            }
+            self.queue_reply(reply);
+            return None;
+        }
+        if matches!(h.kind, CMD_READ | CMD_WRITE) {
+            let units = u64::from(h.len_bytes).div_ceil(BYTE_PERMIT_UNIT).max(1) as u32;
+            return Some(ReadState::Budget { h, units });
+        }
+        self.dispatch(h, None, 0);
+        None
+    }
+
+    fn dispatch(&mut self, h: RequestHeader, payload: Option<SharedBuf>, units: u32) {
+        let req = Request {
+            kind: h.kind,
+            flags: h.flags,
+            cookie: h.cookie,
+            offset_bytes: h.offset_bytes,
+            len_bytes: u64::from(h.len_bytes),
+            payload,
+        };
+        self.conn.export.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let future = (self.start)(self.conn.clone(), req, units);
+        let pushed = self.running.push(future);
+        // Invariant: running ≤ requests_in_flight ≤ max_requests = the set's capacity.
+        assert!(pushed.is_ok(), "request set full with {} requests in flight", self.requests_in_flight);
+    }
+
+    fn queue_reply(&mut self, reply: Reply) {
+        if self.write_error.is_some() {
+            // Nobody will read it: the request is finished as far as the limits go.
+            self.release(Written { requests: 1, units: u64::from(reply.units) });
+        } else {
+            self.out.push(reply);
+        }
+    }
+
+    fn release(&mut self, w: Written) {
+        debug_assert!(w.requests <= self.requests_in_flight && w.units <= self.units_in_flight);
+        self.requests_in_flight -= w.requests;
+        self.units_in_flight -= w.units;
+    }
+
+    fn end_reading(&mut self, ending: io::Result<Ending>) -> Poll<()> {
+        self.stop_reading(ending);
+        Poll::Ready(())
+    }
+
+    /// Stops reading requests; a request half read (its slot and budget taken) is dropped.
+    fn stop_reading(&mut self, ending: io::Result<Ending>) {
+        if !self.reading {
+            return;
+        }
+        self.reading = false;
+        self.ending = Some(ending);
+        match std::mem::replace(&mut self.read_state, ReadState::Header) {
+            ReadState::Header => {}
+            ReadState::Budget { .. } | ReadState::Discard { .. } => self.requests_in_flight -= 1,
+            ReadState::Payload { units, .. } => {
+                self.requests_in_flight -= 1;
+                self.units_in_flight -= u64::from(units);
+            }
+        }
+    }
+
+    /// Everything answered: flush and close our side of the socket, then report the ending.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Ending>> {
+        debug_assert_eq!((self.requests_in_flight, self.units_in_flight), (0, 0));
+        if self.write_error.is_none() && self.close_step == CloseStep::Flush {
+            if let Err(e) = ready!(self.out.poll_flush(cx)) {
+                self.write_error = Some(e);
+            }
+            self.close_step = CloseStep::Shutdown;
+        }
+        if self.write_error.is_none() && self.close_step == CloseStep::Shutdown {
+            // Closing our side tells the client we are done (after DISC or at shutdown).
+            let _ = ready!(self.out.poll_shutdown(cx));
+        }
+        self.close_step = CloseStep::Done;
+        let ending = self.ending.take().unwrap_or(Ok(Ending::Eof));
+        Poll::Ready(match (ending, self.write_error.take()) {
+            (Ok(_), Some(e)) => Err(e),
+            (ending, _) => ending,
+        })
     }
 }
+
+//------------------------------------------------------------------------------------------------
 
 /// Checks a request against the protocol and the export. Returns the error to reply with.
 fn validate(conn: &Conn, h: &RequestHeader) -> Result<(), (u32, String)> {
@@ -525,6 +751,8 @@ async fn zero_aligned(dev: &dyn BlockDevice, off: u64, len: u64, flags: ZeroFlag
 }
 
 //------------------------------------------------------------------------------------------------
+
+//------------------------------------------------------------------------------------------------
 // Replies and the writer
 
 /// Reply header bytes: inline for the fixed-size headers, on the heap for error messages.
@@ -536,7 +764,8 @@ enum Head {
 pub(crate) struct Reply {
     head: Head,
     data: Option<SharedBuf>,
-    _permits: Option<Permits>,
+    /// Payload budget the request held, returned once the reply is on the socket.
+    units: u32,
 }
 
 impl Reply {
@@ -547,7 +776,7 @@ impl Reply {
             bytes[len..len + p.len()].copy_from_slice(p);
             len += p.len();
         }
-        Reply { head: Head::Inline { bytes, len: len as u8 }, data: None, _permits: None }
+        Reply { head: Head::Inline { bytes, len: len as u8 }, data: None, units: 0 }
     }
 
     fn ok(cookie: u64) -> Reply {
@@ -580,12 +809,7 @@ impl Reply {
         v.extend_from_slice(&errno.to_be_bytes());
         v.extend_from_slice(&(msg.len() as u16).to_be_bytes());
         v.extend_from_slice(msg);
-        Reply { head: Head::Heap(v), data: None, _permits: None }
-    }
-
-    fn with_permits(mut self, p: Permits) -> Reply {
-        self._permits = Some(p);
-        self
+        Reply { head: Head::Heap(v), data: None, units: 0 }
     }
 
     fn head(&self) -> &[u8] {
@@ -594,84 +818,120 @@ impl Reply {
             Head::Heap(v) => v,
         }
     }
+
+    fn data(&self) -> &[u8] {
+        self.data.as_ref().map_or(&[], |d| d.as_slice())
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.head().len() + self.data().len()
+    }
 }
 
-/// Drains the reply channel into the socket, batching every ready reply into one writev.
-///
-/// `requests` is the connection's in-flight semaphore (a permit is held from dispatch until
-/// the reply is written), so `max - available - batch` is the number of requests whose replies
-/// are still to come. When some are, the writer yields once before writing: request tasks that
-/// were woken by the same completion batch then add their replies, and one `writev` carries
-/// them all. Each `writev` on a TCP socket costs a loopback transmit and a wake-up of the
-/// client, so fewer, larger writes are what makes QD32 cheap. With nothing else outstanding
-/// (QD1) the reply goes out at once.
-async fn write_replies<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut rx: mpsc::Receiver<Reply>,
-    requests: Arc<Semaphore>,
-    max_in_flight: usize,
-) -> io::Result<()> {
-    let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH_MAX);
-    loop {
-        if rx.recv_many(&mut batch, WRITE_BATCH_MAX).await == 0 {
-            break;
-        }
-        let outstanding = max_in_flight.saturating_sub(requests.available_permits());
-        if outstanding > batch.len() && batch.len() < WRITE_BATCH_MAX {
-            tokio::task::yield_now().await;
-            while batch.len() < WRITE_BATCH_MAX {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
+/// The socket's sending side and the replies waiting for it. Replies go out in the order they
+/// became ready; every call writes as many as the socket takes, with vectored writes (headers
+/// from the replies' inline arrays, read data straight from the device's buffers).
+struct ReplyWriter<W> {
+    w: W,
+    queue: VecDeque<Reply>,
+    /// Bytes of `queue.front()` already written (a partial write).
+    front_sent_bytes: usize,
+}
+
+impl<W: AsyncWrite + Unpin> ReplyWriter<W> {
+    fn new(w: W) -> ReplyWriter<W> {
+        ReplyWriter { w, queue: VecDeque::new(), front_sent_bytes: 0 }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn push(&mut self, reply: Reply) {
+        self.queue.push_back(reply);
+    }
+
+    /// Writes queued replies until the queue is empty or the socket is full. `Ready` when
+    /// something was written (with what finished), `Pending` when nothing could be.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Written>> {
+        let mut done = Written::default();
+        let mut wrote_any = false;
+        while !self.queue.is_empty() {
+            let r = {
+                let mut iov = [IoSlice::new(&[]); WRITE_IOVECS_MAX];
+                let mut count = 0;
+                let mut skip = self.front_sent_bytes;
+                'replies: for reply in &self.queue {
+                    for part in [reply.head(), reply.data()] {
+                        if skip >= part.len() {
+                            skip -= part.len();
+                            continue;
+                        }
+                        iov[count] = IoSlice::new(&part[skip..]);
+                        skip = 0;
+                        count += 1;
+                        if count == WRITE_IOVECS_MAX {
+                            break 'replies;
+                        }
+                    }
                 }
+                Pin::new(&mut self.w).poll_write_vectored(cx, &iov[..count])
+            };
+            match r {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no reply bytes")));
+                }
+                Poll::Ready(Ok(n)) => {
+                    wrote_any = true;
+                    self.advance(n, &mut done);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending if wrote_any => break,
+                Poll::Pending => return Poll::Pending,
             }
         }
-        write_batch(&mut w, &batch).await?;
-        // Dropping the replies returns their permits: only now is the request finished.
-        batch.clear();
+        Poll::Ready(Ok(done))
     }
-    w.flush().await?;
-    // Closing our side tells the client we are done (after DISC or at shutdown).
-    let _ = w.shutdown().await;
-    Ok(())
-}
 
-async fn write_batch<W: AsyncWrite + Unpin>(w: &mut W, batch: &[Reply]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len() * 2);
-    for r in batch {
-        slices.push(IoSlice::new(r.head()));
-        if let Some(d) = &r.data {
-            slices.push(IoSlice::new(d.as_slice()));
+    /// Accounts `n` written bytes: finished replies leave the queue (dropping a reply returns
+    /// its buffer to the pool).
+    fn advance(&mut self, mut n: usize, done: &mut Written) {
+        while n > 0 {
+            let Some(front) = self.queue.front() else {
+                debug_assert!(false, "socket took more bytes than were queued");
+                return;
+            };
+            let left = front.len_bytes() - self.front_sent_bytes;
+            if n < left {
+                self.front_sent_bytes += n;
+                return;
+            }
+            n -= left;
+            self.front_sent_bytes = 0;
+            if let Some(r) = self.queue.pop_front() {
+                done.requests += 1;
+                done.units += u64::from(r.units);
+            }
         }
     }
-    let mut rest: &mut [IoSlice<'_>] = &mut slices;
-    while !rest.is_empty() {
-        let n = w.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no reply bytes"));
+
+    /// Drops every queued reply (the socket failed); returns what they held.
+    fn drop_queued(&mut self) -> Written {
+        let mut w = Written::default();
+        for r in self.queue.drain(..) {
+            w.requests += 1;
+            w.units += u64::from(r.units);
         }
-        IoSlice::advance_slices(&mut rest, n);
+        self.front_sent_bytes = 0;
+        w
     }
-    Ok(())
-}
 
-/// Aborts the writer if the connection task itself is aborted (forced shutdown), so a client
-/// that never reads cannot keep it alive.
-struct AbortOnDrop(tokio::task::JoinHandle<io::Result<()>>);
-
-impl AbortOnDrop {
-    async fn join(mut self) -> io::Result<()> {
-        let r = (&mut self.0).await;
-        match r {
-            Ok(r) => r,
-            Err(e) => Err(io::Error::other(format!("reply writer task failed: {e}"))),
-        }
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.w).poll_flush(cx)
     }
-}
 
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.w).poll_shutdown(cx)
     }
 }
 

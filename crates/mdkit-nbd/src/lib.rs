@@ -30,6 +30,7 @@ pub mod gate;
 pub mod handshake;
 pub mod proto;
 mod reader;
+mod taskset;
 pub mod server;
 
 pub use export::{BlockSizes, Export, ExportStats, ExportStatsSnapshot};

@@ -8,9 +8,13 @@
 //! [`DIRECT_READ_MIN_BYTES`] or more is read from the socket directly into the `IoBuf`, so
 //! large writes are never copied in user space.
 
+#[cfg(test)]
+use std::future::poll_fn;
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::proto::REQUEST_HEADER_BYTES;
 
@@ -26,6 +30,12 @@ pub struct RequestReader<R> {
     end: usize,
 }
 
+/// Progress of one payload being read: `filled` bytes of the destination are done.
+#[derive(Debug, Default)]
+pub struct PayloadProgress {
+    pub filled: usize,
+}
+
 impl<R: AsyncRead + Unpin> RequestReader<R> {
     pub fn new(inner: R) -> RequestReader<R> {
         RequestReader { inner, buf: vec![0u8; RECV_BUFFER_BYTES].into_boxed_slice(), start: 0, end: 0 }
@@ -36,7 +46,7 @@ impl<R: AsyncRead + Unpin> RequestReader<R> {
     }
 
     /// Reads more from the socket into the buffer; returns the number of bytes added (0 = EOF).
-    async fn fill(&mut self) -> io::Result<usize> {
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -45,57 +55,102 @@ impl<R: AsyncRead + Unpin> RequestReader<R> {
             self.end -= self.start;
             self.start = 0;
         }
-        let n = self.inner.read(&mut self.buf[self.end..]).await?;
+        let mut rb = ReadBuf::new(&mut self.buf[self.end..]);
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
         self.end += n;
-        Ok(n)
+        Poll::Ready(Ok(n))
     }
 
-    /// The next request header, or `None` on a clean end of stream between requests.
-    pub async fn read_header(&mut self) -> io::Result<Option<[u8; REQUEST_HEADER_BYTES]>> {
+    /// The next request header, or `None` on a clean end of stream between requests. Cancel-safe:
+    /// bytes read stay buffered until a whole header is there.
+    pub fn poll_header(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<[u8; REQUEST_HEADER_BYTES]>>> {
         while self.buffered() < REQUEST_HEADER_BYTES {
-            if self.fill().await? == 0 {
+            if ready!(self.poll_fill(cx))? == 0 {
                 if self.buffered() == 0 {
-                    return Ok(None);
+                    return Poll::Ready(Ok(None));
                 }
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a request header"));
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a request header",
+                )));
             }
         }
         let mut h = [0u8; REQUEST_HEADER_BYTES];
         h.copy_from_slice(&self.buf[self.start..self.start + REQUEST_HEADER_BYTES]);
         self.start += REQUEST_HEADER_BYTES;
-        Ok(Some(h))
+        Poll::Ready(Ok(Some(h)))
     }
 
-    /// Fills `dst` completely from the stream.
-    pub async fn read_payload(&mut self, dst: &mut [u8]) -> io::Result<()> {
-        let mut done = self.take_buffered(dst);
-        while done < dst.len() {
-            let rest = dst.len() - done;
-            if rest >= DIRECT_READ_MIN_BYTES {
-                self.inner.read_exact(&mut dst[done..]).await?;
-                return Ok(());
+    /// Fills `dst` completely from the stream, resuming at `progress` (kept by the caller across
+    /// `Pending`). Buffered bytes are copied; a remainder of [`DIRECT_READ_MIN_BYTES`] or more is
+    /// read from the socket straight into `dst`.
+    pub fn poll_payload(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut [u8],
+        progress: &mut PayloadProgress,
+    ) -> Poll<io::Result<()>> {
+        progress.filled += self.take_buffered(&mut dst[progress.filled..]);
+        while progress.filled < dst.len() {
+            let rest = dst.len() - progress.filled;
+            let n = if rest >= DIRECT_READ_MIN_BYTES {
+                let mut rb = ReadBuf::new(&mut dst[progress.filled..]);
+                ready!(Pin::new(&mut self.inner).poll_read(cx, &mut rb))?;
+                let n = rb.filled().len();
+                progress.filled += n;
+                n
+            } else {
+                let n = ready!(self.poll_fill(cx))?;
+                progress.filled += self.take_buffered(&mut dst[progress.filled..]);
+                n
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a write payload",
+                )));
             }
-            if self.fill().await? == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a write payload"));
-            }
-            done += self.take_buffered(&mut dst[done..]);
         }
-        Ok(())
+        Poll::Ready(Ok(()))
     }
 
-    /// Skips `len` bytes of payload without allocating for it.
-    pub async fn discard(&mut self, mut len: u64) -> io::Result<()> {
+    /// Skips `*left` bytes of payload without allocating for them; `*left` counts down.
+    pub fn poll_discard(&mut self, cx: &mut Context<'_>, left: &mut u64) -> Poll<io::Result<()>> {
         loop {
-            let n = (self.buffered() as u64).min(len);
+            let n = (self.buffered() as u64).min(*left);
             self.start += n as usize;
-            len -= n;
-            if len == 0 {
-                return Ok(());
+            *left -= n;
+            if *left == 0 {
+                return Poll::Ready(Ok(()));
             }
-            if self.fill().await? == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a write payload"));
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a write payload",
+                )));
             }
         }
+    }
+
+    #[cfg(test)]
+    /// Async form of [`poll_header`](Self::poll_header).
+    pub async fn read_header(&mut self) -> io::Result<Option<[u8; REQUEST_HEADER_BYTES]>> {
+        poll_fn(|cx| self.poll_header(cx)).await
+    }
+
+    #[cfg(test)]
+    /// Async form of [`poll_payload`](Self::poll_payload).
+    pub async fn read_payload(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let mut progress = PayloadProgress::default();
+        poll_fn(|cx| self.poll_payload(cx, dst, &mut progress)).await
+    }
+
+    #[cfg(test)]
+    /// Async form of [`poll_discard`](Self::poll_discard).
+    pub async fn discard(&mut self, len: u64) -> io::Result<()> {
+        let mut left = len;
+        poll_fn(|cx| self.poll_discard(cx, &mut left)).await
     }
 
     fn take_buffered(&mut self, dst: &mut [u8]) -> usize {
