@@ -41,17 +41,12 @@ pub(crate) async fn write_targets(a: &ArrayCore, r5: &Raid5, targets: Vec<Target
     let results =
         join_all(targets.iter().map(|t| a.member_write(&t.member, t.sector, t.data.clone(), flags))).await;
     let mut first_err = None;
+    let mut rewritten: Vec<&Target> = Vec::new();
     for (t, r) in targets.iter().zip(results) {
         match r {
             Ok(()) => {
                 if t.fixes_read {
-                    t.member.note_corrected_read();
-                    tracing::info!(
-                        array = a.name(),
-                        member = t.member.name(),
-                        sector = t.sector,
-                        "read error corrected by rewriting the block from parity"
-                    );
+                    rewritten.push(t);
                 }
             }
             // The wrapper failed the member: its data lives on in parity.
@@ -61,9 +56,35 @@ pub(crate) async fn write_targets(a: &ArrayCore, r5: &Raid5, targets: Vec<Target
             }
         }
     }
+    verify_rewrites(a, &rewritten).await;
     match first_err {
         None => Ok(()),
         Some(e) => Err(e),
+    }
+}
+
+/// md's read-error correction: a rewritten block is read back; a member that still cannot
+/// return it is failed (the data lives on in the other members).
+async fn verify_rewrites(a: &ArrayCore, rewritten: &[&Target]) {
+    let reads = join_all(
+        rewritten.iter().map(|t| a.member_read(&t.member, t.sector, IoBuf::uninit_contents(t.data.len()))),
+    )
+    .await;
+    for (t, (buf, r)) in rewritten.iter().zip(reads) {
+        if r.is_ok() && buf.as_slice() == t.data.as_slice() {
+            t.member.note_corrected_read();
+            tracing::info!(
+                array = a.name(),
+                member = t.member.name(),
+                sector = t.sector,
+                "read error corrected by rewriting the block from parity"
+            );
+        } else {
+            a.fail_member(
+                &t.member,
+                &format!("read error at member sector {} could not be corrected by rewriting", t.sector),
+            );
+        }
     }
 }
 

@@ -1,0 +1,329 @@
+//! raid5/raid6 member faults under load, on fault-injecting members with flash-like latency:
+//! - one member (raid5) or two (raid6, one after the other) are pulled in the middle of a
+//!   verifying workload: no error reaches the client, no acknowledged write is lost, the
+//!   survivors' superblocks record the failures; spares are rebuilt while the workload goes
+//!   on, `check` finds 0 mismatches, and a re-assembly of survivors + rebuilt spares has
+//!   everything;
+//! - a rebuild cut off by dropping the array resumes from the `recovery_offset` checkpoint;
+//! - a transient read error is served by reconstruction and the block rewritten (corrected,
+//!   member kept); a persistent one fails the member; neither reaches the client;
+//! - a member that fails a write is failed and the write succeeds; the member the array
+//!   cannot run without is never failed (the client gets the error instead);
+//! - a dirty degraded raid5 is refused at assembly unless forced.
+
+mod array_util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use array_util::*;
+use mdkit_io::{
+    BlockDevice, DeviceRef, FaultRule, FaultyDevice, FlashDevice, FlashModel, IoBuf, IoFuture, MemDevice, OpMask,
+    ReadResult, Rng, SharedBuf, Topology, WriteFlags, ZeroFlags,
+};
+use mdkit_md::array::{Array, AssembleOptions, assemble};
+use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
+use mdkit_md::layout::Level;
+
+/// Fault injectors over flash-latency RAM members.
+fn members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
+    let model = FlashModel { read_latency_us: 30, write_latency_us: 20, rmw_latency_us: 0, channels: 64, ..FlashModel::default() };
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let mem = Arc::new(MemDevice::new(name.clone(), size));
+            let flash: DeviceRef = Arc::new(FlashDevice::new(mem.clone() as DeviceRef, model));
+            let f = FaultyDevice::new(flash);
+            let h = f.handle();
+            SimMember { name, dev: Arc::new(f), mem: Some(mem), fault: Some(h) }
+        })
+        .collect()
+}
+
+fn sb_of(m: &SimMember) -> Superblock {
+    let mut b = vec![0u8; 4096];
+    m.mem.as_ref().unwrap().read_bytes(4096, &mut b);
+    Superblock::decode(&b, 8).unwrap()
+}
+
+/// A window of an array as its own device (each worker sees offsets from 0).
+struct Window {
+    a: &'static Array,
+    base: u64,
+    size: u64,
+}
+
+impl BlockDevice for Window {
+    fn name(&self) -> &str {
+        self.a.name()
+    }
+    fn topology(&self) -> Topology {
+        let mut t = self.a.topology();
+        t.size_bytes = self.size;
+        t
+    }
+    fn read(&self, off: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        self.a.read(self.base + off, buf)
+    }
+    fn write(&self, off: u64, buf: SharedBuf, f: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.a.write(self.base + off, buf, f)
+    }
+    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
+        self.a.flush()
+    }
+    fn discard(&self, off: u64, len: u64) -> IoFuture<'_, std::io::Result<()>> {
+        self.a.discard(self.base + off, len)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, f: ZeroFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.a.write_zeroes(self.base + off, len, f)
+    }
+}
+
+/// Concurrent verifying workload: `workers` tasks each own a region and keep its model.
+async fn workload(a: &'static Array, seed: u64, workers: u64, ops: usize, model: &mut Model) {
+    let size = model.data.len() as u64;
+    let region = size / workers / 4096 * 4096;
+    let futs = (0..workers).map(|w| {
+        let base = w * region;
+        let mut local = Model { data: model.data[base as usize..(base + region) as usize].to_vec() };
+        async move {
+            let mut rng = Rng::new(seed * 1000 + w);
+            let view = Window { a, base, size: region };
+            for i in 0..ops {
+                if i % 3 == 2 {
+                    random_verify(&view, &local, &mut rng, 40).await;
+                } else {
+                    random_write(&view, &mut local, &mut rng, 40).await;
+                }
+            }
+            (base, local)
+        }
+    });
+    for (base, local) in mdkit_md::array::io::join_all(futs).await {
+        model.apply(base, &local.data);
+    }
+}
+
+async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
+    let name = format!("{}-pull", level.name());
+    let ms = members(&format!("{name}-"), n + pulls.len(), 12 * MIB);
+    let (active, spares) = ms.split_at(n);
+    let a = create_array(active, opts(level, n as u32, Some(64), None, true, true)).await;
+    fast_sync(&a);
+    let a: &'static Array = Box::leak(Box::new(a));
+    let mut model = Model::new(a.size_bytes());
+    workload(a, seed, 4, 60, &mut model).await;
+    for (k, &p) in pulls.iter().enumerate() {
+        // Pull the member while the next round of the workload runs.
+        let h = active[p].fault.clone().unwrap();
+        let puller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            h.pull();
+        });
+        workload(a, seed + 1 + k as u64, 4, 90, &mut model).await;
+        puller.await.unwrap();
+    }
+    workload(a, seed + 10, 4, 30, &mut model).await; // certainly after the pulls
+    verify_all(a, &model).await;
+    assert_eq!(a.core().degraded() as usize, pulls.len(), "{name}");
+    let survivor = active.iter().enumerate().find(|(i, _)| !pulls.contains(i)).unwrap().1;
+    let sb = sb_of(survivor);
+    for &p in pulls {
+        assert_eq!(a.get_attribute(&format!("dev-{name}-{p}/state")).unwrap(), "faulty");
+        assert_eq!(sb.dev_roles[p], ROLE_FAULTY, "{name}: survivor's dev_roles {:?}", &sb.dev_roles[..n]);
+        assert!(sb.events > sb_of(&active[p]).events);
+    }
+    // Rebuild onto spares while the workload continues.
+    for (k, &p) in pulls.iter().enumerate() {
+        a.remove_member(&format!("{name}-{p}")).await.unwrap();
+        a.add_member(spares[k].member_dev()).await.unwrap();
+    }
+    workload(a, seed + 20, 4, 60, &mut model).await;
+    a.wait_sync_idle().await;
+    assert_eq!(a.core().degraded(), 0, "{name}: rebuilt");
+    assert_eq!(check(a).await, 0, "{name}: mismatches after the rebuild");
+    verify_all(a, &model).await;
+    a.stop().await.unwrap();
+    let now: Vec<SimMember> = active
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !pulls.contains(i))
+        .map(|(_, m)| m.clone())
+        .chain(spares.iter().cloned())
+        .collect();
+    let b = assemble_array(&now).await;
+    assert_eq!(b.core().degraded(), 0);
+    verify_all(&b, &model).await;
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_member_pulled_under_load() {
+    pull_under_load(Level::Raid5, 4, &[2], seed("raid5_member_pulled_under_load", 71)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_two_members_pulled_under_load() {
+    pull_under_load(Level::Raid6, 6, &[1, 4], seed("raid6_two_members_pulled_under_load", 73)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_rebuild_resumes_from_checkpoint() {
+    for (level, n, lost) in [(Level::Raid5, 4, vec![1usize]), (Level::Raid6, 5, vec![0, 3])] {
+        let mut rng = Rng::new(seed("interrupted_rebuild_resumes_from_checkpoint", 5));
+        let ms = mem_members(&format!("ir-{}-", level.name()), n + lost.len(), 24 * MIB);
+        let a = create_array(&ms[..n], opts(level, n as u32, Some(64), None, false, true)).await;
+        let mut model = Model::new(a.size_bytes());
+        fill(&a, &mut model, &mut rng).await;
+        for &l in &lost {
+            a.fail_member(&ms[l].name).await.unwrap();
+            a.remove_member(&ms[l].name).await.unwrap();
+        }
+        // A slow rebuild onto the spares, cut off (array dropped, no stop) past a checkpoint.
+        a.set_attribute("sync_speed_min", "20000").unwrap();
+        a.set_attribute("sync_speed_max", "20000").unwrap();
+        for k in 0..lost.len() {
+            a.add_member(ms[n + k].member_dev()).await.unwrap();
+        }
+        let total = loop {
+            let st = a.sync_status();
+            if st.running.is_some() && st.done_sectors * 3 > st.total_sectors {
+                break st.total_sectors;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let survivors: Vec<SimMember> =
+            ms.iter().enumerate().filter(|(i, _)| !lost.contains(i)).map(|(_, m)| m.clone()).collect();
+        let sb = sb_of(&ms[n]);
+        assert!(sb.feature_map & 2 != 0, "the spare's superblock carries RECOVERY_OFFSET");
+        let checkpoint = sb.recovery_offset_sectors;
+        assert!(checkpoint >= total / 16, "checkpoint {checkpoint} of {total} sectors");
+        let b = assemble(
+            member_devs(&survivors),
+            AssembleOptions { name: "md-test".into(), start_frozen: true, ..Default::default() },
+        )
+        .await
+        .unwrap();
+        assert!(b.notes.iter().any(|note| note.contains(&format!("from sector {checkpoint}"))), "{:?}", b.notes);
+        let b = b.array;
+        // Degraded reads are served from parity before the rebuild continues.
+        verify_all(&b, &model).await;
+        fast_sync(&b);
+        b.request_sync("recover").unwrap();
+        let first = loop {
+            let st = b.sync_status();
+            if st.running.is_some() || st.runs > 0 {
+                break st;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert!(first.done_sectors >= checkpoint, "resumed at {} < checkpoint {checkpoint}", first.done_sectors);
+        b.wait_sync_idle().await;
+        assert_eq!(b.core().degraded(), 0, "{level:?}");
+        verify_all(&b, &model).await;
+        assert_eq!(check(&b).await, 0);
+        b.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_errors_are_reconstructed_then_repaired_or_fail_the_member() {
+    let mut rng = Rng::new(seed("read_errors_are_reconstructed_then_repaired_or_fail_the_member", 8));
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+        let ms = members(&format!("rerr-{}-", level.name()), n, 12 * MIB);
+        let a = create_array(&ms, opts(level, n as u32, Some(64), None, false, true)).await;
+        let mut model = Model::new(a.size_bytes());
+        fill(&a, &mut model, &mut rng).await;
+        let dof = a.core().slots().in_sync(0).unwrap().data_offset_sectors * 512;
+        // Array offset 0 is chunk 0 of stripe 0: on member data_members[0] at member offset 0.
+        let g = mdkit_md::layout::ParityGeometry::new(level, n as u32, 2, 128).unwrap();
+        let m0 = g.stripe_map(0).data_members[0];
+        let f = ms[m0].fault.clone().unwrap();
+        // Transient: one failed read, then fine.
+        f.add(FaultRule::error(OpMask::READ, Some(dof + 8192..dof + 12288)).times(1));
+        verify_range(&a, &model, 0, 64 * 1024).await;
+        let corrected: u32 = a.core().slots().all_members().iter().map(|m| m.corrected_reads()).sum();
+        assert_eq!(corrected, 1, "{level:?}: the bad block was rewritten and read back");
+        assert_eq!(a.core().degraded(), 0, "{level:?}: a corrected read error keeps the member");
+        // A read error met by a write's pre-read is handled the same way.
+        f.add(FaultRule::error(OpMask::READ, Some(dof + 16384..dof + 20480)).times(1));
+        for _ in 0..4 {
+            let off = 65536 + 16384; // chunk 1 of stripe 0: its rcw/rmw reads chunk 0 rows
+            let mut b = vec![0u8; 4096];
+            rng.fill(&mut b);
+            model.apply(off, &b);
+            a.write(off, SharedBuf::from_slice(&b), WriteFlags::NONE).await.unwrap();
+        }
+        verify_all(&a, &model).await;
+        assert_eq!(a.core().degraded(), 0, "{level:?}");
+        // Persistent: the rewrite cannot be read back, the member is failed.
+        f.add(FaultRule::error(OpMask::READ, Some(dof + 40960..dof + 45056)));
+        verify_range(&a, &model, 32768, 32768).await;
+        assert_eq!(a.get_attribute(&format!("dev-{}/state", ms[m0].name)).unwrap(), "faulty", "{level:?}");
+        assert_eq!(a.core().degraded(), 1);
+        verify_all(&a, &model).await;
+        a.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_errors_fail_members_within_redundancy() {
+    let mut rng = Rng::new(seed("write_errors_fail_members_within_redundancy", 9));
+    let ms = members("werr-", 4, 12 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 4, Some(64), None, true, true)).await;
+    let mut model = Model::new(a.size_bytes());
+    fill(&a, &mut model, &mut rng).await;
+    // A member dies during writes: it is failed, the writes succeed.
+    ms[1].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, None));
+    for _ in 0..20 {
+        random_write(&a, &mut model, &mut rng, 40).await;
+    }
+    assert_eq!(a.get_attribute("dev-werr-1/state").unwrap(), "faulty");
+    verify_all(&a, &model).await;
+    // Degraded: the next member failing a write would lose data: the client gets the error and
+    // the member stays.
+    ms[3].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, None).times(1));
+    let mut saw_error = false;
+    for _ in 0..8 {
+        let (off, len) = random_extent(&mut rng, a.size_bytes(), 48);
+        if let Err(e) = a.write(off, SharedBuf::zeroed(len as usize), WriteFlags::NONE).await {
+            assert!(e.to_string().contains("werr-3"), "the error names the member: {e}");
+            saw_error = true;
+            break;
+        }
+        model.zero(off, len);
+    }
+    assert!(saw_error, "a write hit the injected error");
+    assert!(a.get_attribute("dev-werr-3/state").unwrap().contains("in_sync"));
+    assert_eq!(a.core().degraded(), 1);
+    assert!(a.fail_member("werr-3").await.is_err(), "the array cannot run without werr-3");
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dirty_degraded_raid5_needs_force() {
+    let mut rng = Rng::new(1);
+    let ms = mem_members("dd-", 4, 8 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 4, Some(64), None, false, true)).await;
+    a.set_attribute("safe_mode_delay", "60").unwrap();
+    let mut model = Model::new(a.size_bytes());
+    random_write(&a, &mut model, &mut rng, 16).await;
+    a.fail_member("dd-2").await.unwrap();
+    random_write(&a, &mut model, &mut rng, 16).await;
+    drop(a); // crash while active (dirty) and degraded
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let survivors: Vec<SimMember> = ms.iter().enumerate().filter(|(i, _)| *i != 2).map(|(_, m)| m.clone()).collect();
+    let e = assemble(member_devs(&survivors), AssembleOptions { name: "dd".into(), ..Default::default() })
+        .await
+        .err()
+        .expect("dirty degraded raid5 must be refused");
+    assert!(e.to_string().contains("dirty degraded"), "{e}");
+    let b = assemble(member_devs(&survivors), AssembleOptions { name: "dd".into(), force: true, ..Default::default() })
+        .await
+        .unwrap()
+        .array;
+    verify_all(&b, &model).await;
+    b.stop().await.unwrap();
+}
