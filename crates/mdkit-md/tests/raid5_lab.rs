@@ -1,0 +1,467 @@
+//! raid4/5/6 between the mdkit runtime and the Linux kernel (lab: Debian 6.1 + mdadm 4.2 under
+//! qemu), both ways, in two boots. Members are byte ranges of one host file (`losetup -o` in
+//! the guest, a slice device over an io_uring FileDevice on the host).
+//!
+//! Boot 1:
+//! - **mdkit → kernel.** Arrays mdkit created through the runtime (raid4; raid5 left-symmetric
+//!   with a bitmap, right-asymmetric, left-asymmetric; raid6 left-symmetric with a bitmap,
+//!   DDF rotating-N-continue, left-symmetric-6; a raid5 that lost one member and a raid6 that
+//!   lost two, both written while degraded) and wrote with full-stripe and partial-stripe
+//!   (read-modify-write / reconstruct-write) writes, at stripe_size 4 KiB and 64 KiB: the
+//!   kernel assembles each, reads exactly what mdkit wrote (md5 of the whole array), and its
+//!   `check` reports mismatch_cnt 0 (healthy arrays).
+//! - **kernel-made arrays.** mdadm creates raid4/5/6 arrays (the kernel runs the initial
+//!   resync/recovery), dd writes known data (whole stripes and odd partial writes), `check`
+//!   says 0.
+//!
+//! Host: mdkit assembles the kernel's arrays and reads exactly the kernel's data, its own check
+//! agrees (0), then writes to them (partial-stripe RMW/RCW writes and full stripes) and stops.
+//!
+//! Boot 2: the kernel assembles those arrays again, reads exactly what mdkit wrote, and its
+//! `check` reports 0.
+//!
+//! Skips loudly (SKIP: ...) when the lab cannot be built or booted.
+
+mod array_util;
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use array_util::{MIB, Model, fast_sync, random_write, verify_all};
+use common::lab::RunOptions;
+use mdkit_io::{
+    BlockDevice, DeviceRef, FileDevice, FileOptions, IoBuf, IoFuture, ReadResult, Rng, SharedBuf, Topology,
+    WriteFlags, ZeroFlags,
+};
+use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create};
+use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::layout::Level;
+
+const REGION: u64 = 16 * MIB;
+const PATTERN_BYTES: u64 = 8 * MIB;
+
+/// A byte range of the shared members file, as a member device.
+struct Slice {
+    name: String,
+    inner: DeviceRef,
+    offset: u64,
+    topo: Topology,
+}
+
+impl Slice {
+    fn member(inner: &DeviceRef, name: String, offset: u64) -> MemberDev {
+        let mut topo = inner.topology();
+        topo.size_bytes = REGION;
+        let d: DeviceRef = Arc::new(Slice { name: name.clone(), inner: inner.clone(), offset, topo });
+        MemberDev::new(name, d)
+    }
+}
+
+impl BlockDevice for Slice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn topology(&self) -> Topology {
+        self.topo
+    }
+    fn read(&self, off: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topo, mdkit_io::IoOp::Read, off, buf.len() as u64) {
+            return Box::pin(std::future::ready((buf, Err(e))));
+        }
+        self.inner.read(self.offset + off, buf)
+    }
+    fn write(&self, off: u64, buf: SharedBuf, f: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
+        if let Err(e) = mdkit_io::check_io(&self.name, &self.topo, mdkit_io::IoOp::Write, off, buf.len() as u64) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        self.inner.write(self.offset + off, buf, f)
+    }
+    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.flush()
+    }
+    fn discard(&self, off: u64, len: u64) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.discard(self.offset + off, len)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, f: ZeroFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.write_zeroes(self.offset + off, len, f)
+    }
+}
+
+/// An array mdkit makes for the kernel.
+struct Mk {
+    name: &'static str,
+    level: Level,
+    n: usize,
+    chunk_kib: u32,
+    layout: Option<u32>,
+    bitmap: bool,
+    /// Members failed (and removed) half-way through the writes.
+    lose: Vec<usize>,
+    md: u32,
+    first_region: u64,
+    md5: String,
+    size_bytes: u64,
+}
+
+/// An array the kernel makes for mdkit.
+struct Km {
+    name: &'static str,
+    level: Level,
+    n: usize,
+    chunk_kib: u32,
+    layout: Option<&'static str>,
+    bitmap: bool,
+    md: u32,
+    first_region: u64,
+    /// dd writes in order: (array 4 KiB block, pattern 4 KiB block, blocks).
+    writes: Vec<(u64, u64, u64)>,
+    md5_after_mdkit: String,
+}
+
+fn md5(bytes: &[u8]) -> String {
+    let mut child = Command::new("md5sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run md5sum");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
+}
+
+fn members_of(file: &DeviceRef, first_region: u64, n: usize, prefix: &str) -> Vec<MemberDev> {
+    (0..n).map(|i| Slice::member(file, format!("{prefix}{i}"), (first_region + i as u64) * REGION)).collect()
+}
+
+fn kv(section: &str) -> HashMap<String, String> {
+    section
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_' || b.is_ascii_digit()))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+const GUEST_PRELUDE: &str = r#"set -u
+wait_idle() { local t=0; while [ "$(cat /sys/block/$1/md/sync_action 2>/dev/null || echo idle)" != idle ] && [ $t -lt 6000 ]; do sleep 0.1; t=$((t+1)); done; }
+modprobe loop; modprobe raid456
+"#;
+
+fn loops(md: u32, first_region: u64, members: &[usize]) -> (String, String) {
+    let mut s = String::new();
+    let mut names = Vec::new();
+    for (k, i) in members.iter().enumerate() {
+        writeln!(
+            s,
+            "L{md}_{k}=$(losetup --find --show --offset {} --sizelimit {REGION} /dev/vda) || echo loop_failed=1",
+            (first_region + *i as u64) * REGION
+        )
+        .unwrap();
+        names.push(format!("$L{md}_{k}"));
+    }
+    (s, names.join(" "))
+}
+
+/// Guest steps for one existing array: assemble, md5, degraded, check (healthy), stop.
+fn verify_in_guest(s: &mut String, tag: &str, md: u32, first_region: u64, members: &[usize], healthy: bool) {
+    let (setup, list) = loops(md, first_region, members);
+    writeln!(s, "echo '=== {tag}'").unwrap();
+    s.push_str(&setup);
+    writeln!(s, "mdadm --assemble /dev/md{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "grep -A1 '^md{md} ' /proc/mdstat | sed 's/^/  | /'").unwrap();
+    writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/md{md})").unwrap();
+    writeln!(s, "echo degraded=$(cat /sys/block/md{md}/md/degraded)").unwrap();
+    writeln!(s, "echo md5=$(md5sum /dev/md{md} | cut -d' ' -f1)").unwrap();
+    if healthy {
+        writeln!(s, "echo check > /sys/block/md{md}/md/sync_action; wait_idle md{md}").unwrap();
+        writeln!(s, "echo mismatch=$(cat /sys/block/md{md}/md/mismatch_cnt)").unwrap();
+    }
+    writeln!(s, "mdadm --stop /dev/md{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "losetup -d {list}").unwrap();
+}
+
+fn create_in_guest(s: &mut String, k: &Km) {
+    let all: Vec<usize> = (0..k.n).collect();
+    let (setup, list) = loops(k.md, k.first_region, &all);
+    writeln!(s, "echo '=== km {}'", k.name).unwrap();
+    s.push_str(&setup);
+    let mut args = format!("--metadata=1.2 --level={} --raid-devices={} --chunk={}", k.level.md_level(), k.n, k.chunk_kib);
+    if let Some(l) = k.layout {
+        write!(args, " --layout={l}").unwrap();
+    }
+    args.push_str(if k.bitmap { " --bitmap=internal" } else { " --bitmap=none" });
+    let md = k.md;
+    writeln!(s, "mdadm --create /dev/md{md} --run {args} {list} 2>&1 | sed 's/^/  | /'; echo create=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "sleep 0.5; mdadm --wait /dev/md{md} >/dev/null 2>&1; wait_idle md{md}").unwrap();
+    writeln!(s, "echo degraded=$(cat /sys/block/md{md}/md/degraded)").unwrap();
+    writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/md{md})").unwrap();
+    writeln!(s, "w=0").unwrap();
+    for (b, p, n) in &k.writes {
+        writeln!(
+            s,
+            "dd if=/dev/vdb of=/dev/md{md} bs=4096 skip={p} seek={b} count={n} iflag=direct oflag=direct status=none || w=1"
+        )
+        .unwrap();
+    }
+    writeln!(s, "echo write=$w").unwrap();
+    writeln!(s, "echo check > /sys/block/md{md}/md/sync_action; wait_idle md{md}").unwrap();
+    writeln!(s, "echo mismatch=$(cat /sys/block/md{md}/md/mismatch_cnt)").unwrap();
+    writeln!(s, "mdadm --stop /dev/md{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "losetup -d {list}").unwrap();
+}
+
+/// Writes through the runtime: whole-array fill (full stripes), then partial writes at
+/// stripe_size 4 KiB and 64 KiB; `lose` members fail half-way (written degraded after).
+async fn mdkit_workload(a: &Array, m: &mut Model, rng: &mut Rng, lose: &[String]) {
+    array_util::fill(a, m, rng).await;
+    for _ in 0..60 {
+        random_write(a, m, rng, 24).await;
+    }
+    for name in lose {
+        a.fail_member(name).await.unwrap();
+        a.remove_member(name).await.unwrap();
+    }
+    a.set_attribute("stripe_size", "65536").unwrap();
+    for _ in 0..60 {
+        random_write(a, m, rng, 24).await;
+    }
+    a.set_attribute("stripe_size", "8192").unwrap();
+    // A few full stripes among partial ones.
+    let stripe = u64::from(a.topology().optimal_io_bytes);
+    for k in 0..3 {
+        let off = (k * 5 + 1) * stripe;
+        if off + stripe <= a.size_bytes() {
+            let mut b = vec![0u8; stripe as usize];
+            rng.fill(&mut b);
+            m.apply(off, &b);
+            a.write(off, SharedBuf::from_slice(&b), WriteFlags::NONE).await.unwrap();
+        }
+        random_write(a, m, rng, 24).await;
+    }
+    verify_all(a, m).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
+    let lab = lab_or_skip!("kernel_and_mdkit_share_raid456_arrays_both_ways");
+    let seed = array_util::seed("kernel_and_mdkit_share_raid456_arrays_both_ways", 91);
+    let mut rng = Rng::new(seed);
+    let dir = lab.scratch_dir("raid5-lab");
+    let members_path = dir.path().join("members.img");
+    let pattern_path = dir.path().join("pattern.img");
+
+    let mut next_region = 0u64;
+    let mut take = |n: usize| {
+        let r = next_region;
+        next_region += n as u64;
+        r
+    };
+    let mk_spec: Vec<(&'static str, Level, usize, u32, Option<u32>, bool, Vec<usize>)> = vec![
+        ("raid4", Level::Raid4, 3, 64, None, false, vec![]),
+        ("raid5-ls-bitmap", Level::Raid5, 4, 64, None, true, vec![]),
+        ("raid5-ra", Level::Raid5, 3, 128, Some(1), false, vec![]),
+        ("raid5-la", Level::Raid5, 4, 32, Some(0), false, vec![]),
+        ("raid6-ls-bitmap", Level::Raid6, 5, 64, None, true, vec![]),
+        ("raid6-ddf-nc", Level::Raid6, 5, 32, Some(10), false, vec![]),
+        ("raid6-ls6", Level::Raid6, 4, 64, Some(18), false, vec![]),
+        ("raid5-degraded", Level::Raid5, 4, 64, None, true, vec![1]),
+        ("raid6-degraded2", Level::Raid6, 5, 64, None, false, vec![0, 3]),
+    ];
+    let mut mk: Vec<Mk> = mk_spec
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, level, n, chunk_kib, layout, bitmap, lose))| Mk {
+            name,
+            level,
+            n,
+            chunk_kib,
+            layout,
+            bitmap,
+            lose,
+            md: 10 + i as u32,
+            first_region: take(n),
+            md5: String::new(),
+            size_bytes: 0,
+        })
+        .collect();
+    let km_spec: Vec<(&'static str, Level, usize, u32, Option<&'static str>, bool)> = vec![
+        ("raid5-ls", Level::Raid5, 4, 64, None, false),
+        ("raid6-la-bitmap", Level::Raid6, 6, 32, Some("left-asymmetric"), true),
+        ("raid4", Level::Raid4, 3, 64, None, false),
+        ("raid6-rs", Level::Raid6, 4, 128, Some("right-symmetric"), false),
+    ];
+    let mut km: Vec<Km> = km_spec
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, level, n, chunk_kib, layout, bitmap))| {
+            // Writes: 3 MiB from the start (whole stripes and a partial tail), then odd ones.
+            let mut writes = vec![(0, 0, 768)];
+            for _ in 0..24 {
+                let len = 1 + rng.below(12);
+                writes.push((rng.below(6000), rng.below(PATTERN_BYTES / 4096 - len), len));
+            }
+            Km { name, level, n, chunk_kib, layout, bitmap, md: 30 + i as u32, first_region: take(n), writes, md5_after_mdkit: String::new() }
+        })
+        .collect();
+    std::fs::File::create(&members_path).unwrap().set_len(next_region * REGION + MIB).unwrap();
+    let mut pattern = vec![0u8; PATTERN_BYTES as usize];
+    rng.fill(&mut pattern);
+    std::fs::write(&pattern_path, &pattern).unwrap();
+    let file: DeviceRef = Arc::new(FileDevice::open(&members_path, FileOptions::default()).unwrap());
+
+    // mdkit makes and writes its arrays.
+    for m in &mut mk {
+        let devs = members_of(&file, m.first_region, m.n, &format!("{}-", m.name));
+        let mut o = CreateOptions::new(format!("mk-{}", m.name), m.level, m.n as u32);
+        o.chunk_kib = Some(m.chunk_kib);
+        o.layout = m.layout;
+        o.bitmap = if m.bitmap { BitmapRequest::Internal { chunk_bytes: None } } else { BitmapRequest::None };
+        let a = create(devs, o).await.unwrap_or_else(|e| panic!("{}: create: {e}", m.name)).array;
+        fast_sync(&a);
+        a.wait_sync_idle().await;
+        assert_eq!(a.core().degraded(), 0, "{}: initial sync", m.name);
+        let mut model = Model::new(a.size_bytes());
+        let lose: Vec<String> = m.lose.iter().map(|i| format!("{}-{i}", m.name)).collect();
+        mdkit_workload(&a, &mut model, &mut rng, &lose).await;
+        assert_eq!(a.core().degraded() as usize, m.lose.len());
+        a.stop().await.unwrap();
+        m.md5 = md5(&model.data);
+        m.size_bytes = a.size_bytes();
+    }
+
+    // Boot 1.
+    let mut s = String::from(GUEST_PRELUDE);
+    for m in &mk {
+        let present: Vec<usize> = (0..m.n).filter(|i| !m.lose.contains(i)).collect();
+        verify_in_guest(&mut s, &format!("mk {}", m.name), m.md, m.first_region, &present, m.lose.is_empty());
+    }
+    for k in &km {
+        create_in_guest(&mut s, k);
+    }
+    s.push_str("echo '=== end'\n");
+    let mut opts = RunOptions::with_disks(vec![members_path.clone(), pattern_path.clone()]);
+    opts.timeout_secs = 1500;
+    let run = tokio::task::block_in_place(|| lab.run(&opts, &s)).unwrap_or_else(|e| panic!("lab run failed: {e}"));
+    eprintln!("lab boot 1: {:.1} s", run.elapsed.as_secs_f64());
+    assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
+    let mut failures = Vec::new();
+    for m in &mk {
+        let sec = run.section(&format!("mk {}", m.name)).unwrap_or_default();
+        let v = kv(&sec);
+        let get = |k: &str| v.get(k).map(String::as_str).unwrap_or("<missing>");
+        let healthy = m.lose.is_empty();
+        let mut bad = Vec::new();
+        if get("assemble") != "0" || get("stop") != "0" || v.contains_key("loop_failed") {
+            bad.push("assemble/stop/losetup failed".to_string());
+        }
+        if get("size_bytes") != m.size_bytes.to_string() {
+            bad.push(format!("kernel size {} != mdkit {}", get("size_bytes"), m.size_bytes));
+        }
+        if get("md5") != m.md5 {
+            bad.push(format!("kernel reads md5 {} != mdkit wrote {}", get("md5"), m.md5));
+        }
+        if get("degraded") != m.lose.len().to_string() {
+            bad.push(format!("degraded {} != {}", get("degraded"), m.lose.len()));
+        }
+        if healthy && get("mismatch") != "0" {
+            bad.push(format!("kernel check mismatch_cnt {}", get("mismatch")));
+        }
+        if !bad.is_empty() {
+            failures.push(format!("mdkit-made {}: {}\n{sec}", m.name, bad.join("; ")));
+        }
+    }
+    for k in &km {
+        let sec = run.section(&format!("km {}", k.name)).unwrap_or_default();
+        let v = kv(&sec);
+        let get = |x: &str| v.get(x).map(String::as_str).unwrap_or("<missing>");
+        if get("create") != "0" || get("write") != "0" || get("stop") != "0" || get("mismatch") != "0" || get("degraded") != "0" {
+            failures.push(format!("kernel-made {}: create/write/check/stop failed:\n{sec}", k.name));
+        }
+    }
+    assert!(failures.is_empty(), "boot 1:\n{}\n\nguest output:\n{}", failures.join("\n"), run.output);
+
+    // mdkit reads the kernel's arrays exactly, checks them, writes to them.
+    for k in &mut km {
+        let devs = members_of(&file, k.first_region, k.n, &format!("{}-", k.name));
+        let got = assemble(devs, AssembleOptions { name: format!("km-{}", k.name), ..Default::default() })
+            .await
+            .unwrap_or_else(|e| panic!("kernel-made {}: assemble: {e}", k.name));
+        let a = got.array;
+        assert_eq!(a.core().degraded(), 0, "{}: {:?}", k.name, got.notes);
+        assert_eq!(a.info().level, k.level);
+        let mut model = Model::new(a.size_bytes());
+        for (b, p, n) in &k.writes {
+            let (off, len) = (b * 4096, n * 4096);
+            if off + len <= a.size_bytes() {
+                model.apply(off, &pattern[(p * 4096) as usize..(p * 4096 + len) as usize]);
+            }
+        }
+        // Exactly the kernel's data (verify_all panics naming the first differing byte).
+        eprintln!("kernel-made {}: mdkit reads {} bytes and compares", k.name, a.size_bytes());
+        verify_all(&a, &model).await;
+        fast_sync(&a);
+        assert_eq!(array_util::check(&a).await, 0, "kernel-made {}: mdkit's check of kernel parity", k.name);
+        // Partial-stripe writes (RMW and RCW), at two stripe sizes, and a full stripe.
+        let partial = |a: &Array| -> (u64, u64) {
+            let g = |k: &str| a.get_attribute(k).unwrap().parse::<u64>().unwrap();
+            (g("rmw_writes"), g("rcw_writes"))
+        };
+        let before = partial(&a);
+        for (i, size) in ["4096", "65536"].into_iter().enumerate() {
+            a.set_attribute("stripe_size", size).unwrap();
+            a.set_attribute("rmw_level", if i == 0 { "2" } else { "1" }).unwrap();
+            for _ in 0..40 {
+                random_write(&a, &mut model, &mut rng, 16).await;
+            }
+        }
+        let stripe = u64::from(a.topology().optimal_io_bytes);
+        let mut b = vec![0u8; stripe as usize];
+        rng.fill(&mut b);
+        model.apply(2 * stripe, &b);
+        a.write(2 * stripe, SharedBuf::from_slice(&b), WriteFlags::NONE).await.unwrap();
+        let after = partial(&a);
+        eprintln!("kernel-made {}: mdkit wrote {} rmw and {} rcw runs", k.name, after.0 - before.0, after.1 - before.1);
+        assert!(after.1 > before.1, "{}: partial-stripe writes happened", k.name);
+        let parity = k.level.max_degraded() as usize;
+        if k.n - parity == 2 + parity {
+            // One block written: rmw reads it and the parity, rcw the other data members; they
+            // tie here and rmw_level 2 prefers rmw (the kernel then checks mdkit's P/Q deltas).
+            assert!(after.0 > before.0, "{}: read-modify-writes happened", k.name);
+        }
+        verify_all(&a, &model).await;
+        a.stop().await.unwrap();
+        k.md5_after_mdkit = md5(&model.data);
+    }
+
+    // Boot 2: the kernel reads what mdkit wrote into its arrays, and checks them.
+    let mut s = String::from(GUEST_PRELUDE);
+    for k in &km {
+        let all: Vec<usize> = (0..k.n).collect();
+        verify_in_guest(&mut s, &format!("km2 {}", k.name), k.md, k.first_region, &all, true);
+    }
+    s.push_str("echo '=== end'\n");
+    let mut opts = RunOptions::with_disks(vec![members_path.clone()]);
+    opts.timeout_secs = 1500;
+    let run = tokio::task::block_in_place(|| lab.run(&opts, &s)).unwrap_or_else(|e| panic!("lab run failed: {e}"));
+    eprintln!("lab boot 2: {:.1} s", run.elapsed.as_secs_f64());
+    assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
+    for k in &km {
+        let sec = run.section(&format!("km2 {}", k.name)).unwrap_or_default();
+        let v = kv(&sec);
+        let get = |x: &str| v.get(x).map(String::as_str).unwrap_or("<missing>");
+        if get("assemble") != "0" || get("md5") != k.md5_after_mdkit || get("mismatch") != "0" || get("degraded") != "0" {
+            failures.push(format!(
+                "kernel-made {} after mdkit's writes: md5 {} (mdkit wrote {}), mismatch {}, degraded {}:\n{sec}",
+                k.name,
+                get("md5"),
+                k.md5_after_mdkit,
+                get("mismatch"),
+                get("degraded")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "boot 2:\n{}\n\nguest output:\n{}", failures.join("\n"), run.output);
+    drop(file);
+    let _ = Path::new(&members_path).exists();
+}
