@@ -5,7 +5,20 @@
 //! bitmap_bench bitmap --dir DIR --mode bitmap|none --chunk-bytes N --domain-gib G --qd Q
 //!                     [--members 2] [--copies 2] [--data-mib 1024] [--secs 10]
 //! bitmap_bench flush  --dir DIR --batching on|off --clients C [--members 2] [--secs 5]
+//! bitmap_bench array  --dir DIR --level raid1|raid10 --members N --mode bitmap|none
+//!                     --chunk-bytes N --qd Q [--secs 10]
+//! bitmap_bench array-flush --dir DIR --level raid1|raid10 --members N --batching on|off
+//!                     --clients C [--secs 5]
 //! ```
+//! `array`: an md array (created `--assume-clean`, internal bitmap of `chunk-bytes` chunks or
+//! `--bitmap=none`) over the member files `DIR/bitmap-bench-m<i>.img`, Q workers of 4 KiB
+//! random writes through `Array::write` for `secs` (after `--warmup-secs` of the same, not
+//! counted: the steady state, where the bitmap holds the chunks the workload keeps busy). With `--virtual-gib G` each member is
+//! presented as G GiB whose data area (from 1 MiB) folds onto the file's pre-written data area
+//! (`offset mod data-mib`), so a large array (many bitmap chunks) runs on small files with the
+//! same data I/O in both modes; the metadata area (first MiB) is the file's own.
+//! `array-flush`: C clients each loop on a 4 KiB write then `Array::flush` (flush batching on or
+//! off through the `flush_batching` attribute).
 //! `bitmap`: Q workers each loop on one 4 KiB random write of the array — `start_write` on its
 //! chunk (mode `bitmap`), one 4 KiB data write to each of `copies` members (chosen per chunk
 //! among `members`, raid10-like when copies < members), `end_write` — the work a mirror does
@@ -50,6 +63,9 @@ struct Args {
     data_mib: u64,
     secs: u64,
     flush_latency_us: u64,
+    level: String,
+    virtual_gib: u64,
+    warmup_secs: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -69,6 +85,9 @@ fn parse_args() -> Result<Args, String> {
         data_mib: 1024,
         secs: 10,
         flush_latency_us: 0,
+        level: "raid1".into(),
+        virtual_gib: 0,
+        warmup_secs: 0,
     };
     while let Some(k) = it.next() {
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
@@ -86,6 +105,9 @@ fn parse_args() -> Result<Args, String> {
             "--data-mib" => a.data_mib = num(&v)?,
             "--secs" => a.secs = num(&v)?,
             "--flush-latency-us" => a.flush_latency_us = num(&v)?,
+            "--level" => a.level = v,
+            "--virtual-gib" => a.virtual_gib = num(&v)?,
+            "--warmup-secs" => a.warmup_secs = num(&v)?,
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -131,6 +153,49 @@ impl BlockDevice for SerialFlush {
     }
 }
 
+/// A member presented larger than its file: the data area folds onto the file's data area.
+struct Folded {
+    inner: DeviceRef,
+    size_bytes: u64,
+    data_bytes: u64,
+}
+
+impl Folded {
+    fn map(&self, offset_bytes: u64) -> u64 {
+        if offset_bytes < DATA_BASE_BYTES {
+            offset_bytes
+        } else {
+            DATA_BASE_BYTES + (offset_bytes - DATA_BASE_BYTES) % self.data_bytes
+        }
+    }
+}
+
+impl BlockDevice for Folded {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn topology(&self) -> Topology {
+        Topology { size_bytes: self.size_bytes, ..self.inner.topology() }
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        self.inner.read(self.map(offset_bytes), buf)
+    }
+    fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
+        // The benchmark's writes are single 4 KiB blocks and the region is whole 4 KiB blocks:
+        // a request never wraps.
+        self.inner.write(self.map(offset_bytes), buf, flags)
+    }
+    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.discard(self.map(offset_bytes), len_bytes)
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, std::io::Result<()>> {
+        self.inner.write_zeroes(self.map(offset_bytes), len_bytes, flags)
+    }
+}
+
 fn open_members(a: &Args, tracer: &Tracer) -> Result<Vec<DeviceRef>, String> {
     (0..a.members)
         .map(|i| {
@@ -147,7 +212,12 @@ fn open_members(a: &Args, tracer: &Tracer) -> Result<Vec<DeviceRef>, String> {
             } else {
                 dev
             };
-            Ok(Arc::new(tracer.wrap(dev)) as DeviceRef)
+            let dev: DeviceRef = Arc::new(tracer.wrap(dev));
+            if a.virtual_gib > 0 {
+                let folded = Folded { inner: dev, size_bytes: a.virtual_gib << 30, data_bytes: a.data_mib << 20 };
+                return Ok(Arc::new(folded) as DeviceRef);
+            }
+            Ok(dev)
         })
         .collect()
 }
@@ -319,6 +389,151 @@ async fn bench_flush(a: &Args) -> Result<String, String> {
     ))
 }
 
+/// Creates an md array over the member files (traced), with or without an internal bitmap.
+async fn create_array(a: &Args, tracer: &Tracer, bitmap: bool) -> Result<mdkit_md::array::Array, String> {
+    use mdkit_md::array::{CreateOptions, MemberDev, create};
+    use mdkit_md::format::create::BitmapRequest;
+    use mdkit_md::layout::Level;
+    let devs = open_members(a, tracer)?;
+    let level = match a.level.as_str() {
+        "raid1" => Level::Raid1,
+        "raid10" => Level::Raid10,
+        other => return Err(format!("--level {other}: raid1 or raid10")),
+    };
+    let mut o = CreateOptions::new("bench", level, a.members as u32);
+    o.assume_clean = true;
+    o.chunk_kib = level.uses_chunks().then_some(512);
+    o.bitmap = if bitmap { BitmapRequest::Internal { chunk_bytes: Some(a.chunk_bytes) } } else { BitmapRequest::None };
+    let members = devs.into_iter().enumerate().map(|(i, d)| MemberDev::new(format!("m{i}"), d)).collect();
+    Ok(create(members, o).await.map_err(|e| format!("create: {e}"))?.array)
+}
+
+async fn bench_array(a: &Args) -> Result<String, String> {
+    let tracer = Tracer::new(0);
+    let array = Arc::new(create_array(a, &tracer, a.mode_bitmap).await?);
+    let attr = |n: &str| array.get_attribute(n).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    if a.mode_bitmap {
+        // mdadm creates every bit set; start from a clean bitmap (the state after idle time),
+        // then run with md's default 5 s period.
+        array.set_attribute("bitmap/time_base", "0.1").map_err(|e| e.to_string())?;
+        for _ in 0..200 {
+            if attr("bitmap/dirty_chunks") == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        array.set_attribute("bitmap/time_base", "5").map_err(|e| e.to_string())?;
+    }
+    let blocks = array.size_bytes() / 4096;
+    if a.warmup_secs > 0 {
+        random_writes(&array, a.qd, blocks, Duration::from_secs(a.warmup_secs), 0x3a7).await?;
+    }
+    let (pw0, sr0) = (attr("bitmap/page_writes"), attr("bitmap/set_rounds"));
+    tracer.reset();
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let (done, lat_ns) = random_writes(&array, a.qd, blocks, Duration::from_secs(a.secs), 0xa11).await?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let ops = done;
+    let snap = tracer.snapshot().total();
+    let (page_writes, set_rounds, chunks) =
+        (attr("bitmap/page_writes") - pw0, attr("bitmap/set_rounds") - sr0, attr("bitmap/chunks"));
+    array.stop().await.map_err(|e| format!("stop: {e}"))?;
+    Ok(format!(
+        "level={} members={} mode={} chunk_bytes={} chunks={chunks} array_gib={:.0} qd={} iops={:.0} lat_avg_us={:.1} \
+         cpu_us_per_io={:.2} data_writes={ops} bitmap_page_writes={page_writes} bitmap_writes_per_write={:.4} \
+         set_rounds={set_rounds} member_writes={} member_writes_below_4k={} member_writes_misaligned_4k={}",
+        a.level,
+        a.members,
+        if a.mode_bitmap { "bitmap" } else { "none" },
+        a.chunk_bytes,
+        array.size_bytes() as f64 / (1u64 << 30) as f64,
+        a.qd,
+        ops as f64 / elapsed,
+        lat_ns as f64 / ops.max(1) as f64 / 1000.0,
+        cpu / ops.max(1) as f64 * 1e6,
+        page_writes as f64 / ops.max(1) as f64,
+        snap.ops.write.requests,
+        snap.writes_below_4k,
+        snap.writes_misaligned_4k,
+    ))
+}
+
+/// `qd` workers of 4 KiB random writes over `blocks` for `duration`: (writes, summed latency ns).
+async fn random_writes(
+    array: &Arc<mdkit_md::array::Array>,
+    qd: usize,
+    blocks: u64,
+    duration: Duration,
+    seed: u64,
+) -> Result<(u64, u64), String> {
+    let done = Arc::new(AtomicU64::new(0));
+    let lat_ns = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let workers: Vec<_> = (0..qd)
+        .map(|w| {
+            let (array, done, lat_ns) = (array.clone(), done.clone(), lat_ns.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng::new(seed + w as u64);
+                let buf = SharedBuf::from_slice(&[w as u8; 4096]);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    array.write(rng.below(blocks) * 4096, buf.clone(), WriteFlags::NONE).await.expect("array write");
+                    lat_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(|e| e.to_string())?;
+    }
+    Ok((done.load(Ordering::Relaxed), lat_ns.load(Ordering::Relaxed)))
+}
+
+async fn bench_array_flush(a: &Args) -> Result<String, String> {
+    let tracer = Tracer::new(0);
+    let array = Arc::new(create_array(a, &tracer, false).await?);
+    array.set_attribute("flush_batching", if a.batching { "1" } else { "0" }).map_err(|e| e.to_string())?;
+    let blocks = array.size_bytes() / 4096;
+    tracer.reset();
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(a.secs);
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..a.clients)
+        .map(|c| {
+            let (array, done) = (array.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng::new(0xf1a + c as u64);
+                let buf = SharedBuf::from_slice(&[c as u8; 4096]);
+                while Instant::now() < deadline {
+                    array.write(rng.below(blocks) * 4096, buf.clone(), WriteFlags::NONE).await.expect("write");
+                    array.flush().await.expect("flush");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.map_err(|e| e.to_string())?;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let flushes = done.load(Ordering::Relaxed);
+    let member_flushes = tracer.snapshot().total().ops.flush.requests;
+    array.stop().await.map_err(|e| format!("stop: {e}"))?;
+    Ok(format!(
+        "level={} members={} batching={} clients={} client_flushes_per_s={:.0} client_flushes={flushes} \
+         member_flushes={member_flushes} member_flushes_per_client_flush={:.4}",
+        a.level,
+        a.members,
+        if a.batching { "on" } else { "off" },
+        a.clients,
+        flushes as f64 / elapsed,
+        member_flushes as f64 / flushes.max(1) as f64,
+    ))
+}
+
 fn main() {
     let a = match parse_args() {
         Ok(a) => a,
@@ -332,6 +547,8 @@ fn main() {
         match a.command.as_str() {
             "bitmap" => bench_bitmap(&a).await,
             "flush" => bench_flush(&a).await,
+            "array" => bench_array(&a).await,
+            "array-flush" => bench_array_flush(&a).await,
             other => Err(format!("unknown command {other}")),
         }
     });

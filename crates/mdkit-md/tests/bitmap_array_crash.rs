@@ -1,5 +1,5 @@
-//! Issue 4 acceptance on real arrays: raid1 and raid10 with internal bitmaps (1 MiB bitmap
-//! chunks, so 9 to 18 bits) on crash-recording members, under concurrent random writes
+//! Issue 4 acceptance on real arrays: raid1, raid10 (near and offset), raid5 and raid6 with
+//! internal bitmaps (1 MiB bitmap chunks, so 9 to 18 bits) on crash-recording members, under concurrent random writes
 //! (some FUA), array flushes, lazy and threshold bit clearing and clean/active transitions,
 //! ending with a clean stop. The power is cut at **every** flush point of the log and at random
 //! points in between; each image is built with all, none, a random subset or random sector
@@ -52,10 +52,12 @@ struct Case {
     layout: Option<u32>,
 }
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 5] = [
     Case { name: "r1", level: Level::Raid1, members: 2, layout: None },
     Case { name: "r10n2", level: Level::Raid10, members: 4, layout: Some(0x102) },
     Case { name: "r10o2", level: Level::Raid10, members: 3, layout: Some(0x10201) },
+    Case { name: "r5", level: Level::Raid5, members: 3, layout: None },
+    Case { name: "r6", level: Level::Raid6, members: 4, layout: None },
 ];
 
 /// One acknowledged write and the log position when its acknowledgement was seen.
@@ -160,7 +162,8 @@ fn dirty_in_image(images: &[MemDevice]) -> (BTreeSet<u64>, u64) {
     (dirty, chunk_sectors)
 }
 
-/// Maps a member data sector to its sync-domain sector (raid1: itself; raid10: the array sector).
+/// Maps a member data sector to its sync-domain sector (raid1/4/5/6: itself; raid10: the array
+/// sector).
 struct DomainMap {
     geometry: ArrayGeometry,
     /// Per image: (slot, data_offset in sectors).
@@ -191,7 +194,7 @@ impl DomainMap {
         let (slot, data_offset) = self.members[image]?;
         let member_sector = (offset_bytes / 512).checked_sub(data_offset)?;
         match &self.geometry {
-            ArrayGeometry::Raid1(_) => Some(member_sector),
+            ArrayGeometry::Raid1(_) | ArrayGeometry::Parity(..) => Some(member_sector),
             ArrayGeometry::Raid10(g) => g.unmap(slot, member_sector),
             _ => None,
         }
@@ -417,7 +420,7 @@ fn run_all(clean_transitions: bool) -> usize {
 }
 
 #[test]
-fn raid1_and_raid10_survive_power_cuts_with_bitmap_guided_resync() {
+fn raid1_raid10_raid5_raid6_survive_power_cuts_with_bitmap_guided_resync() {
     let total = run_all(false);
     assert!(total >= 1000, "thousands of crash points in the default suite: {total}");
 }

@@ -16,7 +16,8 @@
 //! A round's snapshot is taken after `started` moved past every request that joined before,
 //! so it holds their bits; rounds never overlap, so the last completed write of a page is also
 //! its newest content on every member. However many requests wait, and however many pages they
-//! touch, a round costs one write per member per run of adjacent pages (usually one).
+//! touch, a round costs one write per member per run of nearby pages (usually one: pages less
+//! than `MERGE_GAP_PAGES` apart go in one write, the unchanged ones between them included).
 
 use std::future::Future;
 use std::io;
@@ -32,6 +33,9 @@ use tokio::sync::watch;
 use super::chunks::{ChunkState, new_block};
 use super::{BitmapMember, Inner, PAGE_BYTES};
 use crate::format::bitmap::{BITMAP_SUPER_BYTES, BITS_PER_PAGE};
+
+/// A round writes wanted pages separated by at most this many other pages in one request.
+const MERGE_GAP_PAGES: usize = 8;
 
 /// Bit number (within the area) of chunk 0: the bits follow the 256-byte superblock.
 pub(super) const FIRST_CHUNK_BIT: u64 = BITMAP_SUPER_BYTES as u64 * 8;
@@ -459,12 +463,17 @@ impl Inner {
         let mut runs: Vec<(usize, SharedBuf)> = Vec::new();
         let mut it = pages.iter().copied().peekable();
         while let Some(first) = it.next() {
-            let mut n = 1;
-            while it.peek() == Some(&(first + n)) {
+            // Pages in small gaps go along (their current image is always safe to write): one
+            // larger write costs less than several small ones on every member.
+            let mut end = first + 1;
+            while let Some(&p) = it.peek() {
+                if p - end > MERGE_GAP_PAGES {
+                    break;
+                }
+                end = p + 1;
                 it.next();
-                n += 1;
             }
-            runs.push((first, self.pages_image(first, n)?));
+            runs.push((first, self.pages_image(first, end - first)?));
         }
         let members = self.members_snapshot();
         let active: Vec<&Arc<MemberIo>> = members.iter().filter(|m| !m.failed.load(Ordering::Acquire)).collect();
