@@ -10,8 +10,9 @@
 # test) and a 4 MiB chunk over the same (262k-524k bits). Member files live in DIR (default
 # /var/tmp; must do O_DIRECT) and hold 1 GiB of pre-written data; the members are presented as
 # 1 TiB with their data area folded onto that GiB (offset mod 1 GiB), so both modes do the same
-# data I/O on allocated blocks. Each array starts from a clean bitmap and runs with md's 5 s
-# time_base. Modes alternate, REPEAT runs each (default 2) of SECS seconds (default 5); SECTIONS
+# data I/O on allocated blocks. Each array starts from a clean bitmap, runs with md's 5 s
+# time_base, and is measured after WARMUP seconds (default 8) of the same workload (the steady
+# state; the component section shows the first seconds after a clean bitmap). Modes alternate, REPEAT runs each (default 2) of SECS seconds (default 5); SECTIONS
 # is "array component" (default both). Prints median IOPS per mode, the ratio against the
 # targets (>= 95% at QD32, >= 80% at QD1), bitmap writes per array write, member writes below
 # 4 KiB or misaligned (must be 0), and CPU per I/O.
@@ -32,6 +33,7 @@ bench="$root/target/release/examples/bitmap_bench"
 
 files=()
 sections=${4:-array component}
+warmup=${WARMUP:-8}
 for i in 0 1 2 3; do
     f="$dir/bitmap-bench-m$i.img"
     files+=("$f")
@@ -53,7 +55,8 @@ for section in $sections; do
                     for mode in none bitmap; do
                         if [ "$section" = array ]; then
                             line=$("$bench" array --dir "$dir" --level $level --members $members --mode $mode \
-                                --chunk-bytes "$chunk" --qd $qd --secs "$secs" --virtual-gib 1024 --data-mib $data_mib)
+                                --chunk-bytes "$chunk" --qd $qd --secs "$secs" --warmup-secs "$warmup" --virtual-gib 1024 \
+                                --data-mib $data_mib)
                         else
                             gib=$((members / 2 * 1024))
                             line=$("$bench" bitmap --dir "$dir" --mode $mode --chunk-bytes "$chunk" --domain-gib $gib \
