@@ -95,7 +95,7 @@ impl ThinVolume {
         &self,
         f: impl Future<Output = T> + Send + 'static,
     ) -> Pin<Box<dyn Future<Output = T> + Send + 'static>> {
-        Box::pin(Detached::new(&self.dev.pool.handle, f))
+        Box::pin(Detached::new(f))
     }
 }
 
@@ -118,10 +118,12 @@ impl BlockDevice for ThinVolume {
         if len == 0 {
             return Box::pin(std::future::ready((buf, Ok(()))));
         }
-        let pieces = self.pieces(offset_bytes, len);
-        if let [(vb, off, _)] = pieces[..] {
+        let bs = self.dev.pool.state.block_bytes;
+        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
+        if off + len <= bs {
             return self.detached(self.dev.clone().read_block(vb, off, buf));
         }
+        let pieces = self.pieces(offset_bytes, len);
         let mut futs: Vec<Pin<Box<dyn Future<Output = ReadResult> + Send>>> = Vec::with_capacity(pieces.len());
         for (vb, off, n) in pieces {
             let part = buf.split_to(n as usize);
@@ -164,10 +166,12 @@ impl BlockDevice for ThinVolume {
         if len == 0 {
             return Box::pin(std::future::ready(Ok(())));
         }
-        let pieces = self.pieces(offset_bytes, len);
-        if let [(vb, off, _)] = pieces[..] {
+        let bs = self.dev.pool.state.block_bytes;
+        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
+        if off + len <= bs {
             return self.detached(self.dev.clone().write_block(vb, off, buf, flags.fua));
         }
+        let pieces = self.pieces(offset_bytes, len);
         let mut at = 0usize;
         let futs: Vec<Pin<Box<dyn Future<Output = io::Result<()>> + Send>>> = pieces
             .into_iter()
@@ -334,11 +338,16 @@ impl ThinDev {
                 }
                 ReadDecision::Wait(rx) => wait(Some(rx)).await,
                 ReadDecision::Resolve { drained } => {
-                    let cell = CellRef::new(&self, vblock, false);
-                    wait(drained).await;
-                    match self.resolve(vblock).await {
-                        Ok(k) => cell.release(k),
-                        Err(e) => return (buf, Err(e)),
+                    let dev = self.clone();
+                    let r: io::Result<()> = Box::pin(async move {
+                        let cell = CellRef::new(&dev, vblock, false);
+                        wait(drained).await;
+                        cell.release(dev.resolve(vblock).await?);
+                        Ok(())
+                    })
+                    .await;
+                    if let Err(e) = r {
+                        return (buf, Err(e));
                     }
                 }
             }
@@ -366,9 +375,14 @@ impl ThinDev {
                 WriteDecision::Wait(rx) => wait(Some(rx)).await,
                 WriteDecision::Frozen => self.table.wait_thawed().await,
                 WriteDecision::Slow { known, drained } => {
-                    let cell = CellRef::new(&self, vblock, true);
-                    wait(drained).await;
-                    return self.slow_write(cell, known, vblock, off, data, fua).await;
+                    // Boxed: the fast path's future stays small (no slow-path state inline).
+                    let dev = self.clone();
+                    return Box::pin(async move {
+                        let cell = CellRef::new(&dev, vblock, true);
+                        wait(drained).await;
+                        dev.slow_write(cell, known, vblock, off, data, fua).await
+                    })
+                    .await;
                 }
             }
         }

@@ -7,16 +7,15 @@ use std::task::{Context, Poll};
 /// A future that runs to completion even if the caller drops it (the `BlockDevice` contract:
 /// "a future may be dropped before it completes: the I/O then still runs to completion").
 /// It is polled in place while the caller waits; if dropped unfinished, the remainder is
-/// spawned on `handle` — so cells are released, in-flight counts drop only after the data
+/// spawned on the current runtime — so cells are released, in-flight counts drop only after the data
 /// device is done, and no block is reused while an abandoned write is still landing.
 pub(crate) struct Detached<T: Send + 'static> {
     inner: Option<Pin<Box<dyn Future<Output = T> + Send + 'static>>>,
-    handle: tokio::runtime::Handle,
 }
 
 impl<T: Send + 'static> Detached<T> {
-    pub fn new(handle: &tokio::runtime::Handle, f: impl Future<Output = T> + Send + 'static) -> Detached<T> {
-        Detached { inner: Some(Box::pin(f)), handle: handle.clone() }
+    pub fn new(f: impl Future<Output = T> + Send + 'static) -> Detached<T> {
+        Detached { inner: Some(Box::pin(f)) }
     }
 }
 
@@ -40,12 +39,13 @@ impl<T: Send + 'static> Future for Detached<T> {
 impl<T: Send + 'static> Drop for Detached<T> {
     fn drop(&mut self) {
         if let Some(f) = self.inner.take() {
-            // If the runtime is gone the future is dropped; its guards still release cells.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.handle.spawn(async move {
+            // Outside any runtime (it is shutting down, or the caller is a plain thread) the
+            // future is dropped: its guards still release cells and in-flight counts.
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move {
                     let _ = f.await;
-                })
-            }));
+                });
+            }
         }
     }
 }
@@ -85,7 +85,8 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let fut = Detached::new(rt.handle(), async move {
+        let _guard = rt.enter();
+        let fut = Detached::new(async move {
             let _ = rx.await;
             d.store(true, Ordering::SeqCst);
         });
