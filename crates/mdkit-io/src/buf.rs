@@ -63,9 +63,7 @@ impl Alloc {
         }
         // SAFETY: the layout has non-zero size (asserted above).
         let ptr = unsafe { alloc_zeroed(Self::layout(capacity_bytes)) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| {
-            std::alloc::handle_alloc_error(Self::layout(capacity_bytes))
-        });
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(capacity_bytes)));
         Alloc { ptr, capacity_bytes }
     }
 }

@@ -30,11 +30,7 @@ impl MemDevice {
     }
 
     pub fn with_topology(name: impl Into<String>, topology: Topology) -> MemDevice {
-        MemDevice {
-            name: name.into(),
-            topology,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-        }
+        MemDevice { name: name.into(), topology, shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
     }
 
     /// A device whose contents are a copy of `image` (length rounded down to 512).

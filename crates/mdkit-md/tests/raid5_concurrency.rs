@@ -25,7 +25,13 @@ const BLOCK: usize = 4096;
 /// RAM members with flash-like latencies (tens of µs, many channels), so member I/O really
 /// overlaps and writes to a stripe meet in its cache entry.
 fn slow_members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
-    let model = FlashModel { read_latency_us: 40, write_latency_us: 25, rmw_latency_us: 0, channels: 64, ..FlashModel::default() };
+    let model = FlashModel {
+        read_latency_us: 40,
+        write_latency_us: 25,
+        rmw_latency_us: 0,
+        channels: 64,
+        ..FlashModel::default()
+    };
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");
@@ -46,7 +52,15 @@ fn block_contents(id: u64, block: u64, out: &mut [u8]) {
 
 /// One phase: `tasks` writers, each `ops` writes of 1..=max_blocks blocks inside `window`
 /// blocks. Returns, per block, the ids written to it.
-async fn phase(a: &Array, seed: u64, tasks: u64, ops: u64, window: u64, max_blocks: u64, next_id: u64) -> HashMap<u64, Vec<u64>> {
+async fn phase(
+    a: &Array,
+    seed: u64,
+    tasks: u64,
+    ops: u64,
+    window: u64,
+    max_blocks: u64,
+    next_id: u64,
+) -> HashMap<u64, Vec<u64>> {
     let futs = (0..tasks).map(|t| async move {
         let mut rng = Rng::new(seed ^ (t << 32));
         let mut issued: Vec<(u64, u64, u64)> = Vec::new();
@@ -88,7 +102,10 @@ async fn verify_phase(a: &Array, ctx: &str, window: u64, before: &[u8], written:
     for b in 0..window {
         let got = &now[b as usize * BLOCK..(b as usize + 1) * BLOCK];
         match written.get(&b) {
-            None => assert!(got == &before[b as usize * BLOCK..(b as usize + 1) * BLOCK], "{ctx}: unwritten block {b} changed"),
+            None => assert!(
+                got == &before[b as usize * BLOCK..(b as usize + 1) * BLOCK],
+                "{ctx}: unwritten block {b} changed"
+            ),
             Some(ids) => {
                 let id = u64::from_le_bytes(got[..8].try_into().unwrap());
                 assert!(ids.contains(&id), "{ctx}: block {b} holds id {id}, not one of the {} writes to it", ids.len());
@@ -139,7 +156,10 @@ async fn run(level: Level, n: usize, fail: &[usize], seed: u64) {
     assert!(changes > 3, "stripe_size changed {changes} times during the workload");
     let batched = a.get_attribute("stripe_batched_writes").unwrap().parse::<u64>().unwrap();
     let batches = a.get_attribute("stripe_batches").unwrap().parse::<u64>().unwrap();
-    eprintln!("{name}: {batched} pieces in {batches} batches; attrs {:?}", a.attributes().iter().filter(|(k, _)| k.ends_with("_writes")).collect::<Vec<_>>());
+    eprintln!(
+        "{name}: {batched} pieces in {batches} batches; attrs {:?}",
+        a.attributes().iter().filter(|(k, _)| k.ends_with("_writes")).collect::<Vec<_>>()
+    );
     assert!(batched > batches, "{name}: concurrent writes to a stripe share batches");
     // Rebuild what is missing, then every parity unit matches.
     for (i, _) in fail.iter().enumerate() {

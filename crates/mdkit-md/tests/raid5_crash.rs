@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use array_util::*;
-use mdkit_io::{BlockDevice, BlockDeviceExt, CrashEventKind, CrashGroup, CrashOptions, CrashPoint, CrashPolicy, Rng, SharedBuf, WriteFlags};
+use mdkit_io::{
+    BlockDevice, BlockDeviceExt, CrashEventKind, CrashGroup, CrashOptions, CrashPoint, CrashPolicy, Rng, SharedBuf,
+    WriteFlags,
+};
 use mdkit_md::array::{AssembleOptions, assemble};
 use mdkit_md::layout::Level;
 
@@ -150,7 +153,11 @@ async fn crash_case(name: &str, level: Level, n: usize, bitmap: bool, points: us
                 assert!(got == w.data, "{ctx}: durable write at {} lost", w.off);
             } else {
                 for (i, (g, d)) in got.chunks(512).zip(w.data.chunks(512)).enumerate() {
-                    assert!(g == d || g.iter().all(|x| *x == 0), "{ctx}: sector {i} of the write at {} is neither old nor new", w.off);
+                    assert!(
+                        g == d || g.iter().all(|x| *x == 0),
+                        "{ctx}: sector {i} of the write at {} is neither old nor new",
+                        w.off
+                    );
                 }
             }
         }

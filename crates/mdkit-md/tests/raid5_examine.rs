@@ -18,7 +18,13 @@ use mdkit_md::layout::{Level, format_layout};
 fn examine(path: &std::path::Path) -> String {
     let out = Command::new("mdadm").env("TZ", "UTC").arg("--examine").arg(path).output().expect("run mdadm --examine");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "mdadm --examine {} failed: {}{}", path.display(), text, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mdadm --examine {} failed: {}{}",
+        path.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
     text
 }
 
@@ -42,7 +48,12 @@ fn examine_all(dir: &std::path::Path, ms: &[SimMember]) -> Vec<String> {
             });
             let ours = render_text(&sb, bms.as_ref(), img.len() as u64 / 512);
             let theirs: Vec<&str> = text.lines().skip(1).collect();
-            assert_eq!(ours.lines().collect::<Vec<_>>(), theirs, "{}: mdkit's examine text differs from mdadm's", m.name);
+            assert_eq!(
+                ours.lines().collect::<Vec<_>>(),
+                theirs,
+                "{}: mdkit's examine text differs from mdadm's",
+                m.name
+            );
             text
         })
         .collect()

@@ -35,8 +35,8 @@ use std::sync::Arc;
 use array_util::{MIB, Model, fast_sync, random_write, verify_all};
 use common::lab::RunOptions;
 use mdkit_io::{
-    BlockDevice, DeviceRef, FileDevice, FileOptions, IoBuf, IoFuture, ReadResult, Rng, SharedBuf, Topology,
-    WriteFlags, ZeroFlags,
+    BlockDevice, DeviceRef, FileDevice, FileOptions, IoBuf, IoFuture, ReadResult, Rng, SharedBuf, Topology, WriteFlags,
+    ZeroFlags,
 };
 use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create};
 use mdkit_md::format::create::BitmapRequest;
@@ -168,7 +168,8 @@ fn verify_in_guest(s: &mut String, tag: &str, md: u32, first_region: u64, member
     let (setup, list) = loops(md, first_region, members);
     writeln!(s, "echo '=== {tag}'").unwrap();
     s.push_str(&setup);
-    writeln!(s, "mdadm --assemble /dev/md{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "mdadm --assemble /dev/md{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
+        .unwrap();
     writeln!(s, "grep -A1 '^md{md} ' /proc/mdstat | sed 's/^/  | /'").unwrap();
     writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/md{md})").unwrap();
     writeln!(s, "echo degraded=$(cat /sys/block/md{md}/md/degraded)").unwrap();
@@ -186,13 +187,18 @@ fn create_in_guest(s: &mut String, k: &Km) {
     let (setup, list) = loops(k.md, k.first_region, &all);
     writeln!(s, "echo '=== km {}'", k.name).unwrap();
     s.push_str(&setup);
-    let mut args = format!("--metadata=1.2 --level={} --raid-devices={} --chunk={}", k.level.md_level(), k.n, k.chunk_kib);
+    let mut args =
+        format!("--metadata=1.2 --level={} --raid-devices={} --chunk={}", k.level.md_level(), k.n, k.chunk_kib);
     if let Some(l) = k.layout {
         write!(args, " --layout={l}").unwrap();
     }
     args.push_str(if k.bitmap { " --bitmap=internal" } else { " --bitmap=none" });
     let md = k.md;
-    writeln!(s, "mdadm --create /dev/md{md} --run {args} {list} 2>&1 | sed 's/^/  | /'; echo create=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(
+        s,
+        "mdadm --create /dev/md{md} --run {args} {list} 2>&1 | sed 's/^/  | /'; echo create=${{PIPESTATUS[0]}}"
+    )
+    .unwrap();
     writeln!(s, "sleep 0.5; mdadm --wait /dev/md{md} >/dev/null 2>&1; wait_idle md{md}").unwrap();
     writeln!(s, "echo degraded=$(cat /sys/block/md{md}/md/degraded)").unwrap();
     writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/md{md})").unwrap();
@@ -301,7 +307,18 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
                 let len = 1 + rng.below(12);
                 writes.push((rng.below(6000), rng.below(PATTERN_BYTES / 4096 - len), len));
             }
-            Km { name, level, n, chunk_kib, layout, bitmap, md: 30 + i as u32, first_region: take(n), writes, md5_after_mdkit: String::new() }
+            Km {
+                name,
+                level,
+                n,
+                chunk_kib,
+                layout,
+                bitmap,
+                md: 30 + i as u32,
+                first_region: take(n),
+                writes,
+                md5_after_mdkit: String::new(),
+            }
         })
         .collect();
     std::fs::File::create(&members_path).unwrap().set_len(next_region * REGION + MIB).unwrap();
@@ -375,7 +392,12 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
         let sec = run.section(&format!("km {}", k.name)).unwrap_or_default();
         let v = kv(&sec);
         let get = |x: &str| v.get(x).map(String::as_str).unwrap_or("<missing>");
-        if get("create") != "0" || get("write") != "0" || get("stop") != "0" || get("mismatch") != "0" || get("degraded") != "0" {
+        if get("create") != "0"
+            || get("write") != "0"
+            || get("stop") != "0"
+            || get("mismatch") != "0"
+            || get("degraded") != "0"
+        {
             failures.push(format!("kernel-made {}: create/write/check/stop failed:\n{sec}", k.name));
         }
     }
@@ -450,7 +472,8 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
         let sec = run.section(&format!("km2 {}", k.name)).unwrap_or_default();
         let v = kv(&sec);
         let get = |x: &str| v.get(x).map(String::as_str).unwrap_or("<missing>");
-        if get("assemble") != "0" || get("md5") != k.md5_after_mdkit || get("mismatch") != "0" || get("degraded") != "0" {
+        if get("assemble") != "0" || get("md5") != k.md5_after_mdkit || get("mismatch") != "0" || get("degraded") != "0"
+        {
             failures.push(format!(
                 "kernel-made {} after mdkit's writes: md5 {} (mdkit wrote {}), mismatch {}, degraded {}:\n{sec}",
                 k.name,

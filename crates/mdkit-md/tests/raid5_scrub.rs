@@ -118,7 +118,10 @@ async fn run(c: Case, seed: u64) {
     assert_eq!(ranges, format!("{lo}-{}", lo + unit), "{name}: mismatch_ranges");
     let member = files[role].1.name.clone();
     if c.level == Level::Raid6 {
-        assert!(who.contains(&format!("{member} (role {role}, {block})")), "{name}: mismatch_members {who:?} should name {member} {block}");
+        assert!(
+            who.contains(&format!("{member} (role {role}, {block})")),
+            "{name}: mismatch_members {who:?} should name {member} {block}"
+        );
     } else {
         assert!(who.contains("raid5 cannot tell"), "{name}: {who}");
     }

@@ -22,7 +22,13 @@ const KIB: u64 = 1024;
 
 /// Members under one tracer, with flash-like latency (so concurrent requests overlap).
 fn traced_members(prefix: &str, n: usize, size: u64, tracer: &Tracer) -> Vec<SimMember> {
-    let model = FlashModel { read_latency_us: 40, write_latency_us: 25, rmw_latency_us: 0, channels: 64, ..FlashModel::default() };
+    let model = FlashModel {
+        read_latency_us: 40,
+        write_latency_us: 25,
+        rmw_latency_us: 0,
+        channels: 64,
+        ..FlashModel::default()
+    };
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");
@@ -47,7 +53,12 @@ struct Io {
 
 fn io(t: &Tracer) -> Io {
     let s = t.snapshot().total();
-    Io { reads: s.ops.read.requests, writes: s.ops.write.requests, read_bytes: s.ops.read.bytes, write_bytes: s.ops.write.bytes }
+    Io {
+        reads: s.ops.read.requests,
+        writes: s.ops.write.requests,
+        read_bytes: s.ops.read.bytes,
+        write_bytes: s.ops.write.bytes,
+    }
 }
 
 async fn setup(level: Level, n: usize, chunk_kib: u32, tracer: &Tracer) -> (Vec<SimMember>, Array) {
@@ -169,7 +180,10 @@ async fn lone_writers_are_not_held() {
     eprintln!("QD1 sequential 4 KiB write without holding: {:?}", t1.elapsed() / 200);
     a.set_attribute("preread_bypass_threshold", "1").unwrap();
     assert_eq!(attr(&a, "hold_timeouts"), 0, "a QD1 writer's batch is released at once (queue drained)");
-    eprintln!("QD1 sequential 4 KiB write: {per_write:?} per write (member latency 25-40 µs), held {} batches", attr(&a, "held_batches"));
+    eprintln!(
+        "QD1 sequential 4 KiB write: {per_write:?} per write (member latency 25-40 µs), held {} batches",
+        attr(&a, "held_batches")
+    );
     // Random QD1 writes are never hold-worthy.
     let held = attr(&a, "held_batches");
     for _ in 0..100 {

@@ -172,11 +172,22 @@ async fn run_request(conn: Arc<Conn>, req: Request, units: u32) -> Reply {
 enum ReadState {
     Header,
     /// Waiting for payload-byte budget (READ/WRITE).
-    Budget { h: RequestHeader, units: u32 },
+    Budget {
+        h: RequestHeader,
+        units: u32,
+    },
     /// Reading a WRITE payload.
-    Payload { h: RequestHeader, units: u32, buf: IoBuf, progress: PayloadProgress },
+    Payload {
+        h: RequestHeader,
+        units: u32,
+        buf: IoBuf,
+        progress: PayloadProgress,
+    },
     /// Skipping the payload of a refused WRITE, then sending `reply`.
-    Discard { left: u64, reply: Reply },
+    Discard {
+        left: u64,
+        reply: Reply,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -502,17 +513,29 @@ fn validate(conn: &Conn, h: &RequestHeader) -> Result<(), (u32, String)> {
     }
     if h.kind == CMD_READ && h.len_bytes > conn.max_payload_bytes {
         let errno = if conn.structured { EOVERFLOW } else { EINVAL };
-        return Err((errno, format!("READ of {len} bytes exceeds the {}-byte maximum payload", conn.max_payload_bytes)));
+        return Err((
+            errno,
+            format!("READ of {len} bytes exceeds the {}-byte maximum payload", conn.max_payload_bytes),
+        ));
     }
     let in_bounds = off.checked_add(len).is_some_and(|end| end <= conn.size_bytes);
     if !in_bounds {
         let errno = if matches!(h.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
-        return Err((errno, format!("{name} of {len} bytes at offset {off} is beyond the end of the export ({} bytes)", conn.size_bytes)));
+        return Err((
+            errno,
+            format!(
+                "{name} of {len} bytes at offset {off} is beyond the end of the export ({} bytes)",
+                conn.size_bytes
+            ),
+        ));
     }
     if conn.block_size_committed && (off % conn.min_block_bytes != 0 || len % conn.min_block_bytes != 0) {
         return Err((
             EINVAL,
-            format!("{name} of {len} bytes at offset {off} is not aligned to the negotiated {}-byte minimum block", conn.min_block_bytes),
+            format!(
+                "{name} of {len} bytes at offset {off} is not aligned to the negotiated {}-byte minimum block",
+                conn.min_block_bytes
+            ),
         ));
     }
     Ok(())
@@ -622,7 +645,10 @@ async fn read_device(dev: &dyn BlockDevice, off: u64, len: usize) -> io::Result<
             Some(d) => {
                 if let Err(piece) = d.unsplit(piece) {
                     // Cannot happen: pieces are consecutive views of one allocation.
-                    return Err(io::Error::other(format!("{}: read buffer pieces out of order ({piece:?})", dev.name())));
+                    return Err(io::Error::other(format!(
+                        "{}: read buffer pieces out of order ({piece:?})",
+                        dev.name()
+                    )));
                 }
             }
         }
@@ -694,7 +720,10 @@ async fn write_zeroes(conn: &Conn, off: u64, len: u64, flags: u16) -> OpResult<(
     if flags & CMD_FLAG_FAST_ZERO != 0 && !(aligned && topo.supports_write_zeroes) {
         // "Fast" means the device's native zeroing (hole punch / unmap / zero op) covers the
         // whole request; writing zero buffers or read-modify-write is not fast.
-        return Err((ENOTSUP, format!("WRITE_ZEROES of {len} bytes at offset {off} cannot be done faster than a write")));
+        return Err((
+            ENOTSUP,
+            format!("WRITE_ZEROES of {len} bytes at offset {off} cannot be done faster than a write"),
+        ));
     }
     if aligned {
         let _g = conn.export.gate.write(start..end).await;
@@ -724,7 +753,14 @@ async fn write_zeroes(conn: &Conn, off: u64, len: u64, flags: u16) -> OpResult<(
 }
 
 /// Zeroes `[from, to)` inside the block at `block_start` by read-modify-write.
-async fn zero_partial(dev: &dyn BlockDevice, block_start: u64, from: u64, to: u64, block: u64, fua: bool) -> io::Result<()> {
+async fn zero_partial(
+    dev: &dyn BlockDevice,
+    block_start: u64,
+    from: u64,
+    to: u64,
+    block: u64,
+    fua: bool,
+) -> io::Result<()> {
     if from >= to {
         return Ok(());
     }
@@ -786,7 +822,10 @@ impl Reply {
     fn read_data(cookie: u64, offset_bytes: u64, data: SharedBuf, structured: bool) -> Reply {
         let mut r = if structured {
             let len = u32::try_from(data.len() + 8).expect("reads are bounded by the maximum payload");
-            Reply::inline(&[&structured_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, cookie, len), &offset_bytes.to_be_bytes()])
+            Reply::inline(&[
+                &structured_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, cookie, len),
+                &offset_bytes.to_be_bytes(),
+            ])
         } else {
             Reply::inline(&[&simple_reply(0, cookie)])
         };
@@ -879,7 +918,10 @@ impl<W: AsyncWrite + Unpin> ReplyWriter<W> {
             };
             match r {
                 Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no reply bytes")));
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "socket accepted no reply bytes",
+                    )));
                 }
                 Poll::Ready(Ok(n)) => {
                     wrote_any = true;

@@ -153,14 +153,27 @@ mod tests {
     #[test]
     fn flags_follow_read_only_and_structured() {
         let dev: DeviceRef = Arc::new(MemDevice::new("m", 1 << 20));
-        let rw = ExportState::new(Export { name: "a".into(), description: String::new(), device: dev.clone(), read_only: false });
+        let rw = ExportState::new(Export {
+            name: "a".into(),
+            description: String::new(),
+            device: dev.clone(),
+            read_only: false,
+        });
         let f = rw.transmission_flags(false);
-        for bit in [FLAG_HAS_FLAGS, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, FLAG_CAN_MULTI_CONN] {
+        for bit in [
+            FLAG_HAS_FLAGS,
+            FLAG_SEND_FLUSH,
+            FLAG_SEND_FUA,
+            FLAG_SEND_TRIM,
+            FLAG_SEND_WRITE_ZEROES,
+            FLAG_CAN_MULTI_CONN,
+        ] {
             assert_ne!(f & bit, 0, "bit {bit:#x}");
         }
         assert_eq!(f & (FLAG_READ_ONLY | FLAG_SEND_DF), 0);
         assert_ne!(rw.transmission_flags(true) & FLAG_SEND_DF, 0);
-        let ro = ExportState::new(Export { name: "b".into(), description: String::new(), device: dev, read_only: true });
+        let ro =
+            ExportState::new(Export { name: "b".into(), description: String::new(), device: dev, read_only: true });
         let f = ro.transmission_flags(true);
         assert_ne!(f & FLAG_READ_ONLY, 0);
         assert_eq!(f & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FUA), 0);

@@ -115,9 +115,7 @@ fn four_kib_device_small_max_io_no_zeroing_no_discard() {
     // TRIM on a device without discard: accepted, nothing changes (advisory).
     assert_eq!(c.request(4, 0, 0, 8192, &[]), 0);
     assert!(c.read(0, 1 << 20) == model);
-    let on_device: Vec<u8> = (0..16u64)
-        .flat_map(|i| f.rt.block_on(dev.read_vec(i * 65536, 65536)).unwrap())
-        .collect();
+    let on_device: Vec<u8> = (0..16u64).flat_map(|i| f.rt.block_on(dev.read_vec(i * 65536, 65536)).unwrap()).collect();
     assert!(on_device == model, "the device holds what the client read");
 
     let stats = f.server.export_stats();

@@ -29,29 +29,13 @@ struct Options {
 }
 
 fn parse_options() -> Options {
-    let mut options = Options {
-        seconds: 0.05,
-        repeats: 10,
-        only_impl: None,
-        only_op: None,
-    };
+    let mut options = Options { seconds: 0.05, repeats: 10, only_impl: None, only_op: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .unwrap_or_else(|| usage(&format!("{name} needs a value")))
-        };
+        let mut value = |name: &str| args.next().unwrap_or_else(|| usage(&format!("{name} needs a value")));
         match arg.as_str() {
-            "--seconds" => {
-                options.seconds = value("--seconds")
-                    .parse()
-                    .unwrap_or_else(|_| usage("bad --seconds"))
-            }
-            "--repeats" => {
-                options.repeats = value("--repeats")
-                    .parse()
-                    .unwrap_or_else(|_| usage("bad --repeats"))
-            }
+            "--seconds" => options.seconds = value("--seconds").parse().unwrap_or_else(|_| usage("bad --seconds")),
+            "--repeats" => options.repeats = value("--repeats").parse().unwrap_or_else(|_| usage("bad --repeats")),
             "--impl" => options.only_impl = Some(value("--impl")),
             "--only" => options.only_op = Some(value("--only")),
             _ => usage(&format!("unknown argument {arg:?}")),
@@ -87,12 +71,7 @@ impl Arena {
             x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             *byte = (x >> 24) as u8;
         }
-        Arena {
-            storage,
-            start,
-            block_bytes,
-            data_count,
-        }
+        Arena { storage, start, block_bytes, data_count }
     }
 
     /// (data blocks, [P, Q, spare A, spare B]).
@@ -109,10 +88,7 @@ impl Arena {
 /// CPU time consumed by this thread: time while descheduled (other builds share the cores)
 /// does not count, so the figure is per-core throughput.
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec to the valid pointer it is given.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
@@ -161,11 +137,7 @@ struct Case<'a> {
 
 impl Case<'_> {
     fn run(&self, options: &Options, kernel_ref: bool, call: impl FnMut()) {
-        if options
-            .only_op
-            .as_deref()
-            .is_some_and(|prefix| !self.op.starts_with(prefix))
-        {
+        if options.only_op.as_deref().is_some_and(|prefix| !self.op.starts_with(prefix)) {
             return;
         }
         let bytes_per_s = measure(options, self.bytes_per_call, call);
@@ -222,38 +194,15 @@ fn main() {
         for (data, block) in [(4, 4096), (8, 4096), (4, 65536), (8, 65536)] {
             let mut arena = Arena::new(data, block);
             let (blocks, [p, ..]) = arena.split();
-            let case = Case {
-                op: "xor_gen",
-                layout: format!("{data}+1"),
-                block,
-                imp,
-                bytes_per_call: data * block,
-            };
-            case.run(&options, false, || {
-                imp.xor_gen(black_box(&blocks), black_box(&mut *p))
-            });
+            let case = Case { op: "xor_gen", layout: format!("{data}+1"), block, imp, bytes_per_call: data * block };
+            case.run(&options, false, || imp.xor_gen(black_box(&blocks), black_box(&mut *p)));
         }
         // RAID6 gen_syndrome.
-        for (data, block) in [
-            (4, 4096),
-            (6, 4096),
-            (8, 4096),
-            (16, 4096),
-            (6, 65536),
-            (16, 65536),
-        ] {
+        for (data, block) in [(4, 4096), (6, 4096), (8, 4096), (16, 4096), (6, 65536), (16, 65536)] {
             let mut arena = Arena::new(data, block);
             let (blocks, [p, q, ..]) = arena.split();
-            let case = Case {
-                op: "pq_gen",
-                layout: format!("{data}+2"),
-                block,
-                imp,
-                bytes_per_call: data * block,
-            };
-            case.run(&options, true, || {
-                imp.pq_gen(black_box(&blocks), black_box(&mut *p), black_box(&mut *q))
-            });
+            let case = Case { op: "pq_gen", layout: format!("{data}+2"), block, imp, bytes_per_call: data * block };
+            case.run(&options, true, || imp.pq_gen(black_box(&blocks), black_box(&mut *p), black_box(&mut *q)));
         }
         // The kernel's xor() figure: xor_syndrome over data blocks (disks/2 - 1) ..= disks - 3.
         {
@@ -262,13 +211,7 @@ fn main() {
             let mut arena = Arena::new(data, block);
             let (blocks, [p, q, ..]) = arena.split();
             let bytes_per_call = (stop - start + 1) * block;
-            let case = Case {
-                op: "pq_xor_synd",
-                layout: format!("{data}+2"),
-                block,
-                imp,
-                bytes_per_call,
-            };
+            let case = Case { op: "pq_xor_synd", layout: format!("{data}+2"), block, imp, bytes_per_call };
             case.run(&options, false, || {
                 let run = black_box(&blocks[start..=stop]);
                 imp.pq_xor_syndrome(start, run, black_box(&mut *p), black_box(&mut *q))
@@ -279,13 +222,7 @@ fn main() {
             let block = 4096;
             let mut arena = Arena::new(2, block);
             let (blocks, [p, q, ..]) = arena.split();
-            let case = Case {
-                op: "pq_update",
-                layout: "i=5".into(),
-                block,
-                imp,
-                bytes_per_call: block,
-            };
+            let case = Case { op: "pq_update", layout: "i=5".into(), block, imp, bytes_per_call: block };
             case.run(&options, false, || {
                 let (old, new) = (black_box(blocks[0]), black_box(blocks[1]));
                 imp.pq_update(5, old, new, black_box(&mut *p), black_box(&mut *q))
@@ -300,17 +237,9 @@ fn main() {
             holes[1] = None;
             holes[data - 2] = None;
             imp.recover_2data(&holes, p, q, a, b);
-            assert!(
-                a == blocks[1] && b == blocks[data - 2],
-                "recovery self-check failed"
-            );
-            let case = Case {
-                op: "recover_2data",
-                layout: format!("{data}+2"),
-                block,
-                imp,
-                bytes_per_call: data * block,
-            };
+            assert!(a == blocks[1] && b == blocks[data - 2], "recovery self-check failed");
+            let case =
+                Case { op: "recover_2data", layout: format!("{data}+2"), block, imp, bytes_per_call: data * block };
             case.run(&options, false, || {
                 imp.recover_2data(
                     black_box(&holes),
@@ -323,20 +252,10 @@ fn main() {
             holes[data - 2] = Some(blocks[data - 2]);
             imp.recover_datap(&holes, q, a, b);
             assert!(a == blocks[1] && b == p, "recovery self-check failed");
-            let case = Case {
-                op: "recover_datap",
-                layout: format!("{data}+2"),
-                block,
-                imp,
-                bytes_per_call: data * block,
-            };
+            let case =
+                Case { op: "recover_datap", layout: format!("{data}+2"), block, imp, bytes_per_call: data * block };
             case.run(&options, false, || {
-                imp.recover_datap(
-                    black_box(&holes),
-                    black_box(&*q),
-                    black_box(&mut *a),
-                    black_box(&mut *b),
-                )
+                imp.recover_datap(black_box(&holes), black_box(&*q), black_box(&mut *a), black_box(&mut *b))
             });
         }
         // Scrub check of a consistent stripe.
@@ -344,13 +263,7 @@ fn main() {
             let mut arena = Arena::new(data, block);
             let (blocks, [p, q, ..]) = arena.split();
             imp.pq_gen(&blocks, p, q);
-            let case = Case {
-                op: "pq_check",
-                layout: format!("{data}+2"),
-                block,
-                imp,
-                bytes_per_call: data * block,
-            };
+            let case = Case { op: "pq_check", layout: format!("{data}+2"), block, imp, bytes_per_call: data * block };
             case.run(&options, false, || {
                 let verdict = imp.pq_check(black_box(&blocks), black_box(&*p), black_box(&*q));
                 assert_eq!(verdict, mdkit_parity::PqCheck::Consistent);

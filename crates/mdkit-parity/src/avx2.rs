@@ -17,9 +17,9 @@
 //! raw-pointer access is preceded by a length check of all blocks involved.
 
 use core::arch::x86_64::{
-    __m256i, _mm_loadu_si128, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256,
-    _mm256_cmpgt_epi8, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256,
-    _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256,
+    __m256i, _mm_loadu_si128, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256, _mm256_cmpgt_epi8,
+    _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_srli_epi16,
+    _mm256_storeu_si256, _mm256_xor_si256,
 };
 use core::ptr;
 
@@ -70,12 +70,7 @@ struct MulTable {
 fn mul_table(c: u8) -> MulTable {
     let row = &gf::NIBBLE_MUL[c as usize];
     // SAFETY: `row` is 32 bytes, so both 16-byte loads are in bounds; loadu needs no alignment.
-    let (low, high) = unsafe {
-        (
-            _mm_loadu_si128(row.as_ptr().cast()),
-            _mm_loadu_si128(row.as_ptr().add(16).cast()),
-        )
-    };
+    let (low, high) = unsafe { (_mm_loadu_si128(row.as_ptr().cast()), _mm_loadu_si128(row.as_ptr().add(16).cast())) };
     MulTable {
         low_nibble: _mm256_broadcastsi128_si256(low),
         high_nibble: _mm256_broadcastsi128_si256(high),
@@ -89,10 +84,7 @@ fn mul_table(c: u8) -> MulTable {
 fn mul_const(v: __m256i, t: MulTable) -> __m256i {
     let low = _mm256_and_si256(v, t.nibble_mask);
     let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), t.nibble_mask);
-    _mm256_xor_si256(
-        _mm256_shuffle_epi8(t.low_nibble, low),
-        _mm256_shuffle_epi8(t.high_nibble, high),
-    )
+    _mm256_xor_si256(_mm256_shuffle_epi8(t.low_nibble, low), _mm256_shuffle_epi8(t.high_nibble, high))
 }
 
 //------------------------------------------------------------------------------------------------
@@ -100,12 +92,7 @@ fn mul_const(v: __m256i, t: MulTable) -> __m256i {
 
 /// See [`scalar::xor`].
 #[target_feature(enable = "avx2")]
-pub(crate) fn xor<B: Blocks + ?Sized>(
-    dst: &mut [u8],
-    srcs: &B,
-    src_offset: usize,
-    accumulate: bool,
-) {
+pub(crate) fn xor<B: Blocks + ?Sized>(dst: &mut [u8], srcs: &B, src_offset: usize, accumulate: bool) {
     let len = dst.len();
     assert_cover(srcs, src_offset, len);
     let dst_ptr = dst.as_mut_ptr();
@@ -131,12 +118,7 @@ pub(crate) fn xor<B: Blocks + ?Sized>(
 /// `V * 32` bytes from `at`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn xor_lanes<const V: usize, B: Blocks + ?Sized>(
-    dst: *mut u8,
-    srcs: &B,
-    at: usize,
-    accumulate: bool,
-) {
+unsafe fn xor_lanes<const V: usize, B: Blocks + ?Sized>(dst: *mut u8, srcs: &B, at: usize, accumulate: bool) {
     let mut acc = [_mm256_setzero_si256(); V];
     if accumulate {
         for (k, a) in acc.iter_mut().enumerate() {
@@ -183,44 +165,17 @@ pub(crate) fn pq<B: Blocks + ?Sized>(
     while off + 4 * LANE_BYTES <= len {
         // SAFETY: p (if any) and q have len bytes, every present source covers src_offset + len
         // (asserted above), and off + 128 <= len.
-        unsafe {
-            pq_lanes::<4, B>(
-                srcs,
-                first_index,
-                src_offset + off,
-                p_ptr,
-                q_ptr,
-                off,
-                accumulate,
-            )
-        };
+        unsafe { pq_lanes::<4, B>(srcs, first_index, src_offset + off, p_ptr, q_ptr, off, accumulate) };
         off += 4 * LANE_BYTES;
     }
     while off + LANE_BYTES <= len {
         // SAFETY: as above with off + 32 <= len.
-        unsafe {
-            pq_lanes::<1, B>(
-                srcs,
-                first_index,
-                src_offset + off,
-                p_ptr,
-                q_ptr,
-                off,
-                accumulate,
-            )
-        };
+        unsafe { pq_lanes::<1, B>(srcs, first_index, src_offset + off, p_ptr, q_ptr, off, accumulate) };
         off += LANE_BYTES;
     }
     if off < len {
         let p_tail = p.map(|p| &mut p[off..]);
-        scalar::pq(
-            srcs,
-            first_index,
-            src_offset + off,
-            p_tail,
-            &mut q[off..],
-            accumulate,
-        );
+        scalar::pq(srcs, first_index, src_offset + off, p_tail, &mut q[off..], accumulate);
     }
 }
 
@@ -313,10 +268,7 @@ unsafe fn pq_lanes<const V: usize, B: Blocks + ?Sized>(
 #[target_feature(enable = "avx2")]
 pub(crate) fn mul_acc(c: u8, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8]) {
     let len = old.len();
-    assert!(
-        new.len() == len && p.len() == len && q.len() == len,
-        "block lengths differ"
-    );
+    assert!(new.len() == len && p.len() == len && q.len() == len, "block lengths differ");
     let table = mul_table(c);
     let (old_ptr, new_ptr) = (old.as_ptr(), new.as_ptr());
     let (p_ptr, q_ptr) = (p.as_mut_ptr(), q.as_mut_ptr());
@@ -339,10 +291,7 @@ pub(crate) fn mul_acc(c: u8, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8])
 #[target_feature(enable = "avx2")]
 pub(crate) fn recov_2data(p: &[u8], q: &[u8], dp: &mut [u8], dq: &mut [u8], pbmul: u8, qmul: u8) {
     let len = p.len();
-    assert!(
-        q.len() == len && dp.len() == len && dq.len() == len,
-        "block lengths differ"
-    );
+    assert!(q.len() == len && dp.len() == len && dq.len() == len, "block lengths differ");
     let pb_table = mul_table(pbmul);
     let q_table = mul_table(qmul);
     let mut off = 0;
@@ -359,14 +308,7 @@ pub(crate) fn recov_2data(p: &[u8], q: &[u8], dp: &mut [u8], dq: &mut [u8], pbmu
         }
         off += LANE_BYTES;
     }
-    scalar::recov_2data(
-        &p[off..],
-        &q[off..],
-        &mut dp[off..],
-        &mut dq[off..],
-        pbmul,
-        qmul,
-    );
+    scalar::recov_2data(&p[off..], &q[off..], &mut dp[off..], &mut dq[off..], pbmul, qmul);
 }
 
 /// See [`scalar::recov_datap`].
@@ -381,10 +323,7 @@ pub(crate) fn recov_datap(q: &[u8], dq: &mut [u8], dp: &mut [u8], qmul: u8) {
         unsafe {
             let dq_at = dq.as_mut_ptr().add(off);
             let dp_at = dp.as_mut_ptr().add(off);
-            let d = mul_const(
-                _mm256_xor_si256(load(q.as_ptr().add(off)), load(dq_at)),
-                q_table,
-            );
+            let d = mul_const(_mm256_xor_si256(load(q.as_ptr().add(off)), load(dq_at)), q_table);
             store(dq_at, d);
             store(dp_at, _mm256_xor_si256(load(dp_at), d));
         }

@@ -49,20 +49,14 @@ impl Blocks for Filled<'_> {
     }
     #[inline(always)]
     fn block(&self, index: usize) -> Option<&[u8]> {
-        if index == self.index {
-            Some(self.block)
-        } else {
-            self.base[index]
-        }
+        if index == self.index { Some(self.block) } else { self.base[index] }
     }
 }
 
 /// Asserts that every present block covers `[offset_bytes, offset_bytes + len_bytes)`.
 /// The kernels rely on this before they touch memory through raw pointers.
 pub(crate) fn assert_cover<B: Blocks + ?Sized>(blocks: &B, offset_bytes: usize, len_bytes: usize) {
-    let end_bytes = offset_bytes
-        .checked_add(len_bytes)
-        .expect("block range overflows usize");
+    let end_bytes = offset_bytes.checked_add(len_bytes).expect("block range overflows usize");
     for index in 0..blocks.count() {
         if let Some(block) = blocks.block(index) {
             assert!(

@@ -83,15 +83,9 @@ impl fmt::Debug for Implementation {
     }
 }
 
-static SCALAR: Implementation = Implementation {
-    kind: Kind::Scalar,
-    name: "scalar",
-};
+static SCALAR: Implementation = Implementation { kind: Kind::Scalar, name: "scalar" };
 #[cfg(target_arch = "x86_64")]
-static AVX2: Implementation = Implementation {
-    kind: Kind::Avx2,
-    name: "avx2",
-};
+static AVX2: Implementation = Implementation { kind: Kind::Avx2, name: "avx2" };
 
 /// Environment variable that overrides the automatic choice at first use.
 pub const IMPLEMENTATION_ENV: &str = "MDKIT_PARITY_IMPL";
@@ -144,14 +138,10 @@ impl Implementation {
             "scalar" => Some(Implementation::scalar()),
             "avx2" => Implementation::avx2(),
             _ => {
-                return Err(SelectError::Unknown {
-                    name: name.to_string(),
-                });
+                return Err(SelectError::Unknown { name: name.to_string() });
             }
         };
-        found.ok_or_else(|| SelectError::Unsupported {
-            name: name.to_string(),
-        })
+        found.ok_or_else(|| SelectError::Unsupported { name: name.to_string() })
     }
 
     /// Short name: "scalar" or "avx2".
@@ -176,12 +166,7 @@ pub fn implementation() -> &'static Implementation {
     }
     let initial = initial_implementation();
     // A concurrent set_implementation wins over the automatic choice.
-    match SELECTED.compare_exchange(
-        UNSELECTED,
-        initial.kind as u8,
-        Ordering::Relaxed,
-        Ordering::Relaxed,
-    ) {
+    match SELECTED.compare_exchange(UNSELECTED, initial.kind as u8, Ordering::Relaxed, Ordering::Relaxed) {
         Ok(_) => initial,
         Err(current) => Implementation::from_kind(current).unwrap_or(initial),
     }
@@ -208,10 +193,7 @@ fn initial_implementation() -> &'static Implementation {
     match std::env::var(IMPLEMENTATION_ENV) {
         Ok(name) if !name.is_empty() => Implementation::by_name(&name).unwrap_or_else(|e| {
             let best = Implementation::best();
-            eprintln!(
-                "mdkit-parity: {IMPLEMENTATION_ENV}: {e}; using {}",
-                best.name
-            );
+            eprintln!("mdkit-parity: {IMPLEMENTATION_ENV}: {e}; using {}", best.name);
             best
         }),
         _ => Implementation::best(),
@@ -274,11 +256,7 @@ pub enum RecoverError {
 }
 
 fn members_list(members: &[Member]) -> String {
-    members
-        .iter()
-        .map(Member::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    members.iter().map(Member::to_string).collect::<Vec<_>>().join(", ")
 }
 
 //------------------------------------------------------------------------------------------------
@@ -381,10 +359,7 @@ fn missing_data<const N: usize>(data: &[Option<&[u8]>], what: &str) -> [usize; N
         }
         count += 1;
     }
-    assert!(
-        count == N,
-        "{what} needs exactly {N} missing (None) data block(s), found {count}"
-    );
+    assert!(count == N, "{what} needs exactly {N} missing (None) data block(s), found {count}");
     found
 }
 
@@ -431,13 +406,7 @@ impl Implementation {
     /// with start = first_index, stop = first_index + blocks.len() - 1). Calling it once with
     /// the old contents and once with the new contents of those blocks is RAID6
     /// read-modify-write.
-    pub fn pq_xor_syndrome(
-        &self,
-        first_index: usize,
-        blocks: &[&[u8]],
-        p: &mut [u8],
-        q: &mut [u8],
-    ) {
+    pub fn pq_xor_syndrome(&self, first_index: usize, blocks: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
         assert_len(format_args!("Q"), q.len(), p.len());
         assert_data_lens(blocks, p.len());
         assert_index_range(first_index, blocks.len());
@@ -475,12 +444,9 @@ impl Implementation {
             self.k_pq(data, 0, offset, Some(&mut *pc), &mut *qc, false);
             // The common case, a consistent stripe, costs one gen plus two memcmp.
             if pc != p_seg || qc != q_seg {
-                for ((&pc_byte, &qc_byte), (&p_byte, &q_byte)) in
-                    pc.iter().zip(qc.iter()).zip(p_seg.iter().zip(q_seg))
+                for ((&pc_byte, &qc_byte), (&p_byte, &q_byte)) in pc.iter().zip(qc.iter()).zip(p_seg.iter().zip(q_seg))
                 {
-                    let Some(verdict) =
-                        byte_culprit(pc_byte ^ p_byte, qc_byte ^ q_byte, data.len())
-                    else {
+                    let Some(verdict) = byte_culprit(pc_byte ^ p_byte, qc_byte ^ q_byte, data.len()) else {
                         continue;
                     };
                     match culprit {
@@ -504,24 +470,13 @@ impl Implementation {
         let [missing] = missing_data::<1>(data, "recover_data_from_p");
         assert_len(format_args!("P"), p.len(), out.len());
         assert_optional_data_lens(data, out.len());
-        let with_p = Filled {
-            base: data,
-            index: missing,
-            block: p,
-        };
+        let with_p = Filled { base: data, index: missing, block: p };
         self.k_xor(out, &with_p, 0, false);
     }
 
     /// Rebuilds two missing data blocks a < b (the two `None`s) from P and Q, the kernel's
     /// raid6_2data_recov: `out_a` receives D_a and `out_b` D_b.
-    pub fn recover_2data(
-        &self,
-        data: &[Option<&[u8]>],
-        p: &[u8],
-        q: &[u8],
-        out_a: &mut [u8],
-        out_b: &mut [u8],
-    ) {
+    pub fn recover_2data(&self, data: &[Option<&[u8]>], p: &[u8], q: &[u8], out_a: &mut [u8], out_b: &mut [u8]) {
         let [a, b] = missing_data::<2>(data, "recover_2data");
         let len = p.len();
         assert_len(format_args!("Q"), q.len(), len);
@@ -541,13 +496,7 @@ impl Implementation {
 
     /// Rebuilds the one missing data block and P from Q and the other data blocks, the
     /// kernel's raid6_datap_recov.
-    pub fn recover_datap(
-        &self,
-        data: &[Option<&[u8]>],
-        q: &[u8],
-        out_data: &mut [u8],
-        out_p: &mut [u8],
-    ) {
+    pub fn recover_datap(&self, data: &[Option<&[u8]>], q: &[u8], out_data: &mut [u8], out_p: &mut [u8]) {
         let [missing] = missing_data::<1>(data, "recover_datap");
         let len = q.len();
         assert_len(format_args!("output data block"), out_data.len(), len);
@@ -562,30 +511,16 @@ impl Implementation {
     }
 
     /// Rebuilds the one missing data block (from P) and then Q.
-    pub fn recover_dataq(
-        &self,
-        data: &[Option<&[u8]>],
-        p: &[u8],
-        out_data: &mut [u8],
-        out_q: &mut [u8],
-    ) {
+    pub fn recover_dataq(&self, data: &[Option<&[u8]>], p: &[u8], out_data: &mut [u8], out_q: &mut [u8]) {
         let [missing] = missing_data::<1>(data, "recover_dataq");
         let len = p.len();
         assert_len(format_args!("output data block"), out_data.len(), len);
         assert_len(format_args!("output Q"), out_q.len(), len);
         assert_optional_data_lens(data, len);
         assert_index_range(0, data.len());
-        let with_p = Filled {
-            base: data,
-            index: missing,
-            block: p,
-        };
+        let with_p = Filled { base: data, index: missing, block: p };
         self.k_xor(out_data, &with_p, 0, false);
-        let complete = Filled {
-            base: data,
-            index: missing,
-            block: out_data,
-        };
+        let complete = Filled { base: data, index: missing, block: out_data };
         self.k_pq(&complete, 0, 0, None, out_q, false);
     }
 
@@ -602,16 +537,10 @@ impl Implementation {
         out: &mut [&mut [u8]],
     ) -> Result<(), RecoverError> {
         let mut missing: Vec<Member> = Vec::new();
-        let missing_count = data.iter().filter(|b| b.is_none()).count()
-            + usize::from(p.is_none())
-            + usize::from(q.is_none());
+        let missing_count =
+            data.iter().filter(|b| b.is_none()).count() + usize::from(p.is_none()) + usize::from(q.is_none());
         if missing_count > 2 {
-            missing.extend(
-                data.iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.is_none())
-                    .map(|(i, _)| Member::Data(i)),
-            );
+            missing.extend(data.iter().enumerate().filter(|(_, b)| b.is_none()).map(|(i, _)| Member::Data(i)));
             missing.extend(p.is_none().then_some(Member::P));
             missing.extend(q.is_none().then_some(Member::Q));
             return Err(RecoverError::TooManyMissing { missing });
@@ -626,9 +555,7 @@ impl Implementation {
             (_, _, _, []) => {}
             (0, None, Some(_), [out_p]) => self.k_xor(out_p, data, 0, false),
             (0, Some(_), None, [out_q]) => self.k_pq(data, 0, 0, None, out_q, false),
-            (0, None, None, [out_p, out_q]) => {
-                self.k_pq(data, 0, 0, Some(&mut **out_p), out_q, false)
-            }
+            (0, None, None, [out_p, out_q]) => self.k_pq(data, 0, 0, Some(&mut **out_p), out_q, false),
             (1, Some(p), Some(_), [out_d]) => self.recover_data_from_p(data, p, out_d),
             (1, None, Some(q), [out_d, out_p]) => self.recover_datap(data, q, out_d, out_p),
             (1, Some(p), None, [out_d, out_q]) => self.recover_dataq(data, p, out_d, out_q),
@@ -649,11 +576,7 @@ fn byte_culprit(p_delta: u8, q_delta: u8, data_count: usize) -> Option<PqCheck> 
             let log_p = usize::from(gf::LOG[pd as usize]);
             let log_q = usize::from(gf::LOG[qd as usize]);
             let index = (log_q + gf::GENERATOR_ORDER - log_p) % gf::GENERATOR_ORDER;
-            Some(if index < data_count {
-                PqCheck::WrongData { index }
-            } else {
-                PqCheck::MultipleWrong
-            })
+            Some(if index < data_count { PqCheck::WrongData { index } } else { PqCheck::MultipleWrong })
         }
     }
 }
@@ -702,13 +625,7 @@ pub fn recover_data_from_p(data: &[Option<&[u8]>], p: &[u8], out: &mut [u8]) {
 }
 
 /// [`Implementation::recover_2data`] with the selected implementation.
-pub fn recover_2data(
-    data: &[Option<&[u8]>],
-    p: &[u8],
-    q: &[u8],
-    out_a: &mut [u8],
-    out_b: &mut [u8],
-) {
+pub fn recover_2data(data: &[Option<&[u8]>], p: &[u8], q: &[u8], out_a: &mut [u8], out_b: &mut [u8]) {
     implementation().recover_2data(data, p, q, out_a, out_b)
 }
 

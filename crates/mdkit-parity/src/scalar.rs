@@ -34,12 +34,7 @@ fn store(block: &mut [u8], at: usize, v: u64) {
 
 /// `dst = ⊕ srcs[i][src_offset..]` (or `dst ^= ...` when `accumulate`). Absent sources count as
 /// zeroes.
-pub(crate) fn xor<B: Blocks + ?Sized>(
-    dst: &mut [u8],
-    srcs: &B,
-    src_offset: usize,
-    accumulate: bool,
-) {
+pub(crate) fn xor<B: Blocks + ?Sized>(dst: &mut [u8], srcs: &B, src_offset: usize, accumulate: bool) {
     let len = dst.len();
     assert_cover(srcs, src_offset, len);
     let mut off = 0;
@@ -109,27 +104,11 @@ pub(crate) fn pq<B: Blocks + ?Sized>(
     assert_cover(srcs, src_offset, len);
     let mut off = 0;
     while off + 32 <= len {
-        pq_words::<4, B>(
-            srcs,
-            first_index,
-            src_offset,
-            off,
-            p.as_deref_mut(),
-            q,
-            accumulate,
-        );
+        pq_words::<4, B>(srcs, first_index, src_offset, off, p.as_deref_mut(), q, accumulate);
         off += 32;
     }
     while off + 8 <= len {
-        pq_words::<1, B>(
-            srcs,
-            first_index,
-            src_offset,
-            off,
-            p.as_deref_mut(),
-            q,
-            accumulate,
-        );
+        pq_words::<1, B>(srcs, first_index, src_offset, off, p.as_deref_mut(), q, accumulate);
         off += 8;
     }
     for i in off..len {
@@ -243,9 +222,7 @@ mod tests {
             let bytes = x.to_ne_bytes();
             let expect: Vec<u8> = bytes.iter().map(|&b| gf::mul2(b)).collect();
             assert_eq!(mul2_word(x).to_ne_bytes().to_vec(), expect);
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         }
         assert_eq!(mul2_word(0x8080_8080_8080_8080), 0x1d1d_1d1d_1d1d_1d1d);
     }

@@ -54,29 +54,17 @@ fn lab() -> Option<Lab> {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
     let (build, run_sh) = (dir.join("build.sh"), dir.join("run.sh"));
     if !build.exists() || !run_sh.exists() {
-        eprintln!(
-            "SKIP: kernel lab not found at {} (set MDKIT_LAB_DIR)",
-            dir.display()
-        );
+        eprintln!("SKIP: kernel lab not found at {} (set MDKIT_LAB_DIR)", dir.display());
         return None;
     }
-    if Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if Command::new("qemu-system-x86_64").arg("--version").output().is_err() {
         eprintln!("SKIP: qemu-system-x86_64 not installed (scripts/test installs it)");
         return None;
     }
     match Command::new(&build).output() {
         Ok(out) if out.status.success() => Some(Lab { run_sh }),
         Ok(out) => {
-            eprintln!(
-                "SKIP: {} failed ({}):\n{}",
-                build.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            eprintln!("SKIP: {} failed ({}):\n{}", build.display(), out.status, String::from_utf8_lossy(&out.stderr));
             None
         }
         Err(e) => {
@@ -113,12 +101,8 @@ fn keyword_values(output: &str, keyword: &str) -> HashMap<String, String> {
         .lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();
-            (words.next() == Some(keyword)).then(|| {
-                (
-                    words.next().unwrap_or("").to_string(),
-                    words.next().unwrap_or("").to_string(),
-                )
-            })
+            (words.next() == Some(keyword))
+                .then(|| (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string()))
         })
         .collect()
 }
@@ -146,24 +130,11 @@ impl Array {
         let fields: HashMap<&str, u64> = line
             .split_whitespace()
             .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| {
-                (
-                    k,
-                    v.parse().unwrap_or_else(|_| panic!("{name}: bad {k}={v}")),
-                )
-            })
+            .map(|(k, v)| (k, v.parse().unwrap_or_else(|_| panic!("{name}: bad {k}={v}"))))
             .collect();
-        let get = |k: &str| {
-            *fields
-                .get(k)
-                .unwrap_or_else(|| panic!("{name}: MDINFO lacks {k}"))
-        };
+        let get = |k: &str| *fields.get(k).unwrap_or_else(|| panic!("{name}: MDINFO lacks {k}"));
         assert_eq!(get("layout"), 2, "{name}: expected left-symmetric");
-        assert_eq!(
-            get("raid_disks") as usize,
-            members.len(),
-            "{name}: member count"
-        );
+        assert_eq!(get("raid_disks") as usize, members.len(), "{name}: member count");
         let chunk_bytes = get("chunk_bytes") as usize;
         Array {
             name: name.to_string(),
@@ -210,16 +181,7 @@ impl Array {
     }
 
     fn open(&self, write: bool) -> Vec<File> {
-        self.members
-            .iter()
-            .map(|m| {
-                OpenOptions::new()
-                    .read(true)
-                    .write(write)
-                    .open(m)
-                    .expect("member file")
-            })
-            .collect()
+        self.members.iter().map(|m| OpenOptions::new().read(true).write(write).open(m).expect("member file")).collect()
     }
 }
 
@@ -238,23 +200,14 @@ fn verify_kernel_parity(array: &Array, imp: &Implementation) {
             Some(q_disk) => {
                 let mut q = vec![0u8; array.chunk_bytes];
                 imp.pq_gen(&data, &mut p, &mut q);
-                assert!(
-                    p == chunks[p_disk],
-                    "{ctx}: P differs from the kernel's (disk {p_disk})"
-                );
-                assert!(
-                    q == chunks[q_disk],
-                    "{ctx}: Q differs from the kernel's (disk {q_disk})"
-                );
+                assert!(p == chunks[p_disk], "{ctx}: P differs from the kernel's (disk {p_disk})");
+                assert!(q == chunks[q_disk], "{ctx}: Q differs from the kernel's (disk {q_disk})");
                 let verdict = imp.pq_check(&data, &chunks[p_disk], &chunks[q_disk]);
                 assert_eq!(verdict, PqCheck::Consistent, "{ctx}");
             }
             None => {
                 imp.xor_gen(&data, &mut p);
-                assert!(
-                    p == chunks[p_disk],
-                    "{ctx}: P differs from the kernel's (disk {p_disk})"
-                );
+                assert!(p == chunks[p_disk], "{ctx}: P differs from the kernel's (disk {p_disk})");
             }
         }
     }
@@ -266,36 +219,23 @@ fn recover_from_kernel_parity(array: &Array, stripes: u64) {
     let files = array.open(false);
     for stripe in 0..stripes.min(array.stripes) {
         let chunks = array.read_stripe(&files, stripe);
-        let (p_disk, Some(q_disk), data_disks) = array.roles(stripe) else {
-            panic!("{} is not RAID6", array.name)
-        };
+        let (p_disk, Some(q_disk), data_disks) = array.roles(stripe) else { panic!("{} is not RAID6", array.name) };
         let n = array.members.len();
         for a in 0..n {
             for b in a + 1..n {
                 let lost = [a, b];
-                let data: Vec<Option<&[u8]>> = data_disks
-                    .iter()
-                    .map(|d| (!lost.contains(d)).then_some(chunks[*d].as_slice()))
-                    .collect();
+                let data: Vec<Option<&[u8]>> =
+                    data_disks.iter().map(|d| (!lost.contains(d)).then_some(chunks[*d].as_slice())).collect();
                 let p = (!lost.contains(&p_disk)).then_some(chunks[p_disk].as_slice());
                 let q = (!lost.contains(&q_disk)).then_some(chunks[q_disk].as_slice());
                 // Output order: missing data in Q order, then P, then Q.
-                let mut order: Vec<usize> = data_disks
-                    .iter()
-                    .copied()
-                    .filter(|d| lost.contains(d))
-                    .collect();
+                let mut order: Vec<usize> = data_disks.iter().copied().filter(|d| lost.contains(d)).collect();
                 order.extend([p_disk, q_disk].into_iter().filter(|d| lost.contains(d)));
                 let mut outs = vec![vec![0u8; array.chunk_bytes]; 2];
-                let mut out_refs: Vec<&mut [u8]> =
-                    outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
                 mdkit_parity::recover(&data, p, q, &mut out_refs).expect("two missing");
                 for (out, disk) in outs.iter().zip(&order) {
-                    assert!(
-                        *out == chunks[*disk],
-                        "{} stripe {stripe}: rebuilt disk {disk} differs",
-                        array.name
-                    );
+                    assert!(*out == chunks[*disk], "{} stripe {stripe}: rebuilt disk {disk} differs", array.name);
                 }
             }
         }
@@ -305,19 +245,12 @@ fn recover_from_kernel_parity(array: &Array, stripes: u64) {
 //------------------------------------------------------------------------------------------------
 // Direction 2: the host writes data + mdkit parity; returns the array's logical contents
 
-fn write_mdkit_parity(
-    array: &Array,
-    rng: &mut TestRng,
-    corrupt_q: Option<(u64, usize)>,
-) -> Vec<u8> {
+fn write_mdkit_parity(array: &Array, rng: &mut TestRng, corrupt_q: Option<(u64, usize)>) -> Vec<u8> {
     let files = array.open(true);
     let mut logical = Vec::with_capacity(array.array_bytes as usize);
     for stripe in 0..array.stripes {
         let (p_disk, q_disk, data_disks) = array.roles(stripe);
-        let data: Vec<Vec<u8>> = data_disks
-            .iter()
-            .map(|_| rng.bytes(array.chunk_bytes))
-            .collect();
+        let data: Vec<Vec<u8>> = data_disks.iter().map(|_| rng.bytes(array.chunk_bytes)).collect();
         let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
         let mut p = vec![0u8; array.chunk_bytes];
         let offset = array.chunk_offset(stripe);
@@ -342,12 +275,7 @@ fn write_mdkit_parity(
     for f in &files {
         f.sync_all().expect("sync member");
     }
-    assert_eq!(
-        logical.len() as u64,
-        array.array_bytes,
-        "{}: stripes x data chunks = array size",
-        array.name
-    );
+    assert_eq!(logical.len() as u64, array.array_bytes, "{}: stripes x data chunks = array size", array.name);
     logical
 }
 
@@ -357,18 +285,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .stdout(Stdio::piped())
         .spawn()
         .expect("sha256sum (coreutils) runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(bytes)
-        .expect("feed sha256sum");
+    child.stdin.take().expect("stdin").write_all(bytes).expect("feed sha256sum");
     let out = child.wait_with_output().expect("sha256sum finishes");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_string()
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
 }
 
 //------------------------------------------------------------------------------------------------
@@ -377,20 +296,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
 fn kernel_md_parity_both_ways() {
     let Some(lab) = lab() else { return };
     // O_DIRECT member I/O needs a real filesystem (not tmpfs): /var/tmp, like the lab's cache.
-    let dir = tempfile::Builder::new()
-        .prefix("mdkit-parity-lab-")
-        .tempdir_in("/var/tmp")
-        .expect("tempdir");
+    let dir = tempfile::Builder::new().prefix("mdkit-parity-lab-").tempdir_in("/var/tmp").expect("tempdir");
     let mut disks = Vec::new();
     let mut members_of: Vec<(String, Vec<PathBuf>)> = Vec::new();
     for (name, count) in MEMBER_COUNTS {
-        let members: Vec<PathBuf> = (0..count)
-            .map(|i| dir.path().join(format!("{name}-{i}.img")))
-            .collect();
+        let members: Vec<PathBuf> = (0..count).map(|i| dir.path().join(format!("{name}-{i}.img"))).collect();
         for m in &members {
-            File::create(m)
-                .and_then(|f| f.set_len(MEMBER_BYTES))
-                .expect("sparse member file");
+            File::create(m).and_then(|f| f.set_len(MEMBER_BYTES)).expect("sparse member file");
         }
         disks.extend(members.iter().cloned());
         members_of.push((name.to_string(), members));
@@ -399,24 +311,13 @@ fn kernel_md_parity_both_ways() {
     // Boot 1: the kernel writes; mdkit recomputes.
     let out = lab.run(&disks, "create");
     let kernel_check = keyword_values(&out, "MISMATCH");
-    let arrays: Vec<Array> = members_of
-        .into_iter()
-        .map(|(name, m)| Array::parse(&name, m, &out))
-        .collect();
+    let arrays: Vec<Array> = members_of.into_iter().map(|(name, m)| Array::parse(&name, m, &out)).collect();
     for array in &arrays {
-        assert_eq!(
-            kernel_check.get(&array.name).map(String::as_str),
-            Some("0"),
-            "kernel check of {}",
-            array.name
-        );
+        assert_eq!(kernel_check.get(&array.name).map(String::as_str), Some("0"), "kernel check of {}", array.name);
         for imp in Implementation::available() {
             verify_kernel_parity(array, imp);
         }
-        eprintln!(
-            "{}: {} stripes, kernel parity == mdkit parity",
-            array.name, array.stripes
-        );
+        eprintln!("{}: {} stripes, kernel parity == mdkit parity", array.name, array.stripes);
     }
     recover_from_kernel_parity(&arrays[0], 6);
     recover_from_kernel_parity(&arrays[1], 5);
@@ -427,10 +328,7 @@ fn kernel_md_parity_both_ways() {
         .iter()
         .map(|a| {
             let corrupt = (a.name == "md1").then_some(CORRUPT_MD1_Q);
-            (
-                a.name.clone(),
-                sha256_hex(&write_mdkit_parity(a, &mut rng, corrupt)),
-            )
+            (a.name.clone(), sha256_hex(&write_mdkit_parity(a, &mut rng, corrupt)))
         })
         .collect();
     let out = lab.run(&disks, "verify");
@@ -438,23 +336,14 @@ fn kernel_md_parity_both_ways() {
     let shas = keyword_values(&out, "SHA");
     let degraded = keyword_values(&out, "SHA-DEGRADED");
     for array in &arrays {
-        let expect_mismatch = if array.name == "md1" {
-            MISMATCH_SECTORS_PER_PAGE
-        } else {
-            0
-        };
+        let expect_mismatch = if array.name == "md1" { MISMATCH_SECTORS_PER_PAGE } else { 0 };
         assert_eq!(
             mismatches.get(&array.name),
             Some(&expect_mismatch.to_string()),
             "kernel check of {} over mdkit parity\n{out}",
             array.name
         );
-        assert_eq!(
-            shas.get(&array.name),
-            expected_sha.get(&array.name),
-            "{} contents read by the kernel",
-            array.name
-        );
+        assert_eq!(shas.get(&array.name), expected_sha.get(&array.name), "{} contents read by the kernel", array.name);
     }
     for name in ["md0", "md2"] {
         assert_eq!(
@@ -463,7 +352,5 @@ fn kernel_md_parity_both_ways() {
             "{name} degraded read (kernel rebuild from mdkit parity)"
         );
     }
-    eprintln!(
-        "kernel accepted mdkit parity: check 0 mismatches, the planted bad Q page found, degraded reads correct"
-    );
+    eprintln!("kernel accepted mdkit parity: check 0 mismatches, the planted bad Q page found, degraded reads correct");
 }

@@ -20,11 +20,7 @@ fn as_refs(blocks: &[Vec<u8>]) -> Vec<&[u8]> {
 }
 
 fn with_holes<'a>(blocks: &'a [Vec<u8>], missing: &[usize]) -> Vec<Option<&'a [u8]>> {
-    blocks
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (!missing.contains(&i)).then_some(b.as_slice()))
-        .collect()
+    blocks.iter().enumerate().map(|(i, b)| (!missing.contains(&i)).then_some(b.as_slice())).collect()
 }
 
 //------------------------------------------------------------------------------------------------
@@ -50,8 +46,7 @@ fn known_answer_by_hand() {
     let q_expect = [0x07u8, 0xa7, 0xfb, 0x81];
     for imp in implementations() {
         for len in [4usize, 36, 128, 132, 4096, 4100] {
-            let repeat =
-                |pattern: &[u8; 4]| -> Vec<u8> { (0..len).map(|i| pattern[i % 4]).collect() };
+            let repeat = |pattern: &[u8; 4]| -> Vec<u8> { (0..len).map(|i| pattern[i % 4]).collect() };
             let data = [repeat(&d0), repeat(&d1), repeat(&d2)];
             let mut p = vec![0xaa; len];
             let mut q = vec![0x55; len];
@@ -93,8 +88,7 @@ fn pq_gen_and_xor_gen_match_reference() {
                 let p = &mut p_buf[offset..offset + len];
                 let q = &mut q_buf[offset + 3..offset + 3 + len];
                 imp.pq_gen(&data.get(), p, q);
-                let ctx =
-                    format!("{imp:?} seed {seed:#x} n {data_count} len {len} offset {offset}");
+                let ctx = format!("{imp:?} seed {seed:#x} n {data_count} len {len} offset {offset}");
                 assert_eq!(p, &p_ref[..], "P {ctx}");
                 assert_eq!(q, &q_ref[..], "Q {ctx}");
                 let mut px = garbage_out(&mut rng, len, 0);
@@ -119,11 +113,7 @@ fn pq_gen_sparse_treats_holes_as_zero_blocks() {
             let (p_ref, q_ref) = ref_pq(&data, len);
             let (mut p, mut q) = (garbage_out(&mut rng, len, 0), garbage_out(&mut rng, len, 0));
             imp.pq_gen_sparse(&with_holes(&data, &holes), &mut p, &mut q);
-            assert_eq!(
-                (&p, &q),
-                (&p_ref, &q_ref),
-                "{imp:?} seed {seed:#x} len {len}"
-            );
+            assert_eq!((&p, &q), (&p_ref, &q_ref), "{imp:?} seed {seed:#x} len {len}");
         }
     }
 }
@@ -146,9 +136,7 @@ fn max_data_blocks_gen_and_recover() {
     // 255 data blocks: every distinct coefficient g^0..g^254 in use.
     let mut rng = TestRng::new(0x5eed_00ff);
     let len = 160;
-    let data: Vec<Vec<u8>> = (0..mdkit_parity::MAX_DATA_BLOCKS)
-        .map(|_| rng.bytes(len))
-        .collect();
+    let data: Vec<Vec<u8>> = (0..mdkit_parity::MAX_DATA_BLOCKS).map(|_| rng.bytes(len)).collect();
     let (p_ref, q_ref) = ref_pq(&data, len);
     for imp in implementations() {
         let (mut p, mut q) = (vec![0; len], vec![0; len]);
@@ -242,9 +230,7 @@ fn pq_xor_syndrome_old_then_new_equals_recompute() {
                         imp.pq_xor_syndrome(start, &as_refs(&old[start..=stop]), &mut p, &mut q);
                         imp.pq_xor_syndrome(start, &as_refs(&new[start..=stop]), &mut p, &mut q);
                         let (p_ref, q_ref) = ref_pq(&new, len);
-                        let ctx = format!(
-                            "{imp:?} seed {seed:#x} n {data_count} len {len} {start}..={stop}"
-                        );
+                        let ctx = format!("{imp:?} seed {seed:#x} n {data_count} len {len} {start}..={stop}");
                         assert_eq!(p, p_ref, "P {ctx}");
                         assert_eq!(q, q_ref, "Q {ctx}");
                     }
@@ -307,22 +293,14 @@ fn recover_every_pair_of_missing_members() {
                 }
                 for failed in failure_sets {
                     let members: Vec<Member> = failed.iter().map(|&i| member(i)).collect();
-                    let missing_data: Vec<usize> =
-                        failed.iter().copied().filter(|&i| i < data_count).collect();
+                    let missing_data: Vec<usize> = failed.iter().copied().filter(|&i| i < data_count).collect();
                     let holes = with_holes(&data, &missing_data);
                     let p_in = (!members.contains(&Member::P)).then_some(p.as_slice());
                     let q_in = (!members.contains(&Member::Q)).then_some(q.as_slice());
-                    let mut outs: Vec<Vec<u8>> = failed
-                        .iter()
-                        .map(|_| garbage_out(&mut rng, len, 0))
-                        .collect();
-                    let mut out_refs: Vec<&mut [u8]> =
-                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                    let ctx = format!(
-                        "{imp:?} seed {seed:#x} devices {devices} len {len} lost {members:?}"
-                    );
-                    imp.recover(&holes, p_in, q_in, &mut out_refs)
-                        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                    let mut outs: Vec<Vec<u8>> = failed.iter().map(|_| garbage_out(&mut rng, len, 0)).collect();
+                    let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    let ctx = format!("{imp:?} seed {seed:#x} devices {devices} len {len} lost {members:?}");
+                    imp.recover(&holes, p_in, q_in, &mut out_refs).unwrap_or_else(|e| panic!("{ctx}: {e}"));
                     for (out, m) in outs.iter().zip(&members) {
                         let expect = match m {
                             Member::Data(i) => &data[*i],
@@ -371,16 +349,8 @@ fn recover_refuses_three_missing() {
     let mut outs = [vec![0u8; 64], vec![0u8; 64], vec![0u8; 64]];
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
     let err = mdkit_parity::recover(&holes, None, Some(&q), &mut out_refs).unwrap_err();
-    assert_eq!(
-        err,
-        RecoverError::TooManyMissing {
-            missing: vec![Member::Data(0), Member::Data(2), Member::P]
-        }
-    );
-    assert_eq!(
-        err.to_string(),
-        "3 members missing (data 0, data 2, P); RAID6 can rebuild at most 2"
-    );
+    assert_eq!(err, RecoverError::TooManyMissing { missing: vec![Member::Data(0), Member::Data(2), Member::P] });
+    assert_eq!(err.to_string(), "3 members missing (data 0, data 2, P); RAID6 can rebuild at most 2");
 }
 
 //------------------------------------------------------------------------------------------------
@@ -396,11 +366,7 @@ fn check_names_the_single_wrong_member() {
                 let data = Blocks::random(&mut rng, data_count, len, 0).owned();
                 let (p, q) = ref_pq(&data, len);
                 let ctx = format!("{imp:?} seed {seed:#x} n {data_count} len {len}");
-                assert_eq!(
-                    imp.pq_check(&as_refs(&data), &p, &q),
-                    PqCheck::Consistent,
-                    "{ctx}"
-                );
+                assert_eq!(imp.pq_check(&as_refs(&data), &p, &q), PqCheck::Consistent, "{ctx}");
                 for target in 0..data_count + 2 {
                     // Corrupt 1..4 byte positions of one member with non-zero errors.
                     let (mut d2, mut p2, mut q2) = (data.clone(), p.clone(), q.clone());
@@ -418,11 +384,7 @@ fn check_names_the_single_wrong_member() {
                         t if t == data_count => PqCheck::WrongP,
                         _ => PqCheck::WrongQ,
                     };
-                    assert_eq!(
-                        imp.pq_check(&as_refs(&d2), &p2, &q2),
-                        expect,
-                        "target {target} {ctx}"
-                    );
+                    assert_eq!(imp.pq_check(&as_refs(&d2), &p2, &q2), expect, "target {target} {ctx}");
                 }
             }
         }
@@ -449,31 +411,19 @@ fn check_reports_more_than_one_wrong() {
                 };
                 block[at] ^= 0x5a;
             }
-            assert_eq!(
-                imp.pq_check(&as_refs(&d2), &p2, &q2),
-                PqCheck::MultipleWrong,
-                "{imp:?} {a} {b}"
-            );
+            assert_eq!(imp.pq_check(&as_refs(&d2), &p2, &q2), PqCheck::MultipleWrong, "{imp:?} {a} {b}");
         }
         // P and Q both off at one position in a way that points at data index 7, which does not
         // exist with 5 data blocks: Pd = e, Qd = g^7·e.
         let (mut p2, mut q2) = (p.clone(), q.clone());
         p2[100] ^= 0x33;
         q2[100] ^= gf::mul(gf::EXP[7], 0x33);
-        assert_eq!(
-            imp.pq_check(&as_refs(&data), &p2, &q2),
-            PqCheck::MultipleWrong,
-            "{imp:?} index 7"
-        );
+        assert_eq!(imp.pq_check(&as_refs(&data), &p2, &q2), PqCheck::MultipleWrong, "{imp:?} index 7");
         // Same construction pointing at index 3, which exists: indistinguishable from D_3 wrong.
         let (mut p3, mut q3) = (p.clone(), q.clone());
         p3[100] ^= 0x33;
         q3[100] ^= gf::mul(gf::EXP[3], 0x33);
-        assert_eq!(
-            imp.pq_check(&as_refs(&data), &p3, &q3),
-            PqCheck::WrongData { index: 3 },
-            "{imp:?}"
-        );
+        assert_eq!(imp.pq_check(&as_refs(&data), &p3, &q3), PqCheck::WrongData { index: 3 }, "{imp:?}");
     }
 }
 

@@ -30,10 +30,7 @@ fn selection_is_observable_and_overridable() {
         assert_eq!(mdkit_parity::implementation_name(), imp.name());
     }
 
-    assert!(matches!(
-        mdkit_parity::set_implementation_by_name("sse9"),
-        Err(SelectError::Unknown { .. })
-    ));
+    assert!(matches!(mdkit_parity::set_implementation_by_name("sse9"), Err(SelectError::Unknown { .. })));
     assert!(!Implementation::available().is_empty());
 }
 
@@ -43,23 +40,13 @@ fn selection_is_observable_and_overridable() {
 fn environment_override_applies_at_first_use() {
     const CHILD_MARKER: &str = "MDKIT_PARITY_SELECTION_CHILD";
     if let Some(expected) = std::env::var_os(CHILD_MARKER) {
-        assert_eq!(
-            mdkit_parity::implementation_name(),
-            expected.to_string_lossy()
-        );
+        assert_eq!(mdkit_parity::implementation_name(), expected.to_string_lossy());
         return;
     }
     let exe = std::env::current_exe().expect("test binary path");
-    for (value, expected) in [
-        ("scalar", "scalar"),
-        ("no-such-impl", Implementation::best().name()),
-    ] {
+    for (value, expected) in [("scalar", "scalar"), ("no-such-impl", Implementation::best().name())] {
         let out = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "environment_override_applies_at_first_use",
-                "--nocapture",
-            ])
+            .args(["--exact", "environment_override_applies_at_first_use", "--nocapture"])
             .env(mdkit_parity::IMPLEMENTATION_ENV, value)
             .env(CHILD_MARKER, expected)
             .output()
@@ -73,10 +60,7 @@ fn environment_override_applies_at_first_use() {
         );
         if value == "no-such-impl" {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                stderr.contains("unknown parity implementation"),
-                "warning expected: {stderr}"
-            );
+            assert!(stderr.contains("unknown parity implementation"), "warning expected: {stderr}");
         }
     }
 }

@@ -145,11 +145,18 @@ fn corrupt_mapping_trees_name_the_block_and_write_nothing() {
         // The checker reports it, naming the block.
         let r = check(&*io, &CheckOptions::default());
         assert!(!r.is_clean(), "{}: check missed it", case.name);
-        assert!(r.errors.iter().any(|e| e.block == Some(case.block)), "{}: check does not name block {}:\n{r}", case.name, case.block);
+        assert!(
+            r.errors.iter().any(|e| e.block == Some(case.block)),
+            "{}: check does not name block {}:\n{r}",
+            case.name,
+            case.block
+        );
         // thin_check agrees that the image is damaged.
-        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("corrupt-{}.meta", case.name.replace(' ', "-")));
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("corrupt-{}.meta", case.name.replace(' ', "-")));
         std::fs::write(&path, &case.image).unwrap();
-        let tc = std::process::Command::new("thin_check").arg(&path).output().expect("thin_check (thin-provisioning-tools)");
+        let tc =
+            std::process::Command::new("thin_check").arg(&path).output().expect("thin_check (thin-provisioning-tools)");
         assert!(!tc.status.success(), "{}: thin_check accepted the damaged image", case.name);
         eprintln!("{}: {text}\n  check: {}", case.name, r.errors[0]);
     }
@@ -204,7 +211,10 @@ fn corrupt_superblock_and_space_maps_refuse_to_open() {
     let bm = index[0].blocknr;
     img[bm as usize * BLOCK_SIZE + 4000] ^= 1;
     let e = open(&img, false).unwrap_err();
-    assert!(matches!(e, MetaError::Corrupt { block, reason: Corruption::ChecksumMismatch { kind: BlockKind::Bitmap, .. }, .. } if block == bm), "{e}");
+    assert!(
+        matches!(e, MetaError::Corrupt { block, reason: Corruption::ChecksumMismatch { kind: BlockKind::Bitmap, .. }, .. } if block == bm),
+        "{e}"
+    );
     let r = check(&MemMetaIo::from_image("bad.meta", &img), &CheckOptions::default());
     assert!(r.errors.iter().any(|i| i.block == Some(bm)), "{r}");
 
@@ -216,5 +226,8 @@ fn corrupt_superblock_and_space_maps_refuse_to_open() {
     seal(&mut blk, BlockKind::Bitmap, bm);
     put_block(&mut img, bm, &blk);
     let r = check(&MemMetaIo::from_image("leak.meta", &img), &CheckOptions::default());
-    assert!(r.errors.iter().any(|i| i.message.contains(&format!("metadata block {free}:")) && i.message.contains("leaked")), "{r}");
+    assert!(
+        r.errors.iter().any(|i| i.message.contains(&format!("metadata block {free}:")) && i.message.contains("leaked")),
+        "{r}"
+    );
 }

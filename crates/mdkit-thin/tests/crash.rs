@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use common::*;
 use mdkit_io::{CrashGroup, CrashPoint, CrashPolicy, DeviceRef, MemDevice, Rng};
-use mdkit_thin::meta::{CheckOptions, DeviceMetaIo, FormatOptions, MemMetaIo, MetaIo, OpenOptions, ThinMetadata, check};
+use mdkit_thin::meta::{
+    CheckOptions, DeviceMetaIo, FormatOptions, MemMetaIo, MetaIo, OpenOptions, ThinMetadata, check,
+};
 
 struct Commit {
     started: CrashPoint,
@@ -68,9 +70,10 @@ fn every_flush_point_holds_the_last_commit() {
         let last_done = commits.iter().rposition(|c| c.finished <= p).expect("format finished before p");
         let mut acceptable = vec![&commits[last_done].model];
         if let Some(next) = commits.get(last_done + 1)
-            && next.started < p {
-                acceptable.push(&next.model);
-            }
+            && next.started < p
+        {
+            acceptable.push(&next.model);
+        }
         for (ci, policy) in CrashPolicy::ALL.into_iter().enumerate() {
             let mut rng = Rng::new(seed ^ (pi as u64) << 8 ^ ci as u64);
             let images = group.image_at(p, &mut rng, policy).unwrap();

@@ -81,7 +81,11 @@ fn kernel_reads_what_mdkit_wrote_and_mdkit_reads_what_the_kernel_wrote() {
 
     let mut md = ThinMetadata::format(
         io.clone(),
-        FormatOptions { data_block_size_sectors: BLOCK_SECTORS, nr_data_blocks: NR_DATA_BLOCKS, metadata_nr_blocks: Some(1024) },
+        FormatOptions {
+            data_block_size_sectors: BLOCK_SECTORS,
+            nr_data_blocks: NR_DATA_BLOCKS,
+            metadata_nr_blocks: Some(1024),
+        },
     )
     .unwrap();
     // Volume 0: blocks 0..64 (gen 0); snapshot 1; volume 0 rewrites 0..16 (gen 1, breaking
@@ -163,7 +167,8 @@ echo "=== done"
     // A second, all-zero metadata device for the kernel to format itself.
     let (meta2_path, _) = meta_file("lab2.meta", 8 << 20);
     let data2_path = tool_dir().join("lab2.data");
-    let data2 = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data2_path).unwrap();
+    let data2 =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data2_path).unwrap();
     data2.set_len(256 * BLOCK_BYTES).unwrap();
     let script_path = tool_dir().join("lab-thin.sh");
     std::fs::write(&script_path, script).unwrap();
@@ -201,7 +206,11 @@ echo "=== done"
     let line = text.lines().find(|l| l.contains("thin-pool 7 ")).expect("status line after set_transaction_id");
     let f: Vec<&str> = line.split_whitespace().collect();
     let st = md.status();
-    assert_eq!(f[4], format!("{}/{}", st.used_metadata_blocks, st.total_metadata_blocks), "metadata used/total: {line}");
+    assert_eq!(
+        f[4],
+        format!("{}/{}", st.used_metadata_blocks, st.total_metadata_blocks),
+        "metadata used/total: {line}"
+    );
     assert_eq!(f[5], format!("{}/{}", st.used_data_blocks, st.total_data_blocks), "data used/total: {line}");
     assert_eq!(md.devices(), vec![0, 1, 2, 3]);
     assert_eq!(md.transaction_id(), 7);
@@ -240,8 +249,12 @@ echo "=== done"
         let m1 = md2.lookup(1, vb).unwrap().expect("snapshot mapping");
         assert!(m1.shared, "every snapshot block is shared");
         // Block vb of the 1 MiB stream `yes 'kernel pool block A'` wrote.
-        let block_a: Vec<u8> =
-            "kernel pool block A\n".bytes().cycle().skip((vb * BLOCK_BYTES) as usize).take(BLOCK_BYTES as usize).collect();
+        let block_a: Vec<u8> = "kernel pool block A\n"
+            .bytes()
+            .cycle()
+            .skip((vb * BLOCK_BYTES) as usize)
+            .take(BLOCK_BYTES as usize)
+            .collect();
         assert!(read_block(&data2, m1.data_block) == block_a, "snapshot block {vb} has the wrong contents");
         let m0 = md2.lookup(0, vb).unwrap().expect("origin mapping");
         if vb == 2 {

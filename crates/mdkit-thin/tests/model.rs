@@ -199,7 +199,10 @@ fn transaction_id_cas_and_bad_arguments() {
     assert!(md.is_poisoned().is_none());
     for bad in [0u32, 64, 129, 4_194_304] {
         let io: Arc<dyn MetaIo> = Arc::new(MemMetaIo::new("bs.meta", 256));
-        let r = ThinMetadata::format(io, FormatOptions { data_block_size_sectors: bad, nr_data_blocks: 1, metadata_nr_blocks: None });
+        let r = ThinMetadata::format(
+            io,
+            FormatOptions { data_block_size_sectors: bad, nr_data_blocks: 1, metadata_nr_blocks: None },
+        );
         assert!(matches!(r, Err(MetaError::InvalidArgument(_))), "{bad}");
     }
 }

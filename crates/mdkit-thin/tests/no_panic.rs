@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use mdkit_io::Rng;
 use mdkit_thin::meta::block::{BLOCK_SIZE, BlockBuf, identify, seal};
-use mdkit_thin::meta::sm_format::{bitmap_decode, index_block_decode, SmRoot};
+use mdkit_thin::meta::sm_format::{SmRoot, bitmap_decode, index_block_decode};
 use mdkit_thin::meta::{
     CheckOptions, FormatOptions, MemMetaIo, MetaIo, NodeView, OpenOptions, Superblock, ThinMetadata, check, parse_xml,
     restore_xml, validate_node,
@@ -130,7 +130,8 @@ fn exercise(image: &[u8], rng: &mut Rng) {
 fn engine_never_panics_on_damaged_metadata() {
     let good = pool_image();
     let nr_blocks = good.len() / BLOCK_SIZE;
-    let used: Vec<usize> = (0..nr_blocks).filter(|b| good[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE].iter().any(|&x| x != 0)).collect();
+    let used: Vec<usize> =
+        (0..nr_blocks).filter(|b| good[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE].iter().any(|&x| x != 0)).collect();
     let mut rng = Rng::new(std::env::var("MDKIT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xbad_b10c));
     let rounds: u64 = std::env::var("MDKIT_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     for round in 0..rounds {
@@ -151,9 +152,10 @@ fn engine_never_panics_on_damaged_metadata() {
             }
             // Usually re-seal so the damage passes the checksum.
             if let Some(kind) = kind
-                && rng.chance(3, 4) {
-                    seal((&mut *blk).try_into().unwrap(), kind, b as u64);
-                }
+                && rng.chance(3, 4)
+            {
+                seal((&mut *blk).try_into().unwrap(), kind, b as u64);
+            }
         }
         exercise(&img, &mut rng);
         if round % 100 == 0 {

@@ -28,7 +28,9 @@ fn assert_own_check_pristine(io: &dyn mdkit_thin::meta::MetaIo, what: &str) {
 
 #[test]
 fn fresh_pool_passes_thin_check() {
-    for (bs, nr_data, meta_bytes) in [(128u32, 1000u64, 4u64 << 20), (2_097_152, 5, 1 << 20), (1024, 3_000_000, 64 << 20)] {
+    for (bs, nr_data, meta_bytes) in
+        [(128u32, 1000u64, 4u64 << 20), (2_097_152, 5, 1 << 20), (1024, 3_000_000, 64 << 20)]
+    {
         let (path, io) = meta_file(&format!("fresh-{bs}.meta"), meta_bytes);
         let md = ThinMetadata::format(
             io.clone(),
@@ -75,7 +77,11 @@ fn random_operations_pass_thin_check_and_dump_matches() {
     let md = ThinMetadata::open(io.clone()).unwrap();
     assert_matches(&md, &model, "reopened");
     let st = md.status();
-    eprintln!("status after random ops: {st:?}, {} devices, {} mappings", model.devices.len(), model.devices.values().map(|d| d.map.len()).sum::<usize>());
+    eprintln!(
+        "status after random ops: {st:?}, {} devices, {} mappings",
+        model.devices.len(),
+        model.devices.values().map(|d| d.map.len()).sum::<usize>()
+    );
 }
 
 #[test]

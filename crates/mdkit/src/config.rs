@@ -92,7 +92,9 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("size {s:?}: expected a whole number with an optional unit (K, M, G, T, KiB, ...)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?}: expected a whole number with an optional unit (K, M, G, T, KiB, ...)"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" => 10,
@@ -208,7 +210,8 @@ impl Config {
             None => data_dir.join(CONTROL_SOCKET_NAME),
         };
         let nbd = nbd_config(raw.nbd, &overrides.listen, &data_dir)?;
-        let volumes = raw.volumes.into_iter().enumerate().map(|(i, t)| volume_spec(i, t)).collect::<Result<Vec<_>>>()?;
+        let volumes =
+            raw.volumes.into_iter().enumerate().map(|(i, t)| volume_spec(i, t)).collect::<Result<Vec<_>>>()?;
         let cfg = Config { source: source.to_string(), data_dir, control_socket, nbd, volumes, exports: raw.exports };
         cfg.validate()?;
         Ok(cfg)
@@ -243,9 +246,10 @@ impl Config {
             }
         }
         if let Some(d) = &self.nbd.default_export
-            && !exports.contains(d.as_str()) {
-                bail!("nbd.default_export {d:?} is not an export");
-            }
+            && !exports.contains(d.as_str())
+        {
+            bail!("nbd.default_export {d:?} is not an export");
+        }
         Ok(())
     }
 }
@@ -289,8 +293,15 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
         }
     };
     let server = ServerOptions {
-        max_in_flight_requests: positive(raw.max_in_flight_requests, defaults.max_in_flight_requests, "nbd.max_in_flight_requests")?,
-        max_in_flight_bytes: raw.max_in_flight_bytes.map(|s| s.bytes() as usize).unwrap_or(defaults.max_in_flight_bytes),
+        max_in_flight_requests: positive(
+            raw.max_in_flight_requests,
+            defaults.max_in_flight_requests,
+            "nbd.max_in_flight_requests",
+        )?,
+        max_in_flight_bytes: raw
+            .max_in_flight_bytes
+            .map(|s| s.bytes() as usize)
+            .unwrap_or(defaults.max_in_flight_bytes),
         max_payload_bytes,
         max_connections: positive(raw.max_connections, defaults.max_connections, "nbd.max_connections")?,
         handshake_timeout: raw.handshake_timeout_ms.map(Duration::from_millis).unwrap_or(defaults.handshake_timeout),
@@ -340,10 +351,12 @@ mod tests {
 
     #[test]
     fn embedded_default_parses() {
-        let c = Config::parse(DEFAULT_CONFIG_TOML, "embedded", Path::new("/x"), &Overrides {
-            data_dir: Some("/d".into()),
-            ..Overrides::default()
-        })
+        let c = Config::parse(
+            DEFAULT_CONFIG_TOML,
+            "embedded",
+            Path::new("/x"),
+            &Overrides { data_dir: Some("/d".into()), ..Overrides::default() },
+        )
         .unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/d"));
         assert_eq!(c.control_socket, PathBuf::from("/d/mdkit.sock"));

@@ -79,7 +79,10 @@ fn malformed_input_gets_documented_replies_and_harms_nobody() {
     assert!(rounds.load(Ordering::Relaxed) > 10, "the healthy client made too little progress");
 
     let mut c = Raw::open(&addr, "default", false, false);
-    assert!(c.read(9, VICTIM, VICTIM_LEN as u32).unwrap() == victim, "the victim range was modified by a refused request");
+    assert!(
+        c.read(9, VICTIM, VICTIM_LEN as u32).unwrap() == victim,
+        "the victim range was modified by a refused request"
+    );
     let st = srv.export_stats("default");
     assert!(st["errors"].as_u64().unwrap() >= 20, "refused requests are counted: {st}");
     assert!(st["rmw_cycles"].as_u64().unwrap() > 0, "{st}");

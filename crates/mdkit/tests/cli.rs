@@ -15,7 +15,11 @@ fn print_default_config_is_a_valid_config_with_the_default_export() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, &text).unwrap();
-    let out = run(Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&cfg).arg("--data-dir").arg(dir.path()));
+    let out = run(Command::new(MDKIT)
+        .args(["serve", "--check-config", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path()));
     let check = String::from_utf8(out.stdout).unwrap();
     assert!(check.contains("volume: md0 (kind md)") && check.contains("export: default -> volume md0"), "{check}");
     assert!(check.contains("listen: 127.0.0.1:10809"), "{check}");
@@ -113,7 +117,11 @@ fn bad_configs_fail_with_clear_messages() {
     ];
     for (i, (body, want)) in cases.iter().enumerate() {
         let cfg = dir.path().join(format!("c{i}.toml"));
-        std::fs::write(&cfg, format!("data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\"]\n{body}", dir.path().display())).unwrap();
+        std::fs::write(
+            &cfg,
+            format!("data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\"]\n{body}", dir.path().display()),
+        )
+        .unwrap();
         let out = Command::new(MDKIT).args(["serve", "--config"]).arg(&cfg).output().unwrap();
         assert!(!out.status.success(), "{body} must fail");
         let err = String::from_utf8_lossy(&out.stderr);

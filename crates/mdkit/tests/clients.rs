@@ -58,7 +58,8 @@ fn nbdinfo_reports_size_block_sizes_and_flags() {
 
     let out = run(Command::new("nbdinfo").args(["--list", "--json", &srv.uri("")]));
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut names: Vec<&str> = list["exports"].as_array().unwrap().iter().map(|e| e["export-name"].as_str().unwrap()).collect();
+    let mut names: Vec<&str> =
+        list["exports"].as_array().unwrap().iter().map(|e| e["export-name"].as_str().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["default", "ro"]);
 

@@ -55,7 +55,13 @@ fn ext4_through_nbdfuse_and_loop_survives_fsck_and_remount() {
         eprintln!("SKIP: ext4 over nbdfuse needs root and /dev/fuse");
         return;
     }
-    for (tool, pkg) in [("nbdfuse", "libnbd-bin"), ("mkfs.ext4", "e2fsprogs"), ("e2fsck", "e2fsprogs"), ("losetup", "mount"), ("fusermount3", "fuse3")] {
+    for (tool, pkg) in [
+        ("nbdfuse", "libnbd-bin"),
+        ("mkfs.ext4", "e2fsprogs"),
+        ("e2fsck", "e2fsprogs"),
+        ("losetup", "mount"),
+        ("fusermount3", "fuse3"),
+    ] {
         require_tool(tool, pkg);
     }
     let srv = Server::start_opts(

@@ -87,5 +87,9 @@ fn stuck_clients_do_not_hold_up_shutdown_beyond_the_grace_period() {
     assert!(status.success(), "exit status {status}; log:\n{}", srv.log_text());
     assert!(start.elapsed() < Duration::from_secs(5), "shutdown took {:?}", start.elapsed());
     assert!(srv.log_text().contains("grace period over"), "the deaf client should have been cut:\n{}", srv.log_text());
-    assert_eq!(read_file_at(&srv.path("vol0.img"), 0, 4096), vec![0u8; 4096], "a partial payload must never be written");
+    assert_eq!(
+        read_file_at(&srv.path("vol0.img"), 0, 4096),
+        vec![0u8; 4096],
+        "a partial payload must never be written"
+    );
 }

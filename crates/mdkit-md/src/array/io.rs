@@ -159,7 +159,10 @@ impl ArrayCore {
         buf: SharedBuf,
     ) -> IoFuture<'a, io::Result<()>> {
         Box::pin(async move {
-            debug_assert!(offset_bytes.is_multiple_of(4096) && buf.len().is_multiple_of(4096), "metadata writes are whole 4 KiB blocks");
+            debug_assert!(
+                offset_bytes.is_multiple_of(4096) && buf.len().is_multiple_of(4096),
+                "metadata writes are whole 4 KiB blocks"
+            );
             let _g = m.io_started();
             m.device().write(offset_bytes, buf, WriteFlags::FUA).await.map_err(|e| {
                 io::Error::new(

@@ -379,7 +379,8 @@ impl Raid5 {
                 ));
                 return (part, Err(e));
             }
-            let results = join_all(sources.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
+            let results =
+                join_all(sources.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
             let mut blocks: Vec<Option<IoBuf>> = (0..self.n).map(|_| None).collect();
             let mut again = false;
             for ((r, m), (b, res)) in sources.into_iter().zip(results) {
@@ -503,7 +504,8 @@ impl Raid5 {
         let shape = self.shape(stripe);
         let unit = self.tunables.unit_sectors(self.chunk_sectors);
         let m = Members { readable: &|_, _| true, has_targets: &|_| true };
-        plan::plan(&shape, self.chunk_sectors, unit, segs, &m, 1).is_ok_and(|runs| runs.iter().all(|r| r.mode == Mode::Full))
+        plan::plan(&shape, self.chunk_sectors, unit, segs, &m, 1)
+            .is_ok_and(|runs| runs.iter().all(|r| r.mode == Mode::Full))
     }
 
     /// Holds a batch that a sequential write leaves partial (see the module documentation).
@@ -577,7 +579,8 @@ impl Raid5 {
         let _x = self.cache.exclusive(stripe).await;
         let c = self.chunk_sectors;
         let slots = a.slots();
-        let targets: Vec<Arc<Member>> = (0..self.n).flat_map(|r| slots.write_targets(r).cloned().collect::<Vec<_>>()).collect();
+        let targets: Vec<Arc<Member>> =
+            (0..self.n).flat_map(|r| slots.write_targets(r).cloned().collect::<Vec<_>>()).collect();
         let results = join_all(targets.iter().map(|m| a.member_write_zeroes(m, stripe * c, c, flags))).await;
         let mut first_err = None;
         for (m, r) in targets.iter().zip(results) {
@@ -639,13 +642,11 @@ impl Raid5 {
         }
         let _b = a.barrier.raise(start..end).await;
         let c = self.chunk_sectors;
-        let parts: Vec<(u64, u64, u64)> = (start / c..end.div_ceil(c))
-            .map(|s| (s, start.max(s * c) - s * c, end.min((s + 1) * c) - s * c))
-            .collect();
+        let parts: Vec<(u64, u64, u64)> =
+            (start / c..end.div_ceil(c)).map(|s| (s, start.max(s * c) - s * c, end.min((s + 1) * c) - s * c)).collect();
         let mut out = SyncOutcome::default();
         for group in parts.chunks(SYNC_STRIPES_AT_ONCE) {
-            let results =
-                join_all(group.iter().map(|&(s, lo, hi)| scrub::sync_stripe(a, self, mode, s, lo, hi))).await;
+            let results = join_all(group.iter().map(|&(s, lo, hi)| scrub::sync_stripe(a, self, mode, s, lo, hi))).await;
             for r in results {
                 out.merge(r?);
             }
@@ -706,7 +707,8 @@ impl Raid5 {
     }
 }
 
-const WRITABLE: [&str; 5] = ["stripe_size", "stripe_cache_size", "preread_bypass_threshold", "rmw_level", "stripe_gather_hold_us"];
+const WRITABLE: [&str; 5] =
+    ["stripe_size", "stripe_cache_size", "preread_bypass_threshold", "rmw_level", "stripe_gather_hold_us"];
 
 impl Personality for Raid5 {
     fn level(&self) -> Level {

@@ -76,17 +76,10 @@ pub struct Blocks {
 impl Blocks {
     pub fn random(rng: &mut TestRng, count: usize, len: usize, offset: usize) -> Blocks {
         let storage = (0..count).map(|_| rng.bytes(len + offset)).collect();
-        Blocks {
-            storage,
-            offset,
-            len,
-        }
+        Blocks { storage, offset, len }
     }
     pub fn get(&self) -> Vec<&[u8]> {
-        self.storage
-            .iter()
-            .map(|b| &b[self.offset..self.offset + self.len])
-            .collect()
+        self.storage.iter().map(|b| &b[self.offset..self.offset + self.len]).collect()
     }
     pub fn owned(&self) -> Vec<Vec<u8>> {
         self.get().iter().map(|b| b.to_vec()).collect()
@@ -101,6 +94,5 @@ pub fn garbage_out(rng: &mut TestRng, len: usize, offset: usize) -> Vec<u8> {
 
 /// Lengths that cover every code path: empty, bytes-only tails, one 32-byte lane, 128-byte
 /// steps with and without remainders, pages.
-pub const LENGTHS: &[usize] = &[
-    0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 160, 255, 256, 257, 511, 4096, 4097, 8191,
-];
+pub const LENGTHS: &[usize] =
+    &[0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 160, 255, 256, 257, 511, 4096, 4097, 8191];

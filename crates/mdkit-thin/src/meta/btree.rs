@@ -321,10 +321,9 @@ fn read_node<'t>(tm: &'t Tm, b: u64, mode: ReadMode) -> Result<BlockRef<'t>> {
 /// Per-access checks that depend on the tree: leaf value size.
 fn check_node(tm: &Tm, b: u64, n: NodeView<'_>, leaf_value_size: usize) -> Result<()> {
     if n.is_leaf() && n.value_size() as usize != leaf_value_size {
-        return Err(tm.corrupt(
-            b,
-            Corruption::ValueSizeMismatch { expected: leaf_value_size as u32, found: n.value_size() },
-        ));
+        return Err(
+            tm.corrupt(b, Corruption::ValueSizeMismatch { expected: leaf_value_size as u32, found: n.value_size() })
+        );
     }
     Ok(())
 }
@@ -517,7 +516,13 @@ struct InsertOutcome {
 /// Inserts or overwrites `key`. Returns the new root and the replaced value, if any. The
 /// replaced value is *not* released: the caller decides (`rc.dec`) because it knows whether
 /// the new value took over the old one's reference.
-pub(crate) fn insert(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, key: u64, value: &[u8]) -> Result<(u64, Option<Value>)> {
+pub(crate) fn insert(
+    tm: &mut Tm,
+    rc: &mut dyn ValueRc,
+    root: u64,
+    key: u64,
+    value: &[u8],
+) -> Result<(u64, Option<Value>)> {
     let out = insert_rec(tm, rc, root, key, value, 0)?;
     let Some((right_key, right_loc)) = out.split else { return Ok((out.loc, out.old)) };
     // The root split: grow a level.
@@ -537,7 +542,14 @@ pub(crate) fn insert(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64, key: u64, val
     Ok((new_root, out.old))
 }
 
-fn insert_rec(tm: &mut Tm, rc: &mut dyn ValueRc, b: u64, key: u64, value: &[u8], depth: usize) -> Result<InsertOutcome> {
+fn insert_rec(
+    tm: &mut Tm,
+    rc: &mut dyn ValueRc,
+    b: u64,
+    key: u64,
+    value: &[u8],
+    depth: usize,
+) -> Result<InsertOutcome> {
     if depth >= MAX_DEPTH {
         return Err(too_deep(tm, b, &[]));
     }
@@ -664,7 +676,15 @@ fn node_of_key(tm: &Tm, loc: u64, i: usize) -> Result<(u64, Value)> {
 
 /// Inserts into `loc` (holding `nr` of `max` entries); splits it in two when full and returns
 /// the new right sibling's first key and location.
-fn insert_or_split(tm: &mut Tm, loc: u64, nr: usize, max: usize, at: usize, key: u64, value: &[u8]) -> Result<Option<(u64, u64)>> {
+fn insert_or_split(
+    tm: &mut Tm,
+    loc: u64,
+    nr: usize,
+    max: usize,
+    at: usize,
+    key: u64,
+    value: &[u8],
+) -> Result<Option<(u64, u64)>> {
     if nr < max {
         insert_at(tm.get_mut(loc)?, at, key, value);
         return Ok(None);
@@ -718,7 +738,9 @@ pub(crate) fn remove_range(
         if removed.is_empty() {
             // lookup_ge found the key but the descent did not: keys are out of order
             // across nodes.
-            return Err(tm.corrupt(root, Corruption::KeyRangeViolation(format!("key {k} is not where the tree's keys lead"))));
+            return Err(
+                tm.corrupt(root, Corruption::KeyRangeViolation(format!("key {k} is not where the tree's keys lead")))
+            );
         }
         count += removed.len() as u64;
         for (key, v) in &removed {

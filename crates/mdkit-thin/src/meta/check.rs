@@ -274,24 +274,40 @@ impl Walker<'_> {
         let n = NodeView::new(&blk);
         let nr = n.nr_entries() as usize;
         if n.is_leaf() && n.value_size() as usize != leaf_value_size {
-            self.corruption(b, path, Corruption::ValueSizeMismatch { expected: leaf_value_size as u32, found: n.value_size() });
+            self.corruption(
+                b,
+                path,
+                Corruption::ValueSizeMismatch { expected: leaf_value_size as u32, found: n.value_size() },
+            );
             return 0;
         }
         if !is_root && (nr as u32) < n.max_entries() / 3 {
-            self.corruption(b, path, Corruption::TooFewEntries { nr_entries: nr as u32, min_entries: n.max_entries() / 3 });
+            self.corruption(
+                b,
+                path,
+                Corruption::TooFewEntries { nr_entries: nr as u32, min_entries: n.max_entries() / 3 },
+            );
         }
         if nr > 0 {
             if n.key(0) < lo {
-                self.corruption(b, path, Corruption::KeyRangeViolation(format!("first key {} is below the parent key {lo}", n.key(0))));
+                self.corruption(
+                    b,
+                    path,
+                    Corruption::KeyRangeViolation(format!("first key {} is below the parent key {lo}", n.key(0))),
+                );
             }
             if let Some(hi) = hi
-                && n.key(nr - 1) >= hi {
-                    self.corruption(
-                        b,
-                        path,
-                        Corruption::KeyRangeViolation(format!("last key {} is not below the next parent key {hi}", n.key(nr - 1))),
-                    );
-                }
+                && n.key(nr - 1) >= hi
+            {
+                self.corruption(
+                    b,
+                    path,
+                    Corruption::KeyRangeViolation(format!(
+                        "last key {} is not below the next parent key {hi}",
+                        n.key(nr - 1)
+                    )),
+                );
+            }
         }
         path.push(b);
         self.on_path.push(b);
@@ -369,10 +385,11 @@ pub fn check(io: &dyn MetaIo, opts: &CheckOptions) -> CheckReport {
     check_thin_trees(&mut w, &sb, &mut data, nr_data, true);
     if sb.held_root != 0
         && let Visit::First = w.reference(sb.held_root, Role::SnapSuperblock, &[0])
-            && let Some(blk) = w.read(sb.held_root, BlockKind::Superblock, &[0]) {
-                let snap = Superblock::unpack(&blk);
-                check_thin_trees(&mut w, &snap, &mut data, nr_data, false);
-            }
+        && let Some(blk) = w.read(sb.held_root, BlockKind::Superblock, &[0])
+    {
+        let snap = Superblock::unpack(&blk);
+        check_thin_trees(&mut w, &snap, &mut data, nr_data, false);
+    }
     check_data_sm(&mut w, &sb.data_sm_root, &data);
     check_metadata_sm(&mut w, &sb.metadata_sm_root);
     w.report.data_blocks_referenced = data.distinct;
@@ -387,8 +404,11 @@ fn check_thin_trees(w: &mut Walker<'_>, sb: &Superblock, data: &mut DataRefs, nr
         .into_iter()
         .map(|(k, v)| (k, DeviceDetails::unpack(&v)))
         .collect();
-    let roots: BTreeMap<u64, u64> =
-        w.collect(sb.data_mapping_root, Role::MappingTopNode, 8).into_iter().map(|(k, v)| (k, get_u64(&v, 0))).collect();
+    let roots: BTreeMap<u64, u64> = w
+        .collect(sb.data_mapping_root, Role::MappingTopNode, 8)
+        .into_iter()
+        .map(|(k, v)| (k, get_u64(&v, 0)))
+        .collect();
     for k in details.keys().filter(|k| !roots.contains_key(k)) {
         w.error(Some(sb.data_mapping_root), &[], format!("device {k} has details but no mapping tree"));
     }
@@ -435,7 +455,11 @@ fn check_data_sm(w: &mut Walker<'_>, root: &SmRoot, data: &DataRefs) {
     // The index is bounded by the metadata device, so a bogus nr_blocks is caught here before
     // anything is sized by it.
     if index.len() as u64 != nb {
-        w.error(Some(root.bitmap_root), &[], format!("data space-map index has {} entries, expected {nb}", index.len()));
+        w.error(
+            Some(root.bitmap_root),
+            &[],
+            format!("data space-map index has {} entries, expected {nb}", index.len()),
+        );
         return;
     }
     let mut entries = Vec::with_capacity(index.len());
@@ -446,8 +470,11 @@ fn check_data_sm(w: &mut Walker<'_>, root: &SmRoot, data: &DataRefs) {
         }
         entries.push(IndexEntry::unpack(v));
     }
-    let overflow: HashMap<u64, u32> =
-        w.collect(root.ref_count_root, Role::DataRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
+    let overflow: HashMap<u64, u32> = w
+        .collect(root.ref_count_root, Role::DataRefCountNode, 4)
+        .into_iter()
+        .map(|(k, v)| (k, get_u32(&v, 0)))
+        .collect();
     compare_space_map(w, "data", root, &entries, &overflow, |b| data.get(b));
 }
 
@@ -460,8 +487,11 @@ fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
     let Visit::First = w.reference(root.bitmap_root, Role::MetaIndex, &[0]) else { return };
     let Some(blk) = w.read(root.bitmap_root, BlockKind::Index, &[0]) else { return };
     let entries = index_block_decode(&blk, nb);
-    let overflow: HashMap<u64, u32> =
-        w.collect(root.ref_count_root, Role::MetaRefCountNode, 4).into_iter().map(|(k, v)| (k, get_u32(&v, 0))).collect();
+    let overflow: HashMap<u64, u32> = w
+        .collect(root.ref_count_root, Role::MetaRefCountNode, 4)
+        .into_iter()
+        .map(|(k, v)| (k, get_u32(&v, 0)))
+        .collect();
     // Count the bitmaps' own references before comparing anything.
     let mut ok = true;
     for ie in &entries {
@@ -521,7 +551,11 @@ fn compare_space_map_counted(
                         v
                     }
                     None => {
-                        w.error(Some(root.ref_count_root), &[], format!("{what} block {b} marked >= 3 but missing from the ref-count tree"));
+                        w.error(
+                            Some(root.ref_count_root),
+                            &[],
+                            format!("{what} block {b} marked >= 3 but missing from the ref-count tree"),
+                        );
                         continue;
                     }
                 }
@@ -535,32 +569,47 @@ fn compare_space_map_counted(
             let want = expected(b);
             if on_disk != want {
                 let kind = if on_disk > want { "leaked" } else { "under-counted" };
-                w.error(None, &[], format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"));
+                w.error(
+                    None,
+                    &[],
+                    format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"),
+                );
             }
         }
         let want_free = ENTRIES_PER_BITMAP as u32 - used;
         if ie.nr_free != want_free {
-            w.warning(Some(ie.blocknr), format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free));
+            w.warning(
+                Some(ie.blocknr),
+                format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free),
+            );
         }
         if let Some(first_free) = codes[..len].iter().position(|&c| c == 0)
-            && ie.none_free_before as usize > first_free {
-                // A hint only (thin_restore 0.9.0 writes such hints); space is lost, not damaged.
-                w.warning(
-                    Some(ie.blocknr),
-                    format!("{what} bitmap {bm}: none_free_before {} skips free entry {first_free}", ie.none_free_before),
-                );
-            }
+            && ie.none_free_before as usize > first_free
+        {
+            // A hint only (thin_restore 0.9.0 writes such hints); space is lost, not damaged.
+            w.warning(
+                Some(ie.blocknr),
+                format!("{what} bitmap {bm}: none_free_before {} skips free entry {first_free}", ie.none_free_before),
+            );
+        }
     }
     for (&b, &v) in overflow {
         if !overflow_matched.contains(&b) {
-            w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds block {b} (count {v}) whose bitmap entry is not 3"));
+            w.error(
+                Some(root.ref_count_root),
+                &[],
+                format!("{what} ref-count tree holds block {b} (count {v}) whose bitmap entry is not 3"),
+            );
         } else if v < 3 {
             w.error(Some(root.ref_count_root), &[], format!("{what} ref-count tree holds count {v} < 3 for block {b}"));
         }
     }
     if allocated != root.nr_allocated {
         // thin_restore 0.9.0 writes an off-by-one metadata nr_allocated; thin_check accepts it.
-        w.warning(Some(0), format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated));
+        w.warning(
+            Some(0),
+            format!("{what} space map says {} blocks allocated, bitmaps hold {allocated}", root.nr_allocated),
+        );
     }
 }
 

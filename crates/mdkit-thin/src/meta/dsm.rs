@@ -61,7 +61,10 @@ impl DataSm {
             if k != index.len() as u64 || k >= nb {
                 bad = Some(tm.corrupt(
                     root.bitmap_root,
-                    Corruption::BadSpaceMap(format!("data space-map index has entry {k}, expected {} of {nb}", index.len())),
+                    Corruption::BadSpaceMap(format!(
+                        "data space-map index has entry {k}, expected {} of {nb}",
+                        index.len()
+                    )),
                 ));
                 return Ok(false);
             }
@@ -196,7 +199,9 @@ impl DataSm {
         if old == 0 {
             return Err(tm.corrupt(0, Corruption::BadSpaceMap(format!("reference added to free data block {b}"))));
         }
-        let n = old.checked_add(1).ok_or_else(|| tm.corrupt(0, Corruption::BadSpaceMap(format!("count of data block {b} overflows"))))?;
+        let n = old
+            .checked_add(1)
+            .ok_or_else(|| tm.corrupt(0, Corruption::BadSpaceMap(format!("count of data block {b} overflows"))))?;
         self.set(tm, b, old, n)
     }
 
@@ -230,7 +235,9 @@ impl DataSm {
             if ie.nr_free > 0 {
                 let from = ((b - base) as u32).max(ie.none_free_before);
                 let blk = tm.read(ie.blocknr, BlockKind::Bitmap)?;
-                if let Some(e) = bitmap_find_free(&blk, from, (bm_end - base) as u32, |e| self.usable(base + u64::from(e))) {
+                if let Some(e) =
+                    bitmap_find_free(&blk, from, (bm_end - base) as u32, |e| self.usable(base + u64::from(e)))
+                {
                     return Ok(Some(base + u64::from(e)));
                 }
             }

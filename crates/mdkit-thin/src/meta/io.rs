@@ -175,7 +175,8 @@ impl MetaIo for DeviceMetaIo {
         if block >= self.nr_blocks {
             return Err(out_of_range(self.dev.name(), block, self.nr_blocks));
         }
-        let (buf, r) = self.handle.block_on(self.dev.read(block * BLOCK_SIZE as u64, IoBuf::uninit_contents(BLOCK_SIZE)));
+        let (buf, r) =
+            self.handle.block_on(self.dev.read(block * BLOCK_SIZE as u64, IoBuf::uninit_contents(BLOCK_SIZE)));
         r?;
         out.copy_from_slice(buf.as_slice());
         Ok(())

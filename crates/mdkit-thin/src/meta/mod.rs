@@ -81,6 +81,7 @@ pub mod xml;
 
 pub use btree::{NodeView, ReadMode, calc_max_entries, validate_node};
 pub use check::{CheckIssue, CheckOptions, CheckReport, check, clear_needs_check};
+pub use dsm::MAX_DATA_BLOCKS;
 pub use error::{BlockPath, Corruption, MetaError, Result};
 pub use io::{DeviceMetaIo, FileMetaIo, MemMetaIo, MetaIo};
 pub use superblock::Superblock;
@@ -88,7 +89,6 @@ pub use thin::{
     BLOCK_TIME_BYTES, DEVICE_DETAILS_BYTES, DeviceDetails, FormatOptions, MAX_DEVICE_ID, Mapping, OpenOptions,
     PoolStatus, ThinMetadata, pack_block_time, unpack_block_time,
 };
-pub use dsm::MAX_DATA_BLOCKS;
 pub use xml::{XmlDevice, XmlMapping, XmlMetadata, dump_xml, parse_xml, restore_xml, to_xml_metadata};
 
 /// The engine shared between the metadata thread (writer) and the data path (readers).

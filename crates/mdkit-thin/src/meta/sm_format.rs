@@ -44,7 +44,12 @@ pub struct SmRoot {
 impl SmRoot {
     pub fn unpack(b: &[u8]) -> SmRoot {
         assert!(b.len() >= SM_ROOT_BYTES, "sm root field is 128 bytes");
-        SmRoot { nr_blocks: get_u64(b, 0), nr_allocated: get_u64(b, 8), bitmap_root: get_u64(b, 16), ref_count_root: get_u64(b, 24) }
+        SmRoot {
+            nr_blocks: get_u64(b, 0),
+            nr_allocated: get_u64(b, 8),
+            bitmap_root: get_u64(b, 16),
+            ref_count_root: get_u64(b, 24),
+        }
     }
 
     pub fn pack(&self, b: &mut [u8]) {
@@ -162,9 +167,7 @@ pub fn bitmap_find_free(buf: &BlockBuf, begin: u32, end: u32, usable: impl Fn(u3
 /// Decodes `nr` entries of a metadata index block.
 pub fn index_block_decode(buf: &BlockBuf, nr: usize) -> Vec<IndexEntry> {
     assert!(nr <= MAX_METADATA_BITMAPS);
-    (0..nr)
-        .map(|i| IndexEntry::unpack(&buf[INDEX_BLOCK_HEADER_BYTES + i * INDEX_ENTRY_BYTES..]))
-        .collect()
+    (0..nr).map(|i| IndexEntry::unpack(&buf[INDEX_BLOCK_HEADER_BYTES + i * INDEX_ENTRY_BYTES..])).collect()
 }
 
 /// Encodes index entries into a metadata index block (header left zero).

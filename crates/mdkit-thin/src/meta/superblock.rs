@@ -142,7 +142,9 @@ impl Superblock {
 
 /// Valid dm-thin data block size in sectors.
 pub fn check_data_block_size(sectors: u32) -> Result<(), String> {
-    if !(MIN_DATA_BLOCK_SECTORS..=MAX_DATA_BLOCK_SECTORS).contains(&sectors) || !sectors.is_multiple_of(MIN_DATA_BLOCK_SECTORS) {
+    if !(MIN_DATA_BLOCK_SECTORS..=MAX_DATA_BLOCK_SECTORS).contains(&sectors)
+        || !sectors.is_multiple_of(MIN_DATA_BLOCK_SECTORS)
+    {
         return Err(format!(
             "data_block_size {sectors} sectors: must be a multiple of {MIN_DATA_BLOCK_SECTORS} in {MIN_DATA_BLOCK_SECTORS}..={MAX_DATA_BLOCK_SECTORS}"
         ));

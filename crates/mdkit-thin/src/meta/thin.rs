@@ -206,7 +206,9 @@ const _: fn() = || {
 
 fn check_dev_id(dev: u64) -> Result<()> {
     if dev > MAX_DEVICE_ID {
-        return Err(MetaError::InvalidArgument(format!("thin device id {dev} exceeds the 24-bit limit {MAX_DEVICE_ID}")));
+        return Err(MetaError::InvalidArgument(format!(
+            "thin device id {dev} exceeds the 24-bit limit {MAX_DEVICE_ID}"
+        )));
     }
     Ok(())
 }
@@ -313,7 +315,9 @@ impl ThinMetadata {
             source,
         })?;
         if buf.iter().all(|&b| b == 0) {
-            return Err(corrupt(Corruption::BadSuperblock("block 0 is all zeroes: the device was never formatted".into())));
+            return Err(corrupt(Corruption::BadSuperblock(
+                "block 0 is all zeroes: the device was never formatted".into(),
+            )));
         }
         let sb = Superblock::unpack(&buf);
         if sb.magic != THIN_MAGIC {
@@ -322,7 +326,10 @@ impl ThinMetadata {
         verify(&buf, BlockKind::Superblock, 0).map_err(corrupt)?;
         sb.validate().map_err(corrupt)?;
         if sb.version != 1 && sb.version != 2 {
-            return Err(MetaError::Unsupported { device: name, reason: format!("metadata version {} (supported: 1, 2)", sb.version) });
+            return Err(MetaError::Unsupported {
+                device: name,
+                reason: format!("metadata version {} (supported: 1, 2)", sb.version),
+            });
         }
         if sb.incompat_flags != 0 {
             return Err(MetaError::Unsupported {
@@ -341,7 +348,10 @@ impl ThinMetadata {
             if !opts.read_only {
                 return Err(MetaError::Unsupported {
                     device: name,
-                    reason: format!("compat_ro feature flags {:#x} are set; only read-only access is possible", sb.compat_ro_flags),
+                    reason: format!(
+                        "compat_ro feature flags {:#x} are set; only read-only access is possible",
+                        sb.compat_ro_flags
+                    ),
                 });
             }
             read_only = Some(format!("compat_ro flags {:#x}", sb.compat_ro_flags));
@@ -444,7 +454,8 @@ impl ThinMetadata {
     fn write_changed_details(&mut self) -> Result<()> {
         for (&dev, d) in self.devices.iter_mut() {
             if d.details_dirty {
-                self.details_root = btree::insert(&mut self.tm, &mut NoRc, self.details_root, dev, &d.details.pack())?.0;
+                self.details_root =
+                    btree::insert(&mut self.tm, &mut NoRc, self.details_root, dev, &d.details.pack())?.0;
                 d.details_dirty = false;
             }
         }
@@ -469,10 +480,11 @@ impl ThinMetadata {
             Ok(v)
         });
         if let Err(e) = &r
-            && !matches!(e, MetaError::OutOfDataSpace { .. }) {
-                tracing::error!(device = self.io.name(), error = %e, "metadata transaction poisoned");
-                self.poisoned = Some(e.to_string());
-            }
+            && !matches!(e, MetaError::OutOfDataSpace { .. })
+        {
+            tracing::error!(device = self.io.name(), error = %e, "metadata transaction poisoned");
+            self.poisoned = Some(e.to_string());
+        }
         r
     }
 
@@ -514,12 +526,21 @@ impl ThinMetadata {
         self.ensure_metadata_space(false)?;
         self.guard(|s| {
             let root = btree::empty(&mut s.tm, BLOCK_TIME_BYTES)?;
-            let (top, old) = btree::insert(&mut s.tm, &mut SubtreeRc { dsm: &mut s.dsm }, s.mapping_root, dev, &root.to_le_bytes())?;
+            let (top, old) =
+                btree::insert(&mut s.tm, &mut SubtreeRc { dsm: &mut s.dsm }, s.mapping_root, dev, &root.to_le_bytes())?;
             s.mapping_root = top;
             if old.is_some() {
-                return Err(s.tm.corrupt(top, Corruption::BadDevice(format!("device {dev} in the mapping tree but not in the details tree"))));
+                return Err(s.tm.corrupt(
+                    top,
+                    Corruption::BadDevice(format!("device {dev} in the mapping tree but not in the details tree")),
+                ));
             }
-            let details = DeviceDetails { mapped_blocks: 0, transaction_id: s.trans_id, creation_time: s.time, snapshotted_time: s.time };
+            let details = DeviceDetails {
+                mapped_blocks: 0,
+                transaction_id: s.trans_id,
+                creation_time: s.time,
+                snapshotted_time: s.time,
+            };
             s.devices.insert(dev, Device { details, root, details_dirty: true, changed_this_txn: true });
             Ok(())
         })
@@ -539,11 +560,19 @@ impl ThinMetadata {
         self.ensure_metadata_space(false)?;
         self.guard(|s| {
             s.tm.inc(origin_root)?;
-            let (top, old) =
-                btree::insert(&mut s.tm, &mut SubtreeRc { dsm: &mut s.dsm }, s.mapping_root, dev, &origin_root.to_le_bytes())?;
+            let (top, old) = btree::insert(
+                &mut s.tm,
+                &mut SubtreeRc { dsm: &mut s.dsm },
+                s.mapping_root,
+                dev,
+                &origin_root.to_le_bytes(),
+            )?;
             s.mapping_root = top;
             if old.is_some() {
-                return Err(s.tm.corrupt(top, Corruption::BadDevice(format!("device {dev} in the mapping tree but not in the details tree"))));
+                return Err(s.tm.corrupt(
+                    top,
+                    Corruption::BadDevice(format!("device {dev} in the mapping tree but not in the details tree")),
+                ));
             }
             s.time = s.time.wrapping_add(1);
             let time = s.time;
@@ -571,7 +600,9 @@ impl ThinMetadata {
             let (top, old) = btree::remove(&mut s.tm, &mut SubtreeRc { dsm: &mut s.dsm }, s.mapping_root, dev)?;
             s.mapping_root = top;
             if old.is_none() {
-                return Err(s.tm.corrupt(top, Corruption::BadDevice(format!("device {dev} missing from the mapping tree"))));
+                return Err(s
+                    .tm
+                    .corrupt(top, Corruption::BadDevice(format!("device {dev} missing from the mapping tree"))));
             }
             s.details_root = btree::remove(&mut s.tm, &mut NoRc, s.details_root, dev)?.0;
             s.devices.remove(&dev);
@@ -600,7 +631,9 @@ impl ThinMetadata {
 
     /// Any uncommitted change at all.
     pub fn has_uncommitted_changes(&self) -> bool {
-        self.tm.nr_new() > 0 || self.devices.values().any(|d| d.details_dirty) || self.trans_id != self.committed.trans_id
+        self.tm.nr_new() > 0
+            || self.devices.values().any(|d| d.details_dirty)
+            || self.trans_id != self.committed.trans_id
     }
 
     /// Highest mapped virtual block of `dev` (thin status' highest mapped sector / block size).
@@ -632,9 +665,17 @@ impl ThinMetadata {
     }
 
     /// Visits mappings of `dev` with `begin <= vblock < end` in order; `f` returns false to stop.
-    pub fn for_each_mapping(&self, dev: u64, begin: u64, end: u64, f: &mut dyn FnMut(u64, Mapping) -> bool) -> Result<()> {
+    pub fn for_each_mapping(
+        &self,
+        dev: u64,
+        begin: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, Mapping) -> bool,
+    ) -> Result<()> {
         let d = self.device(dev)?;
-        btree::walk_range(&self.tm, d.root, BLOCK_TIME_BYTES, begin, end, &mut |k, v| Ok(f(k, self.mapping_from(d, get_u64(v, 0)))))
+        btree::walk_range(&self.tm, d.root, BLOCK_TIME_BYTES, begin, end, &mut |k, v| {
+            Ok(f(k, self.mapping_from(d, get_u64(v, 0))))
+        })
     }
 
     /// Runs `f` on the device's mapping tree after making the top-level path to it private,
@@ -644,8 +685,14 @@ impl ThinMetadata {
         dev: u64,
         f: impl FnOnce(&mut Tm, &mut DataSm, u64) -> Result<(u64, R)>,
     ) -> Result<R> {
-        let (top, leaf, idx) = btree::shadow_path(&mut self.tm, &mut SubtreeRc { dsm: &mut self.dsm }, self.mapping_root, dev)?
-            .ok_or_else(|| self.tm.corrupt(self.mapping_root, Corruption::BadDevice(format!("device {dev} missing from the mapping tree"))))?;
+        let (top, leaf, idx) =
+            btree::shadow_path(&mut self.tm, &mut SubtreeRc { dsm: &mut self.dsm }, self.mapping_root, dev)?
+                .ok_or_else(|| {
+                    self.tm.corrupt(
+                        self.mapping_root,
+                        Corruption::BadDevice(format!("device {dev} missing from the mapping tree")),
+                    )
+                })?;
         self.mapping_root = top;
         let root = btree::leaf_value(&self.tm, leaf, idx)?.as_u64();
         let (new_root, r) = f(&mut self.tm, &mut self.dsm, root)?;
@@ -704,7 +751,8 @@ impl ThinMetadata {
         let Some(m) = self.lookup(dev, vblock)? else { return Ok(None) };
         self.ensure_metadata_space(true)?;
         self.guard(|s| {
-            let old = s.update_device_tree(dev, |tm, dsm, root| btree::remove(tm, &mut BlockTimeRc { dsm }, root, vblock))?;
+            let old =
+                s.update_device_tree(dev, |tm, dsm, root| btree::remove(tm, &mut BlockTimeRc { dsm }, root, vblock))?;
             if old.is_none() {
                 return Err(MetaError::Poisoned { reason: format!("mapping {dev}:{vblock} vanished during remove") });
             }
@@ -734,7 +782,13 @@ impl ThinMetadata {
         Ok(out)
     }
 
-    fn remove_range_with(&mut self, dev: u64, begin: u64, end: u64, sink: &mut dyn FnMut(u64, btree::Value)) -> Result<u64> {
+    fn remove_range_with(
+        &mut self,
+        dev: u64,
+        begin: u64,
+        end: u64,
+        sink: &mut dyn FnMut(u64, btree::Value),
+    ) -> Result<u64> {
         self.check_writable()?;
         self.device(dev)?;
         if begin >= end {
@@ -790,7 +844,10 @@ impl ThinMetadata {
 
     fn check_data_block(&self, b: u64) -> Result<()> {
         if b >= self.dsm.nr_blocks() {
-            return Err(MetaError::InvalidArgument(format!("data block {b} is beyond the {} data blocks", self.dsm.nr_blocks())));
+            return Err(MetaError::InvalidArgument(format!(
+                "data block {b} is beyond the {} data blocks",
+                self.dsm.nr_blocks()
+            )));
         }
         Ok(())
     }
@@ -1090,10 +1147,14 @@ fn load_devices(tm: &Tm, details_root: u64, mapping_root: u64) -> Result<BTreeMa
         Ok(true)
     })?;
     if let Some(k) = details.keys().find(|k| !roots.contains_key(k)) {
-        return Err(tm.corrupt(mapping_root, Corruption::BadDevice(format!("device {k} has details but no mapping tree"))));
+        return Err(
+            tm.corrupt(mapping_root, Corruption::BadDevice(format!("device {k} has details but no mapping tree")))
+        );
     }
     if let Some(k) = roots.keys().find(|k| !details.contains_key(k)) {
-        return Err(tm.corrupt(details_root, Corruption::BadDevice(format!("device {k} has a mapping tree but no details"))));
+        return Err(
+            tm.corrupt(details_root, Corruption::BadDevice(format!("device {k} has a mapping tree but no details")))
+        );
     }
     Ok(details
         .into_iter()

@@ -127,7 +127,9 @@ impl Tm {
             }
             // Validated as another type: this reference is wrong; report why.
             verify(&data, kind, b).map_err(|c| self.corrupt(b, c))?;
-            return Err(self.corrupt(b, Corruption::ReferencedTwice(format!("block is a {have}, referenced as a {kind}"))));
+            return Err(
+                self.corrupt(b, Corruption::ReferencedTwice(format!("block is a {have}, referenced as a {kind}")))
+            );
         }
         Ok(None)
     }
@@ -192,7 +194,8 @@ impl Tm {
         let count = self.msm.get(b);
         if let Some(&have) = self.new_this_txn.get(&b) {
             if have != kind {
-                return Err(self.corrupt(b, Corruption::ReferencedTwice(format!("block is a new {have}, shadowed as a {kind}"))));
+                return Err(self
+                    .corrupt(b, Corruption::ReferencedTwice(format!("block is a new {have}, shadowed as a {kind}"))));
             }
             // New in this transaction and referenced once: writable in place. A new block
             // that has been shared since (a snapshot taken in this transaction) is copied.
@@ -246,7 +249,12 @@ impl Tm {
             })?;
         }
         seal(buf, kind, b);
-        verify(buf, kind, b).map_err(|reason| MetaError::Corrupt { device: name, block: b, path: BlockPath::default(), reason })
+        verify(buf, kind, b).map_err(|reason| MetaError::Corrupt {
+            device: name,
+            block: b,
+            path: BlockPath::default(),
+            reason,
+        })
     }
 
     fn write_dirty(&mut self) -> Result<Vec<u64>> {
@@ -289,7 +297,9 @@ impl Tm {
         while let Some(b) = self.msm.overflow_dirty.pop_first() {
             steps += 1;
             if steps > 1 + 4 * self.msm.nr_blocks() as usize {
-                return Err(self.corrupt(b, Corruption::BadSpaceMap("metadata ref-count tree flush does not converge".into())));
+                return Err(
+                    self.corrupt(b, Corruption::BadSpaceMap("metadata ref-count tree flush does not converge".into()))
+                );
             }
             let count = self.msm.get(b);
             let root = self.msm.ref_count_root;
@@ -334,7 +344,8 @@ impl Tm {
         }
         if let Some(&b) = self.msm.overflow_dirty.first() {
             // Only possible if a space-map block was also referenced elsewhere (corruption).
-            return Err(self.corrupt(b, Corruption::BadSpaceMap("moving space-map blocks changed a shared block's count".into())));
+            return Err(self
+                .corrupt(b, Corruption::BadSpaceMap("moving space-map blocks changed a shared block's count".into())));
         }
         // 4. Encode from the final counts.
         let dirty: Vec<usize> = self.msm.dirty_bitmaps.iter().copied().collect();

@@ -133,7 +133,11 @@ pub fn to_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
         let mut mappings: Vec<XmlMapping> = Vec::new();
         md.for_each_mapping(dev, 0, u64::MAX, &mut |vb, m| {
             match mappings.last_mut() {
-                Some(r) if r.origin_begin + r.length == vb && r.data_begin + r.length == m.data_block && r.time == m.time => {
+                Some(r)
+                    if r.origin_begin + r.length == vb
+                        && r.data_begin + r.length == m.data_block
+                        && r.time == m.time =>
+                {
                     r.length += 1;
                 }
                 _ => mappings.push(XmlMapping { origin_begin: vb, data_begin: m.data_block, length: 1, time: m.time }),
@@ -167,7 +171,11 @@ pub fn restore_xml(io: Arc<dyn MetaIo>, x: &XmlMetadata, opts: OpenOptions) -> R
     }
     let mut md = ThinMetadata::format_with(
         io,
-        FormatOptions { data_block_size_sectors: x.data_block_size, nr_data_blocks: x.nr_data_blocks, metadata_nr_blocks: None },
+        FormatOptions {
+            data_block_size_sectors: x.data_block_size,
+            nr_data_blocks: x.nr_data_blocks,
+            metadata_nr_blocks: None,
+        },
         opts,
     )?;
     md.restore_header(x.time, x.transaction, x.flags);
@@ -391,12 +399,22 @@ pub fn parse_xml(s: &str) -> Result<XmlMetadata> {
                             }
                             d.mappings.push(r);
                         }
-                        _ => return Err(bad(m.line, format!("unexpected <{}{}> in a device", if m.closing { "/" } else { "" }, m.name))),
+                        _ => {
+                            return Err(bad(
+                                m.line,
+                                format!("unexpected <{}{}> in a device", if m.closing { "/" } else { "" }, m.name),
+                            ));
+                        }
                     }
                 }
                 x.devices.push(d);
             }
-            _ => return Err(bad(t.line, format!("unexpected <{}{}> in the superblock", if t.closing { "/" } else { "" }, t.name))),
+            _ => {
+                return Err(bad(
+                    t.line,
+                    format!("unexpected <{}{}> in the superblock", if t.closing { "/" } else { "" }, t.name),
+                ));
+            }
         }
     }
     if let Some(t) = it.next() {

@@ -119,7 +119,12 @@ pub fn random_op(md: &mut ThinMetadata, model: &mut Model, rng: &mut Rng, max_de
         model.devices.insert(
             dev,
             ModelDev {
-                details: DeviceDetails { mapped_blocks: 0, transaction_id: model.trans_id, creation_time: t, snapshotted_time: t },
+                details: DeviceDetails {
+                    mapped_blocks: 0,
+                    transaction_id: model.trans_id,
+                    creation_time: t,
+                    snapshotted_time: t,
+                },
                 map: BTreeMap::new(),
             },
         );
@@ -141,7 +146,12 @@ pub fn random_op(md: &mut ThinMetadata, model: &mut Model, rng: &mut Rng, max_de
         model.devices.insert(
             snap,
             ModelDev {
-                details: DeviceDetails { mapped_blocks: mapped, transaction_id: model.trans_id, creation_time: t, snapshotted_time: t },
+                details: DeviceDetails {
+                    mapped_blocks: mapped,
+                    transaction_id: model.trans_id,
+                    creation_time: t,
+                    snapshotted_time: t,
+                },
                 map,
             },
         );
@@ -260,7 +270,12 @@ pub fn thin_dump(path: &Path) -> XmlMetadata {
 pub fn thin_restore(xml: &Path, out: &Path) {
     require("thin_restore");
     let o = Command::new("thin_restore").arg("-i").arg(xml).arg("-o").arg(out).output().expect("run thin_restore");
-    assert!(o.status.success(), "thin_restore failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "thin_restore failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Asserts thin_dump's view of the file equals the model.

@@ -42,7 +42,13 @@ fn human(v: &Value) -> String {
     out += &format!("listeners: {}\nconnections: {}\n\n", listeners.join(", "), u(&v["connections"]));
     out += &format!("{:<16} {:<10} {:>12} {:<10}\n", "VOLUME", "KIND", "SIZE", "STATE");
     for vol in v["volumes"].as_array().into_iter().flatten() {
-        out += &format!("{:<16} {:<10} {:>12} {:<10}\n", s(&vol["name"]), s(&vol["kind"]), size(u(&vol["size_bytes"])), s(&vol["state"]));
+        out += &format!(
+            "{:<16} {:<10} {:>12} {:<10}\n",
+            s(&vol["name"]),
+            s(&vol["kind"]),
+            size(u(&vol["size_bytes"])),
+            s(&vol["state"])
+        );
     }
     out += &format!(
         "\n{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",

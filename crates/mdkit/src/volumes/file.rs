@@ -77,9 +77,13 @@ impl VolumeKind for FileKind {
             let dev = FileDevice::open(&path, opts)?;
             let have = dev.topology().size_bytes;
             if let Some(size) = want
-                && have != size {
-                    bail!("{} is {have} bytes but the config says size = {size}; fix the config or the file", path.display());
-                }
+                && have != size
+            {
+                bail!(
+                    "{} is {have} bytes but the config says size = {size}; fix the config or the file",
+                    path.display()
+                );
+            }
             if let Some(why) = dev.direct_fallback_reason() {
                 tracing::warn!(volume = %spec.name, path = %path.display(), "not using O_DIRECT: {why}");
             }
@@ -119,6 +123,8 @@ impl Volume for FileVolume {
         self
     }
     fn close(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move { self.dev.flush().await.with_context(|| format!("flushing {}", self.dev.path().display())) })
+        Box::pin(
+            async move { self.dev.flush().await.with_context(|| format!("flushing {}", self.dev.path().display())) },
+        )
     }
 }

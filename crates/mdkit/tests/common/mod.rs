@@ -17,9 +17,8 @@ pub const MDKIT: &str = env!("CARGO_BIN_EXE_mdkit");
 
 /// Fails the test with a message naming the tool and how to get it, if `tool` is missing.
 pub fn require_tool(tool: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
+    let found =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false);
     assert!(found, "`{tool}` not found: install the Debian package `{package}` (scripts/test installs it)");
 }
 
@@ -86,7 +85,8 @@ impl Server {
             .spawn()
             .expect("spawn mdkit serve");
         let control = dir.path().join("mdkit.sock");
-        let mut s = Server { child: Some(child), dir, config_path, control, tcp: String::new(), unix: PathBuf::new(), log };
+        let mut s =
+            Server { child: Some(child), dir, config_path, control, tcp: String::new(), unix: PathBuf::new(), log };
         let status = s.wait_ready(Duration::from_secs(30));
         for l in status["listeners"].as_array().expect("listeners") {
             let l = l.as_str().unwrap();
@@ -106,9 +106,10 @@ impl Server {
                 panic!("mdkit serve exited early with {st}; log:\n{}", self.log_text());
             }
             if self.control.exists()
-                && let Ok(v) = self.try_status() {
-                    return v;
-                }
+                && let Ok(v) = self.try_status()
+            {
+                return v;
+            }
             assert!(start.elapsed() < limit, "mdkit serve not ready after {limit:?}; log:\n{}", self.log_text());
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -138,7 +139,8 @@ impl Server {
     /// Counters of one export from `status`.
     pub fn export_stats(&self, export: &str) -> Value {
         let st = self.status();
-        st["exports"].as_array().unwrap().iter().find(|e| e["name"] == export).expect("export in status")["stats"].clone()
+        st["exports"].as_array().unwrap().iter().find(|e| e["name"] == export).expect("export in status")["stats"]
+            .clone()
     }
 
     pub fn uri(&self, export: &str) -> String {

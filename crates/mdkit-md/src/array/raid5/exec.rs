@@ -36,10 +36,14 @@ pub(crate) struct Target {
 
 /// Issues `targets` concurrently and judges them: `Ok` when every write landed or the members
 /// that failed were failed by the core (the array still runs without them).
-pub(crate) async fn write_targets(a: &ArrayCore, r5: &Raid5, targets: Vec<Target>, flags: WriteFlags) -> io::Result<()> {
+pub(crate) async fn write_targets(
+    a: &ArrayCore,
+    r5: &Raid5,
+    targets: Vec<Target>,
+    flags: WriteFlags,
+) -> io::Result<()> {
     r5.stats.member_writes.add(targets.len() as u64);
-    let results =
-        join_all(targets.iter().map(|t| a.member_write(&t.member, t.sector, t.data.clone(), flags))).await;
+    let results = join_all(targets.iter().map(|t| a.member_write(&t.member, t.sector, t.data.clone(), flags))).await;
     let mut first_err = None;
     let mut rewritten: Vec<&Target> = Vec::new();
     for (t, r) in targets.iter().zip(results) {
@@ -66,10 +70,9 @@ pub(crate) async fn write_targets(a: &ArrayCore, r5: &Raid5, targets: Vec<Target
 /// md's read-error correction: a rewritten block is read back; a member that still cannot
 /// return it is failed (the data lives on in the other members).
 async fn verify_rewrites(a: &ArrayCore, rewritten: &[&Target]) {
-    let reads = join_all(
-        rewritten.iter().map(|t| a.member_read(&t.member, t.sector, IoBuf::uninit_contents(t.data.len()))),
-    )
-    .await;
+    let reads =
+        join_all(rewritten.iter().map(|t| a.member_read(&t.member, t.sector, IoBuf::uninit_contents(t.data.len()))))
+            .await;
     for (t, (buf, r)) in rewritten.iter().zip(reads) {
         if r.is_ok() && buf.as_slice() == t.data.as_slice() {
             t.member.note_corrected_read();
@@ -110,8 +113,15 @@ pub(crate) async fn write_batch(
     let (runs, old) = 'plan: loop {
         let readable = |role: usize, end: u64| !has(bad, role) && slots.readable(role, base + end).is_some();
         let has_targets = |role: usize| slots.write_targets(role).next().is_some();
-        let runs = plan::plan(shape, c, unit_sectors, segs, &Members { readable: &readable, has_targets: &has_targets }, rmw_level)
-            .map_err(|e| io::Error::other(format!("{}: write to {e}", a.name())))?;
+        let runs = plan::plan(
+            shape,
+            c,
+            unit_sectors,
+            segs,
+            &Members { readable: &readable, has_targets: &has_targets },
+            rmw_level,
+        )
+        .map_err(|e| io::Error::other(format!("{}: write to {e}", a.name())))?;
         // Every read of every run, concurrently.
         let mut reads: Vec<(usize, usize, Arc<Member>)> = Vec::new();
         for (i, run) in runs.iter().enumerate() {
@@ -132,7 +142,11 @@ pub(crate) async fn write_batch(
             match r {
                 Ok(()) => old[i][role] = Some(buf),
                 Err(e) => {
-                    tracing::warn!(array = a.name(), member = m.name(), "read error during a stripe write, reconstructing: {e}");
+                    tracing::warn!(
+                        array = a.name(),
+                        member = m.name(),
+                        "read error during a stripe write, reconstructing: {e}"
+                    );
                     bad |= bit(role);
                     bad_members.push(m);
                     failed = true;
@@ -245,7 +259,13 @@ fn run_parity(shape: &StripeShape, run: &Run, bufs: &RoleBufs, new: &[(usize, Sh
         for dd in members(run.written) {
             let old = bufs[shape.data_role(dd)].as_ref().expect("rmw read every written data member");
             let new = new_of(dd).expect("every written member has new contents");
-            shape.rmw_update(dd, old.as_slice(), new, p.as_mut().map(IoBuf::as_mut_slice), q.as_mut().map(IoBuf::as_mut_slice));
+            shape.rmw_update(
+                dd,
+                old.as_slice(),
+                new,
+                p.as_mut().map(IoBuf::as_mut_slice),
+                q.as_mut().map(IoBuf::as_mut_slice),
+            );
         }
     } else {
         let data: Vec<&[u8]> = (0..shape.data_disks())

@@ -324,7 +324,12 @@ mod tests {
 
     #[test]
     fn segs_compose_in_order() {
-        let mk = |dd, lo, hi, byte: u8| Seg { dd, lo, hi, data: SharedBuf::from_slice(&vec![byte; ((hi - lo) * 512) as usize]) };
+        let mk = |dd, lo, hi, byte: u8| Seg {
+            dd,
+            lo,
+            hi,
+            data: SharedBuf::from_slice(&vec![byte; ((hi - lo) * 512) as usize]),
+        };
         let segs = vec![mk(0, 0, 16, 1), mk(0, 8, 24, 2)];
         assert!(single_source(&segs, 0, 0, 16).is_none());
         assert_eq!(single_source(&segs, 0, 8, 24).unwrap().as_slice()[0], 2);

@@ -120,7 +120,9 @@ pub(crate) async fn sync_stripe(
     if missing > 0 {
         let rebuilt = {
             let refs: Vec<Option<&[u8]>> = blocks.iter().map(|b| b.as_ref().map(IoBuf::as_slice)).collect();
-            shape.reconstruct(&refs, len).map_err(|e| io::Error::other(format!("{}: stripe {stripe}: {e}", a.name())))?
+            shape
+                .reconstruct(&refs, len)
+                .map_err(|e| io::Error::other(format!("{}: stripe {stripe}: {e}", a.name())))?
         };
         for (r, b) in rebuilt {
             blocks[r] = Some(b);
@@ -173,7 +175,9 @@ fn compare(
             out.add_mismatch(base + u_lo..base + u_hi);
             let who = match culprit {
                 Some(role) => {
-                    let name = slots.readable(role, base + u_hi).map_or_else(|| format!("role {role}"), |m| m.name().to_string());
+                    let name = slots
+                        .readable(role, base + u_hi)
+                        .map_or_else(|| format!("role {role}"), |m| m.name().to_string());
                     format!("{name} (role {role}, {})", shape.block_name(role))
                 }
                 None if shape.raid6 => "several blocks".to_string(),

@@ -95,7 +95,8 @@ impl StripeShape {
                 if self.map.ddf {
                     mdkit_parity::pq_gen_sparse(&ordered, p, q);
                 } else {
-                    let dense: Vec<&[u8]> = ordered.into_iter().map(|b| b.expect("md layouts have no zero slots")).collect();
+                    let dense: Vec<&[u8]> =
+                        ordered.into_iter().map(|b| b.expect("md layouts have no zero slots")).collect();
                     mdkit_parity::pq_gen(&dense, p, q);
                 }
             }
@@ -199,7 +200,9 @@ pub(crate) enum Scrub {
     Consistent,
     /// The blocks disagree; `culprit` is the one member role that explains it (RAID6), or
     /// `None` when no single member does (RAID5 cannot tell; RAID6 with several bad blocks).
-    Mismatch { culprit: Option<usize> },
+    Mismatch {
+        culprit: Option<usize>,
+    },
 }
 
 #[cfg(test)]

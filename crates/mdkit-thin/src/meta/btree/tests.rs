@@ -20,7 +20,16 @@ fn new_tm(nr_blocks: u64) -> Tm {
 /// Counts references below `root` and checks node invariants; returns entries.
 fn check_tree(tm: &Tm, root: u64, vs: usize, refs: &mut HashMap<u64, u32>) -> BTreeMap<u64, Vec<u8>> {
     #[allow(clippy::too_many_arguments)]
-    fn rec(tm: &Tm, b: u64, vs: usize, lo: u64, hi: Option<u64>, is_root: bool, refs: &mut HashMap<u64, u32>, out: &mut BTreeMap<u64, Vec<u8>>) {
+    fn rec(
+        tm: &Tm,
+        b: u64,
+        vs: usize,
+        lo: u64,
+        hi: Option<u64>,
+        is_root: bool,
+        refs: &mut HashMap<u64, u32>,
+        out: &mut BTreeMap<u64, Vec<u8>>,
+    ) {
         let first = {
             let c = refs.entry(b).or_insert(0);
             *c += 1;
