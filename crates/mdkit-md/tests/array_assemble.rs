@@ -2,14 +2,14 @@
 //! (other array uuid), stale and geometry-mismatched members are refused with a message naming
 //! the member and the reason while the array starts without them (or assembly fails naming
 //! every refusal when it cannot run); --force takes a stale member back; re-add follows md's
-//! events rule; raid4/5/6 report "not yet supported" without touching the members; a dirty
-//! array resyncs after assembly.
+//! events rule; unsupported levels are refused without touching the members; a dirty degraded
+//! parity array needs --force; a dirty array resyncs after assembly.
 
 mod array_util;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, Rng};
-use mdkit_md::array::{AssembleOptions, assemble, write_superblocks};
+use mdkit_md::array::{AssembleOptions, assemble};
 use mdkit_md::layout::Level;
 
 fn names(refused: &[mdkit_md::array::Refusal]) -> Vec<String> {
@@ -169,15 +169,42 @@ async fn force_assembles_with_a_stale_member() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parity_levels_are_not_yet_supported_and_change_nothing() {
-    let ms = mem_members("r5-", 3, 16 * MIB);
+async fn unsupported_levels_are_refused_and_change_nothing() {
+    use mdkit_md::format::superblock::Superblock;
+    let ms = mem_members("lin-", 2, 16 * MIB);
+    let a = create_array(&ms, opts(Level::Raid1, 2, None, None, false, true)).await;
+    a.stop().await.unwrap();
+    drop(a);
+    // Rewrite both superblocks as md "linear" (level -1), checksum correct.
+    for m in &ms {
+        let mem = m.mem.as_ref().unwrap();
+        let mut b = vec![0u8; 4096];
+        mem.read_bytes(4096, &mut b);
+        let mut sb = Superblock::decode(&b, 8).unwrap();
+        sb.level = -1;
+        mem.write_bytes(4096, &sb.encode_unchecked());
+    }
     let before: Vec<Vec<u8>> = ms.iter().map(|m| m.mem.as_ref().unwrap().to_image()).collect();
-    let e =
-        write_superblocks(&member_devs(&ms), &opts(Level::Raid5, 3, Some(64), None, false, false)).await.unwrap_err();
-    assert!(e.to_string().contains("raid5 arrays are not yet supported"), "{e}");
-    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
+    let e = assemble(member_devs(&ms), AssembleOptions::default()).await.err().unwrap().to_string();
+    assert!(e.contains("level -1 is not supported"), "{e}");
     let after: Vec<Vec<u8>> = ms.iter().map(|m| m.mem.as_ref().unwrap().to_image()).collect();
     assert!(before == after, "nothing written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dirty_degraded_parity_array_needs_force() {
+    let mut rng = Rng::new(seed("dirty_degraded_parity_array_needs_force", 9));
+    let ms = mem_members("dd5-", 3, 16 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 3, Some(64), None, false, true)).await;
+    a.set_attribute("safe_mode_delay", "100").unwrap();
+    let mut model = Model::new(a.size_bytes());
+    random_write(&a, &mut model, &mut rng, 16).await;
+    drop(a); // crash: the superblocks say active
+    let e = assemble(member_devs(&ms[..2]), AssembleOptions::default()).await.err().unwrap().to_string();
+    assert!(e.contains("dirty degraded raid5") && e.contains("--force"), "{e}");
+    let r = assemble(member_devs(&ms[..2]), AssembleOptions { force: true, ..Default::default() }).await.unwrap();
+    assert_eq!(r.array.core().degraded(), 1);
+    r.array.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

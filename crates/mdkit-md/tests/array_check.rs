@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use array_util::*;
 use mdkit_io::{BlockDeviceExt, Rng};
+use mdkit_md::array::{AssembleOptions, assemble};
 use mdkit_md::layout::Level;
 
 /// Writes `bytes` straight into member `i` at data-area sector `sector` (below the array).
@@ -73,10 +74,16 @@ async fn initial_resync_makes_copies_equal_and_requests_follow_md() {
         Rng::new(i as u64 + 100).fill(&mut junk);
         m.mem.as_ref().unwrap().write_bytes(4 * MIB, &junk);
     }
-    let a = create_array(&ms, opts(Level::Raid1, 2, None, None, false, false)).await;
-    // Slow the resync down so it is still running when we poke at it.
+    // Created (resync pending) and started frozen, so the resync can be slowed down first and is
+    // still running when we poke at it.
+    let o = opts(Level::Raid1, 2, None, None, false, false);
+    mdkit_md::array::write_superblocks(&member_devs(&ms), &o).await.unwrap();
+    let a =
+        assemble(member_devs(&ms), AssembleOptions { start_frozen: true, ..Default::default() }).await.unwrap().array;
+    assert_eq!(a.get_attribute("resync_start").unwrap(), "0");
     a.set_attribute("sync_speed_max", "2000").unwrap();
     a.set_attribute("sync_speed_min", "2000").unwrap();
+    a.request_sync("resync").unwrap();
     for _ in 0..100 {
         if a.sync_status().running.is_some() {
             break;

@@ -7,8 +7,13 @@
 //! meet a raised barrier back off (release what they hold) and wait. Nothing is global: work on
 //! one region never waits for another region (except for hash collisions, which only delay).
 //!
-//! Deadlock freedom: slots are always taken in ascending order, a write never waits while
-//! holding a slot, and barriers are exclusive per slot.
+//! Barriers are shared: several sync ranges (and read-error repairs) may hold the barrier of one
+//! slot at once — they exclude writes, not each other (each only copies data that no write can
+//! change while any barrier is up). So the sync engine's concurrent steps within one bucket
+//! run in parallel.
+//!
+//! Deadlock freedom: a write never waits while holding a slot, and raising a barrier never waits
+//! for another barrier.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -94,18 +99,12 @@ impl RegionBarrier {
         }
     }
 
-    /// Raises the barrier on the range (exclusively per slot) and waits until the writes in
-    /// flight there have finished. New writes to the range wait until the guard drops.
+    /// Raises the barrier on the range and waits until the writes in flight there have
+    /// finished. New writes to the range wait until every guard on it dropped.
     pub async fn raise(&self, range: Range<u64>) -> BarrierGuard<'_> {
         let slots = Self::slots_of(&range);
         for &s in &slots {
-            loop {
-                let slot = &self.slots[s];
-                if slot.barrier.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-                    break;
-                }
-                self.wait_until(s, |sl| sl.barrier.load(Ordering::SeqCst) == 0).await;
-            }
+            self.slots[s].barrier.fetch_add(1, Ordering::SeqCst);
         }
         for &s in &slots {
             self.wait_until(s, |sl| sl.pending_writes.load(Ordering::SeqCst) == 0).await;
@@ -157,8 +156,9 @@ impl Drop for BarrierGuard<'_> {
     fn drop(&mut self) {
         for &s in &self.slots {
             let slot = &self.barrier.slots[s];
-            slot.barrier.store(0, Ordering::SeqCst);
-            slot.changed.notify_waiters();
+            if slot.barrier.fetch_sub(1, Ordering::SeqCst) == 1 {
+                slot.changed.notify_waiters();
+            }
         }
     }
 }
@@ -206,5 +206,19 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(20), "{:?}", t.elapsed());
         raiser.await.unwrap();
         assert_eq!(b.pending_writes_at(0), 0);
+    }
+
+    #[tokio::test]
+    async fn barriers_share_a_slot_and_writes_wait_for_all_of_them() {
+        let b = RegionBarrier::new();
+        let g1 = b.raise(0..8).await;
+        let g2 = tokio::time::timeout(Duration::from_millis(100), b.raise(8..16))
+            .await
+            .expect("a second raiser does not wait");
+        drop(g1);
+        let blocked = tokio::time::timeout(Duration::from_millis(30), b.enter_write(0..8)).await;
+        assert!(blocked.is_err(), "a write waits while any barrier is up");
+        drop(g2);
+        drop(b.enter_write(0..8).await);
     }
 }

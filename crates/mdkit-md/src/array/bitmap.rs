@@ -83,9 +83,12 @@ pub type FailFn = Arc<dyn Fn(u32, &io::Error) + Send + Sync>;
 /// Bytes per bitmap page (the unit of every bitmap read and write).
 pub const PAGE_BYTES: u64 = crate::format::METADATA_BLOCK_BYTES as u64;
 
-/// Default `flush_chunks`: a clear sweep starts as soon as this many dirty chunks are idle
-/// (bounds the resync after a crash to about this many chunks plus those being written).
-pub const DEFAULT_FLUSH_CHUNKS: u64 = 65_536;
+/// Default `flush_chunks`: 0, no threshold — bits clear after `time_base` of idleness only, as
+/// md does. A threshold bounds the resync after a crash to about that many chunks plus those
+/// being written, at a price: a workload whose busy set is larger pays a bitmap write again for
+/// chunks cleared under it (measured: 4 MiB chunks over 1 TiB, QD32, about a third fewer IOPS
+/// with 65536).
+pub const DEFAULT_FLUSH_CHUNKS: u64 = 0;
 
 /// How often the daemon looks at the idle-dirty count between sweeps (the threshold check on
 /// the write path is approximate per shard; this bounds how late a crossing is noticed).

@@ -473,6 +473,9 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
         let needed: Vec<bool> = ranges.iter().map(|r| !bitmap_guided || range_needed(core, r)).collect();
         if needed.iter().any(|n| *n) {
             pacer.pace(core, pos, generation).await;
+            if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
+                break;
+            }
         }
         let work = ranges.iter().zip(&needed).filter(|(_, n)| **n).map(|(r, _)| r);
         let mut results =

@@ -565,6 +565,76 @@ mod tests {
         assert_eq!(c.active(), 0);
     }
 
+    /// Many tasks, few stripes, random delays: at most one holder per stripe at any time,
+    /// every piece completes exactly once with its batch's result, nothing hangs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn stress_mutual_exclusion_and_hand_off() {
+        use std::sync::atomic::AtomicU32;
+        let c = Arc::new(StripeCache::new(17));
+        let holders: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+        let completed = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for t in 0..24u64 {
+            let (c, holders, completed) = (c.clone(), holders.clone(), completed.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = mdkit_io::Rng::new(t);
+                for i in 0..300u64 {
+                    let stripe = rng.below(4);
+                    if rng.below(8) == 0 {
+                        let _g = c.exclusive(stripe).await;
+                        assert_eq!(holders[stripe as usize].fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                        tokio::time::sleep(Duration::from_micros(rng.below(200))).await;
+                        holders[stripe as usize].fetch_sub(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    // One or two pieces in different stripes, like a request crossing a stripe.
+                    let stripes: Vec<u64> =
+                        if rng.below(3) == 0 { vec![stripe, (stripe + 1) % 4] } else { vec![stripe] };
+                    let mut res = c.reserve(stripes.len()).await;
+                    let tickets: Vec<WriteTicket<'_>> = stripes
+                        .iter()
+                        .map(|s| c.enqueue_write(*s, Vec::new(), false, rng.below(2) == 0, &mut res))
+                        .collect();
+                    drop(res);
+                    let delay = rng.below(300);
+                    let runs = tickets.into_iter().map(|mut tk| {
+                        let (c, holders, completed) = (c.clone(), holders.clone(), completed.clone());
+                        async move {
+                            match tk.wait().await {
+                                Turn::Done(r) => r,
+                                Turn::Lead => {
+                                    let lead = Leadership { cache: &c, entry: tk.entry.clone() };
+                                    let s = lead.entry.stripe as usize;
+                                    assert_eq!(holders[s].fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                                    if delay % 2 == 0 {
+                                        tokio::time::sleep(Duration::from_micros(delay)).await;
+                                    }
+                                    let batch = c.take_batch(&lead.entry);
+                                    completed.fetch_add(batch.len() as u64, Ordering::SeqCst);
+                                    tokio::time::sleep(Duration::from_micros(delay / 2)).await;
+                                    holders[s].fetch_sub(1, Ordering::SeqCst);
+                                    batch.complete_all(Ok(()));
+                                    drop(lead);
+                                    tk.own_result().await
+                                }
+                            }
+                        }
+                    });
+                    for r in crate::array::io::join_all(runs).await {
+                        r.unwrap_or_else(|e| panic!("task {t} op {i}: {e:?}"));
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(60), t).await.expect("no hang").unwrap();
+        }
+        assert_eq!(c.active(), 0);
+        assert_eq!(c.used.load(Ordering::SeqCst), 0);
+        assert_eq!(c.inflight_pieces.load(Ordering::SeqCst), 0);
+        assert!(completed.load(Ordering::SeqCst) > 0);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reservations_are_bounded_and_all_or_nothing() {
         let c = Arc::new(StripeCache::new(4));
