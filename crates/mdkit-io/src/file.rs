@@ -53,14 +53,16 @@
 //! keep running while the device is used (from any runtime or thread). Requests issued after it
 //! shut down fail with `BrokenPipe` naming the cause instead of waiting forever.
 
+use std::cell::RefCell;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::ThreadId;
 
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Mutex, MutexGuard};
@@ -79,6 +81,9 @@ pub const MAX_QUEUE_DEPTH: u32 = 4096;
 const MAX_IO_BYTES: u32 = 32 << 20;
 /// Bound on EINTR/EAGAIN resubmissions of one request before it fails.
 const MAX_RETRIES: u32 = 1000;
+/// `io_uring_enter` flag: also reap (and, on a DEFER_TASKRUN ring, post) completions
+/// (include/uapi/linux/io_uring.h; the io-uring crate keeps its `sys` module private).
+const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 /// Chunk used when zeroes have to be written because fallocate is unsupported.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
@@ -184,8 +189,31 @@ struct InFlight {
     _permit: OwnedSemaphorePermit,
 }
 
-/// The ring and the file, shared by the device handle, the reaper task and blocking ioctls.
+/// Submission counters of one device, all its rings together.
+#[derive(Default)]
+struct Counters {
+    enter_calls: AtomicU64,
+    sqes_submitted: AtomicU64,
+}
+
+/// Cumulative statistics of a device's submission path (tests, benchmarks, metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubmitStats {
+    /// `io_uring_enter` calls that submitted SQEs.
+    pub enter_calls: u64,
+    /// SQEs those calls submitted (`sqes_submitted / enter_calls` = the batch size).
+    pub sqes_submitted: u64,
+    /// SQEs queued in user space right now and not yet submitted (held by a plug).
+    pub queued_sqes: u64,
+    /// Live io_uring instances: the device's shared ring plus one per thread that called
+    /// [`enable_thread_rings`] and used the device.
+    pub rings: usize,
+}
+
+/// The device: the file and what every ring shares.
 struct Shared {
+    /// Process-unique id (keys the per-thread ring table; addresses can be reused).
+    id: u64,
     name: String,
     kind: Kind,
     file: File,
@@ -195,12 +223,28 @@ struct Shared {
     mem_align_bytes: usize,
     read_only: bool,
     queue_depth: u32,
+    /// Bounds the requests in flight on all rings together.
+    permits: Arc<Semaphore>,
+    /// The ring created at open; its reaper runs on the opening runtime.
+    default_ring: Arc<Ring>,
+    /// Rings of threads that enabled thread rings (kept alive by their reapers).
+    thread_rings: Mutex<Vec<Weak<Ring>>>,
+    counters: Arc<Counters>,
+}
+
+/// One io_uring with the device's file registered, its completion reaper and eventfd.
+struct Ring {
+    name: String,
     ring: IoUring,
+    /// SINGLE_ISSUER + DEFER_TASKRUN: completions are posted only when the owner thread enters
+    /// the kernel with GETEVENTS (no task-work interrupts); submissions come from that thread.
+    deferred_taskrun: bool,
+    /// The only thread that submits to a thread ring.
+    owner: Option<ThreadId>,
     /// Serialises access to the submission queue ring.
     sq_lock: Mutex<()>,
     /// Serialises access to the completion queue ring.
     cq_lock: Mutex<()>,
-    permits: Arc<Semaphore>,
     /// Requests pushed to the ring and not yet reaped.
     inflight: AtomicUsize,
     closing: AtomicBool,
@@ -213,6 +257,7 @@ struct Shared {
     reaper_alive: AtomicBool,
     /// Wakes the reaper for shutdown or a submission retry.
     wake_reaper: Notify,
+    counters: Arc<Counters>,
 }
 
 /// A member on a regular file or block device, asynchronous through io_uring.
@@ -264,29 +309,12 @@ impl FileDevice {
             Kind::BlockDevice => block_topology(&file, &name, &meta, direct, options.read_only)?,
             Kind::RegularFile => file_topology(&file, &meta, direct, options.read_only)?,
         };
-        let ring = build_ring(options.queue_depth).map_err(|e| with_context(e, format!("{name}: io_uring setup")))?;
-        ring.submitter()
-            .register_files(&[file.as_raw_fd()])
-            .map_err(|e| with_context(e, format!("{name}: io_uring register_files")))?;
-        // SAFETY: eventfd(2) with valid flags; the result is checked before use.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(with_context(errno(), format!("{name}: eventfd")));
-        }
-        // SAFETY: `efd` is a fresh descriptor owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
-        ring.submitter()
-            .register_eventfd(efd.as_raw_fd())
-            .map_err(|e| with_context(e, format!("{name}: io_uring register_eventfd")))?;
-        let efd = {
-            let _enter = runtime.enter();
-            // SAFETY: `efd` is an OwnedFd, so its descriptor stays open and unchanged for the
-            // AsyncFd's whole life.
-            unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }.map_err(|e| {
-                with_context(e.into_parts().1, format!("{name}: registering the completion eventfd with tokio"))
-            })?
-        };
+        let counters = Arc::new(Counters::default());
+        let default_ring =
+            Ring::start(name.clone(), file.as_raw_fd(), options.queue_depth, false, &runtime, counters.clone())?;
+        static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(Shared {
+            id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             name,
             kind,
             file,
@@ -295,18 +323,11 @@ impl FileDevice {
             mem_align_bytes,
             read_only: options.read_only,
             queue_depth: options.queue_depth,
-            ring,
-            sq_lock: Mutex::new(()),
-            cq_lock: Mutex::new(()),
             permits: Arc::new(Semaphore::new(options.queue_depth as usize)),
-            inflight: AtomicUsize::new(0),
-            closing: AtomicBool::new(false),
-            submit_retry: AtomicBool::new(false),
-            enter_failures: AtomicUsize::new(0),
-            reaper_alive: AtomicBool::new(true),
-            wake_reaper: Notify::new(),
+            default_ring,
+            thread_rings: Mutex::new(Vec::new()),
+            counters,
         });
-        runtime.spawn(reap_loop(shared.clone(), efd, ReaperAlive(shared.clone())));
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
     }
 
@@ -352,9 +373,20 @@ impl FileDevice {
         self.shared.queue_depth
     }
 
-    /// Requests currently submitted to the kernel and not yet completed.
+    /// Requests currently submitted to the kernel and not yet completed (all rings).
     pub fn in_flight(&self) -> usize {
-        self.shared.inflight.load(Ordering::Acquire)
+        self.shared.rings().iter().map(|r| r.inflight.load(Ordering::Acquire)).sum()
+    }
+
+    /// Submission statistics (batching: `sqes_submitted / enter_calls`).
+    pub fn submit_stats(&self) -> SubmitStats {
+        let rings = self.shared.rings();
+        SubmitStats {
+            enter_calls: self.shared.counters.enter_calls.load(Ordering::Relaxed),
+            sqes_submitted: self.shared.counters.sqes_submitted.load(Ordering::Relaxed),
+            queued_sqes: rings.iter().map(|r| r.queued_sqes() as u64).sum(),
+            rings: rings.len(),
+        }
     }
 }
 
@@ -371,8 +403,10 @@ impl std::fmt::Debug for FileDevice {
 
 impl Drop for FileDevice {
     fn drop(&mut self) {
-        self.shared.closing.store(true, Ordering::Release);
-        self.shared.wake_reaper.notify_one();
+        for ring in self.shared.rings() {
+            ring.closing.store(true, Ordering::Release);
+            ring.wake_reaper.notify_one();
+        }
     }
 }
 
@@ -576,20 +610,133 @@ fn block_topology(
     Ok((topology, mem_align))
 }
 
-fn build_ring(queue_depth: u32) -> io::Result<IoUring> {
+/// Builds a ring for `queue_depth` requests. A thread ring (`thread_owned`) first tries
+/// SINGLE_ISSUER + DEFER_TASKRUN (6.1+), so completions never interrupt the owner thread; every
+/// ring falls back step by step to what the kernel supports. Returns the ring and whether
+/// completions are deferred.
+fn build_ring(queue_depth: u32, thread_owned: bool) -> io::Result<(IoUring, bool)> {
     let entries = queue_depth.next_power_of_two();
+    if thread_owned {
+        let deferred = IoUring::builder()
+            .dontfork()
+            .setup_submit_all()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_taskrun_flag()
+            .setup_cqsize(entries * 2)
+            .build(entries);
+        if let Ok(r) = deferred {
+            return Ok((r, true));
+        }
+    }
     // SUBMIT_ALL (5.18+) keeps submitting after one bad SQE; fall back without it.
     let with_all = IoUring::builder().dontfork().setup_submit_all().setup_cqsize(entries * 2).build(entries);
     match with_all {
-        Ok(r) => Ok(r),
-        Err(_) => IoUring::builder().dontfork().setup_cqsize(entries * 2).build(entries),
+        Ok(r) => Ok((r, false)),
+        Err(_) => IoUring::builder().dontfork().setup_cqsize(entries * 2).build(entries).map(|r| (r, false)),
     }
 }
 
 //------------------------------------------------------------------------------------------------
-// Submission and completion
+// Rings: the shared one, and one per thread that asked for it
+
+/// Per-thread ring table: which devices have a ring owned by this thread.
+struct ThreadRings {
+    enabled: bool,
+    /// (device id, its ring on this thread; `None` = creating one failed, use the shared ring).
+    rings: Vec<(u64, Option<Weak<Ring>>)>,
+}
+
+thread_local! {
+    static THREAD_RINGS: RefCell<ThreadRings> = const { RefCell::new(ThreadRings { enabled: false, rings: Vec::new() }) };
+}
+
+/// Gives every [`FileDevice`] used from the calling thread a ring of its own on this thread
+/// (created on first use), instead of the ring shared by all threads.
+///
+/// For a thread that drives its own *current-thread* tokio runtime (a data-path shard, one per
+/// core): its submissions, completions and reaper then stay on this thread — no lock is
+/// contended, no wake-up crosses threads, and the ring runs with SINGLE_ISSUER +
+/// DEFER_TASKRUN (completions are collected when the thread enters the kernel anyway instead
+/// of interrupting it). The queue-depth bound stays per device, across all rings. Elsewhere
+/// (multi-thread runtimes, plain threads) this has no effect: the shared ring is used.
+pub fn enable_thread_rings() {
+    THREAD_RINGS.with(|t| t.borrow_mut().enabled = true);
+}
+
+enum Lookup {
+    Shared,
+    Found(Option<Arc<Ring>>),
+    Missing,
+}
 
 impl Shared {
+    /// Every live ring of the device (the shared one first).
+    fn rings(&self) -> Vec<Arc<Ring>> {
+        let mut v = vec![self.default_ring.clone()];
+        v.extend(self.thread_rings.lock().iter().filter_map(Weak::upgrade));
+        v
+    }
+
+    /// The ring this thread submits to.
+    fn ring(self: &Arc<Self>) -> Arc<Ring> {
+        if !self.default_ring.reaper_alive.load(Ordering::Acquire) {
+            // The opening runtime is gone: fail the documented way (see `op_error`).
+            return self.default_ring.clone();
+        }
+        let lookup = THREAD_RINGS.with(|t| {
+            let Ok(t) = t.try_borrow() else { return Lookup::Shared };
+            if !t.enabled {
+                return Lookup::Shared;
+            }
+            match t.rings.iter().find(|(id, _)| *id == self.id) {
+                Some((_, Some(w))) => Lookup::Found(w.upgrade()),
+                Some((_, None)) => Lookup::Shared,
+                None => Lookup::Missing,
+            }
+        });
+        match lookup {
+            Lookup::Shared => self.default_ring.clone(),
+            Lookup::Found(Some(r)) if r.reaper_alive.load(Ordering::Acquire) => r,
+            Lookup::Found(_) | Lookup::Missing => self.start_thread_ring().unwrap_or_else(|| self.default_ring.clone()),
+        }
+    }
+
+    /// Creates this thread's ring for the device (only on a current-thread runtime, whose
+    /// reaper then runs on this very thread).
+    fn start_thread_ring(self: &Arc<Self>) -> Option<Arc<Ring>> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
+            self.remember_thread_ring(None);
+            return None;
+        }
+        let name = format!("{} (thread ring)", self.name);
+        match Ring::start(name, self.file.as_raw_fd(), self.queue_depth, true, &runtime, self.counters.clone()) {
+            Ok(ring) => {
+                let mut all = self.thread_rings.lock();
+                all.retain(|w| w.strong_count() > 0);
+                all.push(Arc::downgrade(&ring));
+                drop(all);
+                self.remember_thread_ring(Some(Arc::downgrade(&ring)));
+                Some(ring)
+            }
+            Err(e) => {
+                tracing::warn!(device = %self.name, "no io_uring of its own for this thread, using the shared one: {e}");
+                self.remember_thread_ring(None);
+                None
+            }
+        }
+    }
+
+    fn remember_thread_ring(&self, ring: Option<Weak<Ring>>) {
+        THREAD_RINGS.with(|t| {
+            let Ok(mut t) = t.try_borrow_mut() else { return };
+            // Forget rings that are gone (their device was dropped or their runtime ended).
+            t.rings.retain(|(id, w)| *id != self.id && w.as_ref().is_none_or(|w| w.strong_count() > 0));
+            t.rings.push((self.id, ring));
+        });
+    }
+
     /// Submits one SQE carrying `keep` and waits for its completion; returns the CQE result
     /// (bytes or -errno) and the buffer. `build` receives the buffer after it has moved into its
     /// in-flight record, so pointers taken from it stay valid until the CQE.
@@ -598,7 +745,7 @@ impl Shared {
     /// [`Plug`](crate::plug::Plug) — when that plug ends, together with the others queued
     /// meanwhile (one `io_uring_enter` for the batch).
     async fn submit(self: &Arc<Self>, keep: Keep, build: impl FnOnce(&Keep) -> squeue::Entry) -> (i32, Keep) {
-        if !self.reaper_alive.load(Ordering::Acquire) {
+        if !self.default_ring.reaper_alive.load(Ordering::Acquire) {
             // Nobody would ever reap the completion: fail instead of waiting forever.
             return (-libc::ESHUTDOWN, keep);
         }
@@ -606,16 +753,21 @@ impl Shared {
             Ok(p) => p,
             Err(_) => return (-libc::ESHUTDOWN, keep), // the semaphore is never closed
         };
+        // Chosen after the permit: the ring of the thread that pushes the SQE.
+        let ring = self.ring();
+        if !ring.reaper_alive.load(Ordering::Acquire) {
+            return (-libc::ESHUTDOWN, keep);
+        }
         let (reply, rx) = oneshot::channel();
         let record = Box::new(InFlight { keep, reply, _permit: permit });
         let entry = build(&record.keep);
         let ptr = Box::into_raw(record);
         let entry = entry.user_data(ptr as u64);
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+        ring.inflight.fetch_add(1, Ordering::AcqRel);
         let queued = {
-            let _sq = self.sq_lock.lock();
+            let _sq = ring.sq_lock.lock();
             // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
-            let mut sq = unsafe { self.ring.submission_shared() };
+            let mut sq = unsafe { ring.ring.submission_shared() };
             // SAFETY: the entry's buffer lives in the in-flight record, which is freed only by
             // the reaper after the CQE (or by the drain in `Drop`).
             let r = unsafe { sq.push(&entry) };
@@ -624,14 +776,15 @@ impl Shared {
         };
         let Ok(queued) = queued else {
             // Invariant: in-flight <= queue_depth <= SQ entries, so the push cannot fail.
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            ring.inflight.fetch_sub(1, Ordering::AcqRel);
             // SAFETY: the entry was not pushed; we still own the record.
             let record = unsafe { Box::from_raw(ptr) };
             return (-libc::EBUSY, record.keep);
         };
-        if !plug::defer(self, queued) {
-            self.submit_now();
+        if !plug::defer(&ring, queued) {
+            ring.submit_now();
         }
+        drop(ring);
         // From here on the request belongs to the ring: dropping this future only drops `rx`.
         match rx.await {
             Ok(done) => done,
@@ -639,116 +792,12 @@ impl Shared {
         }
     }
 
-    /// SQEs pushed and not yet consumed by the kernel.
-    fn queued_sqes(&self) -> usize {
-        let _sq = self.sq_lock.lock();
-        // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
-        unsafe { self.ring.submission_shared() }.len()
-    }
-
-    /// Submits every queued SQE with `io_uring_enter`, without blocking. Whatever cannot be
-    /// submitted now (EAGAIN/EBUSY, or an unexpected error) is left in the SQ and handed to the
-    /// reaper, which retries with a back-off; the requests stay in flight either way.
-    fn submit_now(&self) {
-        // Bounded: each round either submits something or hands over to the reaper.
-        for _ in 0..8 {
-            let to_submit = self.queued_sqes();
-            if to_submit == 0 {
-                return;
-            }
-            // SAFETY: io_uring_enter on our own ring, no GETEVENTS, no argument pointer.
-            let r = unsafe { self.ring.submitter().enter::<libc::sigset_t>(to_submit as u32, 0, 0, None) };
-            match r {
-                Ok(n) if n >= to_submit => return,
-                // Without SUBMIT_ALL, an SQE failing at submit ends the batch; go again.
-                Ok(n) if n > 0 => {}
-                Ok(_) => return self.hand_submission_to_reaper(None),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => return self.hand_submission_to_reaper(Some(e)),
-            }
-        }
-        if self.queued_sqes() > 0 {
-            self.hand_submission_to_reaper(None);
-        }
-    }
-
-    fn hand_submission_to_reaper(&self, error: Option<io::Error>) {
-        let n = self.enter_failures.fetch_add(1, Ordering::Relaxed);
-        if let Some(e) = error {
-            let transient = matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY));
-            if !transient && n.is_power_of_two() {
-                tracing::error!(device = %self.name, failures = n + 1, "io_uring_enter failed: {e}; retrying");
-            }
-        }
-        self.submit_retry.store(true, Ordering::Release);
-        self.wake_reaper.notify_one();
-    }
-
-    /// Reaps the CQ if completions are waiting and nobody else is reaping: used after a plugged
-    /// submission, so requests that finished meanwhile are answered without waiting for the
-    /// reaper task's wake-up.
-    fn reap_if_ready(&self) {
-        if let Some(cq) = self.cq_lock.try_lock() {
-            self.reap_locked(cq);
-        }
-    }
-
-    /// Drains the CQ, answering every waiter. Returns how many completions were reaped.
-    fn reap(&self) -> usize {
-        self.reap_locked(self.cq_lock.lock())
-    }
-
-    fn reap_locked(&self, _cq: MutexGuard<'_, ()>) -> usize {
-        // SAFETY: `cq_lock` is held (`_cq`), so this is the only CompletionQueue in existence.
-        let mut cq = unsafe { self.ring.completion_shared() };
-        let mut n = 0;
-        loop {
-            cq.sync();
-            let Some(cqe) = cq.next() else { break };
-            n += 1;
-            // SAFETY: every SQE we push carries a pointer from `Box::into_raw(InFlight)`, and
-            // each CQE is seen exactly once.
-            let record = unsafe { Box::from_raw(cqe.user_data() as *mut InFlight) };
-            let InFlight { keep, reply, _permit } = *record;
-            // A dropped waiter drops the buffer here, after the kernel is done with it.
-            let _ = reply.send((cqe.result(), keep));
-            drop(_permit);
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-        }
-        n
-    }
-
-    /// io_uring_enter until the SQ is empty, retrying transient errors (the reaper's retry path).
-    async fn enter(&self) -> io::Result<()> {
-        for attempt in 0..MAX_RETRIES {
-            match self.ring.submit() {
-                Ok(_) => {
-                    if self.queued_sqes() == 0 {
-                        return Ok(());
-                    }
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
-                    // EBUSY: the CQ must be drained before the kernel takes more.
-                    self.reap();
-                    if attempt > 10 {
-                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                    } else {
-                        tokio::task::yield_now().await;
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(io::Error::new(io::ErrorKind::TimedOut, "io_uring_enter kept returning EAGAIN/EBUSY"))
-    }
-
     fn fd(&self) -> types::Fixed {
         types::Fixed(0)
     }
 
     fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
-        if res == -libc::ESHUTDOWN && !self.reaper_alive.load(Ordering::Acquire) {
+        if res == -libc::ESHUTDOWN && !self.default_ring.reaper_alive.load(Ordering::Acquire) {
             return io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 format!(
@@ -782,7 +831,204 @@ impl Shared {
     }
 }
 
-impl Drop for Shared {
+//------------------------------------------------------------------------------------------------
+// Submission and completion on one ring
+
+impl Ring {
+    /// Creates a ring with the file registered and an eventfd for completions, and spawns its
+    /// reaper on `runtime`.
+    fn start(
+        name: String,
+        fd: RawFd,
+        queue_depth: u32,
+        thread_owned: bool,
+        runtime: &tokio::runtime::Handle,
+        counters: Arc<Counters>,
+    ) -> io::Result<Arc<Ring>> {
+        let (ring, deferred_taskrun) =
+            build_ring(queue_depth, thread_owned).map_err(|e| with_context(e, format!("{name}: io_uring setup")))?;
+        ring.submitter()
+            .register_files(&[fd])
+            .map_err(|e| with_context(e, format!("{name}: io_uring register_files")))?;
+        // SAFETY: eventfd(2) with valid flags; the result is checked before use.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(with_context(errno(), format!("{name}: eventfd")));
+        }
+        // SAFETY: `efd` is a fresh descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        ring.submitter()
+            .register_eventfd(efd.as_raw_fd())
+            .map_err(|e| with_context(e, format!("{name}: io_uring register_eventfd")))?;
+        let efd = {
+            let _enter = runtime.enter();
+            // SAFETY: `efd` is an OwnedFd, so its descriptor stays open and unchanged for the
+            // AsyncFd's whole life.
+            unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }.map_err(|e| {
+                with_context(e.into_parts().1, format!("{name}: registering the completion eventfd with tokio"))
+            })?
+        };
+        let ring = Arc::new(Ring {
+            name,
+            ring,
+            deferred_taskrun,
+            owner: thread_owned.then(|| std::thread::current().id()),
+            sq_lock: Mutex::new(()),
+            cq_lock: Mutex::new(()),
+            inflight: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            submit_retry: AtomicBool::new(false),
+            enter_failures: AtomicUsize::new(0),
+            reaper_alive: AtomicBool::new(true),
+            wake_reaper: Notify::new(),
+            counters,
+        });
+        runtime.spawn(reap_loop(ring.clone(), efd, ReaperAlive(ring.clone())));
+        Ok(ring)
+    }
+
+    /// SQEs pushed and not yet consumed by the kernel.
+    fn queued_sqes(&self) -> usize {
+        let _sq = self.sq_lock.lock();
+        // SAFETY: `sq_lock` is held, so this is the only SubmissionQueue in existence.
+        unsafe { self.ring.submission_shared() }.len()
+    }
+
+    /// Flags for an `io_uring_enter` that submits: on a deferred ring also GETEVENTS (with no
+    /// minimum), so the same syscall posts whatever completed meanwhile.
+    fn enter_flags(&self) -> u32 {
+        if self.deferred_taskrun { IORING_ENTER_GETEVENTS } else { 0 }
+    }
+
+    /// Submits every queued SQE with `io_uring_enter`, without blocking. Whatever cannot be
+    /// submitted now (EAGAIN/EBUSY, or an unexpected error) is left in the SQ and handed to the
+    /// reaper, which retries with a back-off; the requests stay in flight either way.
+    fn submit_now(&self) {
+        // Bounded: each round either submits something or hands over to the reaper.
+        for _ in 0..8 {
+            let to_submit = self.queued_sqes();
+            if to_submit == 0 {
+                return;
+            }
+            // SAFETY: io_uring_enter on our own ring, no minimum wait, no argument pointer.
+            let r =
+                unsafe { self.ring.submitter().enter::<libc::sigset_t>(to_submit as u32, 0, self.enter_flags(), None) };
+            match r {
+                Ok(n) if n > 0 => {
+                    self.counters.enter_calls.fetch_add(1, Ordering::Relaxed);
+                    self.counters.sqes_submitted.fetch_add(n as u64, Ordering::Relaxed);
+                    if n >= to_submit {
+                        return;
+                    }
+                    // Without SUBMIT_ALL, an SQE failing at submit ends the batch; go again.
+                }
+                Ok(_) => return self.hand_submission_to_reaper(None),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return self.hand_submission_to_reaper(Some(e)),
+            }
+        }
+        if self.queued_sqes() > 0 {
+            self.hand_submission_to_reaper(None);
+        }
+    }
+
+    fn hand_submission_to_reaper(&self, error: Option<io::Error>) {
+        let n = self.enter_failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(e) = error {
+            let transient = matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY));
+            if !transient && n.is_power_of_two() {
+                tracing::error!(device = %self.name, failures = n + 1, "io_uring_enter failed: {e}; retrying");
+            }
+        }
+        self.submit_retry.store(true, Ordering::Release);
+        self.wake_reaper.notify_one();
+    }
+
+    /// Reaps the CQ if completions are waiting and nobody else is reaping: used after a plugged
+    /// submission, so requests that finished meanwhile are answered without waiting for the
+    /// reaper task's wake-up.
+    fn reap_if_ready(&self) {
+        if let Some(cq) = self.cq_lock.try_lock() {
+            self.reap_locked(cq);
+        }
+    }
+
+    /// Posts deferred completions (deferred rings only; on the owner thread), then drains the
+    /// CQ, answering every waiter. Returns how many completions were reaped.
+    fn reap(&self) -> usize {
+        if self.deferred_taskrun {
+            self.run_deferred_completions();
+        }
+        self.reap_locked(self.cq_lock.lock())
+    }
+
+    fn run_deferred_completions(&self) {
+        if self.owner != Some(std::thread::current().id()) {
+            // Only the owner may run them; its own enters and reaper will.
+            return;
+        }
+        for _ in 0..4 {
+            // SAFETY: io_uring_enter(0, 0, GETEVENTS) on our own ring: runs deferred task work.
+            match unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None) } {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => tracing::debug!(device = %self.name, "io_uring_enter(GETEVENTS): {e}"),
+                Ok(_) => {}
+            }
+            return;
+        }
+    }
+
+    fn reap_locked(&self, _cq: MutexGuard<'_, ()>) -> usize {
+        // SAFETY: `cq_lock` is held (`_cq`), so this is the only CompletionQueue in existence.
+        let mut cq = unsafe { self.ring.completion_shared() };
+        let mut n = 0;
+        loop {
+            cq.sync();
+            let Some(cqe) = cq.next() else { break };
+            n += 1;
+            // SAFETY: every SQE we push carries a pointer from `Box::into_raw(InFlight)`, and
+            // each CQE is seen exactly once.
+            let record = unsafe { Box::from_raw(cqe.user_data() as *mut InFlight) };
+            let InFlight { keep, reply, _permit } = *record;
+            // A dropped waiter drops the buffer here, after the kernel is done with it.
+            let _ = reply.send((cqe.result(), keep));
+            drop(_permit);
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+        n
+    }
+
+    /// io_uring_enter until the SQ is empty, retrying transient errors (the reaper's retry path).
+    async fn enter(&self) -> io::Result<()> {
+        for attempt in 0..MAX_RETRIES {
+            match self.ring.submit() {
+                Ok(n) => {
+                    if n > 0 {
+                        self.counters.enter_calls.fetch_add(1, Ordering::Relaxed);
+                        self.counters.sqes_submitted.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    if self.queued_sqes() == 0 {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                    // EBUSY: the CQ must be drained before the kernel takes more.
+                    self.reap();
+                    if attempt > 10 {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::new(io::ErrorKind::TimedOut, "io_uring_enter kept returning EAGAIN/EBUSY"))
+    }
+}
+
+impl Drop for Ring {
     fn drop(&mut self) {
         // The reaper is gone (it held an Arc). Wait for whatever the kernel still owns.
         let mut stuck = 0;
@@ -799,13 +1045,13 @@ impl Drop for Shared {
                     }
                 }
             }
-            self.reap();
+            self.reap_locked(self.cq_lock.lock());
         }
     }
 }
 
 /// Marks the reaper dead when its task ends or is dropped with its runtime.
-struct ReaperAlive(Arc<Shared>);
+struct ReaperAlive(Arc<Ring>);
 
 impl Drop for ReaperAlive {
     fn drop(&mut self) {
@@ -813,46 +1059,49 @@ impl Drop for ReaperAlive {
     }
 }
 
-impl PlugTarget for Shared {
+impl PlugTarget for Ring {
     fn submit_queued(&self) {
         self.submit_now();
         self.reap_if_ready();
     }
 
     fn plug_key(&self) -> usize {
-        self as *const Shared as usize
+        self as *const Ring as usize
     }
 }
 
 /// `alive` is an argument (not created inside) so that it is dropped with the task even when the
 /// runtime shuts down before the task was ever polled.
-async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAlive) {
+async fn reap_loop(ring: Arc<Ring>, efd: AsyncFd<OwnedFd>, alive: ReaperAlive) {
     let _alive = alive;
+    if ring.owner.is_some_and(|o| o != std::thread::current().id()) {
+        tracing::error!(device = %ring.name, "thread ring reaper runs on another thread than its owner");
+    }
     let mut retry_backoff_ms = 0u64;
     loop {
-        shared.reap();
-        if shared.submit_retry.swap(false, Ordering::AcqRel) {
-            match shared.enter().await {
+        ring.reap();
+        if ring.submit_retry.swap(false, Ordering::AcqRel) {
+            match ring.enter().await {
                 Ok(()) => retry_backoff_ms = 0,
                 Err(e) => {
                     retry_backoff_ms = (retry_backoff_ms * 2).clamp(1, 100);
-                    tracing::error!(device = %shared.name, "io_uring_enter: {e}; retrying in {retry_backoff_ms} ms");
-                    shared.submit_retry.store(true, Ordering::Release);
+                    tracing::error!(device = %ring.name, "io_uring_enter: {e}; retrying in {retry_backoff_ms} ms");
+                    ring.submit_retry.store(true, Ordering::Release);
                 }
             }
         }
-        if shared.closing.load(Ordering::Acquire) {
-            if shared.inflight.load(Ordering::Acquire) == 0 {
+        if ring.closing.load(Ordering::Acquire) {
+            if ring.inflight.load(Ordering::Acquire) == 0 {
                 return;
             }
             // A waiter dropped between push and io_uring_enter may have left an SQE behind.
-            let _ = shared.ring.submit();
+            let _ = ring.ring.submit();
         }
-        let retry = shared.submit_retry.load(Ordering::Acquire);
+        let retry = ring.submit_retry.load(Ordering::Acquire);
         tokio::select! {
             ready = efd.readable() => {
                 let Ok(mut guard) = ready else {
-                    tracing::error!(device = %shared.name, "completion eventfd failed; stopping the reaper");
+                    tracing::error!(device = %ring.name, "completion eventfd failed; stopping the reaper");
                     return;
                 };
                 // The eventfd is registered edge-triggered: every signal from the ring is a new
@@ -862,7 +1111,7 @@ async fn reap_loop(shared: Arc<Shared>, efd: AsyncFd<OwnedFd>, alive: ReaperAliv
                 // if no newer event arrived, so no completion can be missed.
                 guard.clear_ready();
             }
-            _ = shared.wake_reaper.notified() => {}
+            _ = ring.wake_reaper.notified() => {}
             _ = tokio::time::sleep(std::time::Duration::from_millis(retry_backoff_ms)), if retry => {}
         }
     }

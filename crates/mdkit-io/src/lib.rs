@@ -40,8 +40,10 @@ pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags,
     check_io, unsupported,
 };
-pub use fault::{FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno};
-pub use file::{DirectMode, FileDevice, FileOptions};
+pub use fault::{
+    FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,
+};
+pub use file::{DirectMode, FileDevice, FileOptions, SubmitStats, enable_thread_rings};
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use mem::MemDevice;
 pub use plug::{Plug, Plugged, is_plugged, plugged};

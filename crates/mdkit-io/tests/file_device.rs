@@ -499,3 +499,95 @@ async fn block_device_ioctls_topology_and_io() {
     let bytes = std::fs::read(&backing).unwrap();
     assert_eq!(&bytes[(MIB as usize + 64 * 1024)..(MIB as usize + 128 * 1024)], &data[64 * 1024..128 * 1024]);
 }
+
+/// Threads that called `enable_thread_rings` and drive a current-thread runtime get an io_uring
+/// of their own per device (the data-path layout of `mdkit serve`): several such threads and the
+/// opening runtime's shared ring write disjoint ranges concurrently, every byte reads back from
+/// every ring, flushes work on each, the queue-depth bound holds across rings, and a thread whose
+/// runtime ended leaves the device usable (its ring is gone, the shared one serves).
+#[test]
+fn thread_rings_serve_their_threads_and_agree_with_the_shared_ring() {
+    let dir = target_tmp();
+    let path = dir.path().join("rings");
+    FileDevice::create_sparse(&path, 32 * MIB).unwrap();
+    let main_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dev = Arc::new(main_rt.block_on(async { open_direct(&path) }));
+    const THREADS: u64 = 3;
+    const SLICE: u64 = 8 * MIB;
+    let mut joins = Vec::new();
+    for t in 0..THREADS {
+        let dev = dev.clone();
+        joins.push(std::thread::spawn(move || {
+            mdkit_io::enable_thread_rings();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let base = t * SLICE;
+                // 64 writes of 128 KiB in flight at once, then FUA, then flush.
+                let data = pattern(t + 1, SLICE as usize);
+                let writes = (0..64u64).map(|k| {
+                    let dev = dev.clone();
+                    let chunk =
+                        SharedBuf::from_slice(&data[(k * 128 * 1024) as usize..((k + 1) * 128 * 1024) as usize]);
+                    async move { dev.write(base + k * 128 * 1024, chunk, WriteFlags::NONE).await }
+                });
+                for r in futures_join_all(writes).await {
+                    r.unwrap();
+                }
+                dev.write(base, SharedBuf::from_slice(&data[..4096]), WriteFlags::FUA).await.unwrap();
+                dev.flush().await.unwrap();
+                let back = dev.read_vec(base, SLICE as usize).await.unwrap();
+                assert!(back == data, "thread {t} reads its own writes");
+                let st = dev.submit_stats();
+                assert!(st.rings >= 2, "this thread has a ring of its own: {st:?}");
+            });
+        }));
+    }
+    // Meanwhile the shared ring (multi-thread runtime) writes the last slice.
+    let shared_data = pattern(99, SLICE as usize);
+    main_rt.block_on(async {
+        dev.write(THREADS * SLICE, SharedBuf::from_slice(&shared_data), WriteFlags::NONE).await.unwrap();
+        dev.flush().await.unwrap();
+    });
+    for j in joins {
+        j.join().expect("ring thread");
+    }
+    // Those threads' runtimes are gone; everything reads back through the shared ring.
+    main_rt.block_on(async {
+        for t in 0..THREADS {
+            let back = dev.read_vec(t * SLICE, SLICE as usize).await.unwrap();
+            assert!(back == pattern(t + 1, SLICE as usize), "slice {t} through the shared ring");
+        }
+        let back = dev.read_vec(THREADS * SLICE, SLICE as usize).await.unwrap();
+        assert!(back == shared_data);
+        assert_eq!(dev.in_flight(), 0);
+        let st = dev.submit_stats();
+        assert_eq!(st.queued_sqes, 0, "{st:?}");
+        assert!(st.sqes_submitted >= THREADS * 66, "{st:?}");
+    });
+}
+
+async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = fs.map(Box::pin).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    // Poll all together: a tiny join_all (the crate has no futures dependency).
+    let mut pending: Vec<Option<std::pin::Pin<Box<F>>>> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (i, slot) in pending.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+    out.extend(results.into_iter().map(Option::unwrap));
+    out
+}

@@ -30,8 +30,10 @@ pub mod gate;
 pub mod handshake;
 pub mod proto;
 mod reader;
-mod taskset;
 pub mod server;
+mod taskset;
+pub mod threads;
 
 pub use export::{BlockSizes, Export, ExportStats, ExportStatsSnapshot};
 pub use server::{ListenAddr, NbdServer, ServerOptions, ShutdownReport};
+pub use threads::ConnectionThreads;

@@ -107,6 +107,9 @@ pub struct Shared {
     connections_accepted: AtomicU64,
     connections_done: Notify,
     listeners: Mutex<Vec<(ListenAddr, AbortHandle)>>,
+    /// Where connections run (round robin); empty = on the runtime that accepted them.
+    connection_runtimes: RwLock<Vec<tokio::runtime::Handle>>,
+    next_runtime: AtomicU64,
 }
 
 impl Shared {
@@ -144,6 +147,8 @@ impl NbdServer {
                 connections_accepted: AtomicU64::new(0),
                 connections_done: Notify::new(),
                 listeners: Mutex::new(Vec::new()),
+                connection_runtimes: RwLock::new(Vec::new()),
+                next_runtime: AtomicU64::new(0),
             }),
         }
     }
@@ -159,7 +164,10 @@ impl NbdServer {
         }
         let mut exports = self.shared.exports.write();
         if exports.contains_key(&export.name) {
-            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("export {:?} already exists", export.name)));
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("export {:?} already exists", export.name),
+            ));
         }
         tracing::info!(export = %export.name, device = export.device.name(), read_only = export.read_only, "export added");
         exports.insert(export.name.clone(), Arc::new(ExportState::new(export)));
@@ -169,6 +177,14 @@ impl NbdServer {
     /// Removes an export from the table; connections already using it keep it until they end.
     pub fn remove_export(&self, name: &str) -> bool {
         self.shared.exports.write().remove(name).is_some()
+    }
+
+    /// Runs each new connection on one of these runtimes (round robin) instead of the runtime
+    /// that accepted it — typically [`crate::ConnectionThreads`], one current-thread runtime per
+    /// core, so a connection's requests and member I/O stay on one thread. An empty list (the
+    /// default) keeps connections on the accepting runtime.
+    pub fn set_connection_runtimes(&self, runtimes: Vec<tokio::runtime::Handle>) {
+        *self.shared.connection_runtimes.write() = runtimes;
     }
 
     /// The export that the empty name (`nbd://host/`) selects.
@@ -210,11 +226,16 @@ impl NbdServer {
             ListenAddr::Unix(p) => {
                 if p.exists() {
                     if UnixStream::connect(p).await.is_ok() {
-                        return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{}: a server is already listening", p.display())));
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!("{}: a server is already listening", p.display()),
+                        ));
                     }
-                    std::fs::remove_file(p).map_err(|e| io::Error::new(e.kind(), format!("remove stale {}: {e}", p.display())))?;
+                    std::fs::remove_file(p)
+                        .map_err(|e| io::Error::new(e.kind(), format!("remove stale {}: {e}", p.display())))?;
                 }
-                let l = UnixListener::bind(p).map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", p.display())))?;
+                let l = UnixListener::bind(p)
+                    .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", p.display())))?;
                 let shared = self.shared.clone();
                 (addr.clone(), tokio::spawn(accept_unix(l, shared)))
             }
@@ -272,26 +293,45 @@ impl NbdServer {
 
 //------------------------------------------------------------------------------------------------
 
-/// A stream that can be split into independently owned halves without a lock.
-trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+/// A stream that can be split into independently owned halves without a lock, and moved to
+/// another runtime (detached from this runtime's reactor, attached to the other's).
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
+    type Std: Send + 'static;
     fn into_halves(self) -> (Self::R, Self::W);
+    fn detach(self) -> io::Result<Self::Std>;
+    /// Must run inside the runtime that is to drive the stream.
+    fn attach(s: Self::Std) -> io::Result<Self>;
 }
 
 impl Transport for TcpStream {
     type R = tokio::net::tcp::OwnedReadHalf;
     type W = tokio::net::tcp::OwnedWriteHalf;
+    type Std = std::net::TcpStream;
     fn into_halves(self) -> (Self::R, Self::W) {
         self.into_split()
+    }
+    fn detach(self) -> io::Result<Self::Std> {
+        self.into_std()
+    }
+    fn attach(s: Self::Std) -> io::Result<Self> {
+        TcpStream::from_std(s)
     }
 }
 
 impl Transport for UnixStream {
     type R = tokio::net::unix::OwnedReadHalf;
     type W = tokio::net::unix::OwnedWriteHalf;
+    type Std = std::os::unix::net::UnixStream;
     fn into_halves(self) -> (Self::R, Self::W) {
         self.into_split()
+    }
+    fn detach(self) -> io::Result<Self::Std> {
+        self.into_std()
+    }
+    fn attach(s: Self::Std) -> io::Result<Self> {
+        UnixStream::from_std(s)
     }
 }
 
@@ -333,12 +373,35 @@ fn spawn_connection<S: Transport>(stream: S, peer: String, shared: &Arc<Shared>)
     shared.connections_accepted.fetch_add(1, Ordering::Relaxed);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
     let s2 = shared.clone();
+    let runtime = {
+        let rts = shared.connection_runtimes.read();
+        let n = shared.next_runtime.fetch_add(1, Ordering::Relaxed);
+        (!rts.is_empty()).then(|| rts[(n % rts.len() as u64) as usize].clone())
+    };
     // The map lock is held across spawn + insert, so the task's own removal (which takes the
     // same lock) always happens after the insert.
-    let task = tokio::spawn(async move {
-        let _guard = ConnectionGuard { shared: s2.clone(), id };
-        run_connection(stream, &peer, &s2).await;
-    });
+    let task = match runtime {
+        None => tokio::spawn(async move {
+            let _guard = ConnectionGuard { shared: s2.clone(), id };
+            run_connection(stream, &peer, &s2).await;
+        }),
+        Some(rt) => {
+            let detached = match stream.detach() {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(%peer, "moving the connection to a connection thread: {e}");
+                    return;
+                }
+            };
+            rt.spawn(async move {
+                let _guard = ConnectionGuard { shared: s2.clone(), id };
+                match S::attach(detached) {
+                    Ok(stream) => run_connection(stream, &peer, &s2).await,
+                    Err(e) => tracing::warn!(%peer, "attaching the connection to its thread: {e}"),
+                }
+            })
+        }
+    };
     conns.insert(id, task.abort_handle());
 }
 
