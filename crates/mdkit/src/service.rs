@@ -51,11 +51,13 @@ impl Service {
 }
 
 /// Runs the service until SIGINT/SIGTERM. Returns an error if start-up or the final flush failed.
-pub async fn run(config: Config) -> Result<()> {
+/// NBD connections run on `connection_runtimes` (round robin; empty = this runtime).
+pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle>) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     tracing::info!(config = %config.source, data_dir = %config.data_dir.display(), "starting mdkit {}", env!("CARGO_PKG_VERSION"));
     let volumes = Volumes::open_all(&config.volumes, &config.data_dir).await?;
 
@@ -65,6 +67,7 @@ pub async fn run(config: Config) -> Result<()> {
         .clone()
         .or_else(|| (config.exports.len() == 1).then(|| config.exports[0].name.clone()));
     let nbd = NbdServer::new(config.nbd.server.clone());
+    nbd.set_connection_runtimes(connection_runtimes);
     nbd.set_default_export(default_export.clone());
     let svc = Arc::new(Service {
         config: config.clone(),
@@ -102,11 +105,8 @@ pub async fn run(config: Config) -> Result<()> {
 
     control.stop();
     let report = nbd.shutdown(config.nbd.shutdown_grace).await;
-    let mut errors: Vec<anyhow::Error> = report
-        .flush_errors
-        .into_iter()
-        .map(|(name, e)| anyhow!("flushing export {name:?}: {e}"))
-        .collect();
+    let mut errors: Vec<anyhow::Error> =
+        report.flush_errors.into_iter().map(|(name, e)| anyhow!("flushing export {name:?}: {e}")).collect();
     errors.extend(svc.volumes.read().await.close_all().await);
     if report.connections_aborted > 0 {
         tracing::warn!(connections = report.connections_aborted, "connections cut at the end of the grace period");
@@ -126,6 +126,8 @@ async fn start(svc: &Arc<Service>) -> Result<ControlServer> {
     }
     // md arrays created or assembled at run time earlier (md-arrays.json).
     control::md::restore(svc).await;
+    // Thin pools and volumes created at run time earlier (thin-pools.json), after md arrays.
+    control::thin::restore(svc).await;
     for addr in &svc.config.nbd.listen {
         svc.nbd.listen(addr).await.with_context(|| format!("NBD listener {addr}"))?;
     }

@@ -35,7 +35,7 @@ pub struct CreateArgs {
     /// Member files or block devices, in role order (extra members become spares).
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,
-    /// raid0, raid1, raid10 (also 0, 1, 10, stripe, mirror); raid4/5/6 once supported.
+    /// raid0, raid1, raid4, raid5, raid6, raid10 (also 0, 1, 4, 5, 6, 10, stripe, mirror).
     #[arg(long, short = 'l')]
     pub level: String,
     /// Active members (default: all given).

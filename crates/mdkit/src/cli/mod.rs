@@ -10,6 +10,7 @@
 pub mod md;
 pub mod serve;
 pub mod status;
+pub mod thin;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ pub enum Command {
     Manage(md::ManageArgs),
     /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
     Attr(md::AttrArgs),
+    /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list.
+    Thin(thin::ThinArgs),
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -56,6 +59,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Status(a) => status::run(a),
         Command::Create(a) => md::create(a),
         Command::Examine(a) => md::examine(a),
+        Command::Thin(a) => thin::run(a),
         Command::Assemble(a) => md::assemble(a),
         Command::Detail(a) => md::detail(a),
         Command::Stop(a) => md::stop(a),

@@ -25,7 +25,8 @@ pub struct ServeArgs {
     /// Parse and check the config, print the result and exit (opens nothing).
     #[arg(long)]
     pub check_config: bool,
-    /// Worker threads for the data path (default: one per CPU).
+    /// Data-path threads: each runs a current-thread runtime serving NBD connections, with an
+    /// io_uring per member of its own (default: one per CPU).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 }
@@ -52,14 +53,21 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.enable_all().thread_name("mdkit-worker");
-    if let Some(n) = args.threads {
-        rt.worker_threads(n.max(1));
-    }
-    let rt = rt.build().context("starting the tokio runtime")?;
-    rt.block_on(crate::service::run(config))?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Control plane (control socket, accept, volume management, md daemons): a small
+    // multi-thread runtime. Data path: one current-thread runtime per core, where connections
+    // run with their requests and member I/O on one thread (mdkit_nbd::threads).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mdkit-worker")
+        .worker_threads(cpus.min(2))
+        .build()
+        .context("starting the tokio runtime")?;
+    let data_path = mdkit_nbd::ConnectionThreads::start(args.threads.unwrap_or(cpus).max(1))
+        .context("starting the data-path threads")?;
+    rt.block_on(crate::service::run(config, data_path.handles()))?;
     // Member devices drain their rings when dropped; give background tasks no chance to linger.
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    drop(data_path);
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,7 @@
 pub mod client;
 pub mod md;
 mod status;
+pub mod thin;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -103,6 +104,7 @@ pub fn registry() -> Registry {
     let mut r = Registry::default();
     status::register(&mut r);
     md::register(&mut r);
+    thin::register(&mut r);
     r
 }
 
@@ -118,14 +120,18 @@ impl ControlServer {
     pub async fn start(path: &Path, service: Arc<Service>, registry: Registry) -> Result<ControlServer> {
         if path.exists() {
             if UnixStream::connect(path).await.is_ok() {
-                return Err(anyhow!("{}: another mdkit is already running (its control socket answers)", path.display()));
+                return Err(anyhow!(
+                    "{}: another mdkit is already running (its control socket answers)",
+                    path.display()
+                ));
             }
             std::fs::remove_file(path).with_context(|| format!("removing stale control socket {}", path.display()))?;
         }
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let listener = UnixListener::bind(path).with_context(|| format!("binding control socket {}", path.display()))?;
+        let listener =
+            UnixListener::bind(path).with_context(|| format!("binding control socket {}", path.display()))?;
         // Only the owner may control the service.
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("chmod {}", path.display()))?;

@@ -1,4 +1,4 @@
-//! `kind = "md"`: an md array (raid0/1/10; raid4/5/6 once their personality lands) assembled
+//! `kind = "md"`: an md array (raid0/1/4/5/6/10) assembled
 //! from member files, block devices or other volumes — or created on them when asked and no
 //! member carries a superblock yet.
 //!
@@ -9,11 +9,11 @@
 //! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume
 //! member_size = "1GiB"      # create missing member files sparse with this size
 //! create = true             # no member has a superblock yet: create the array (else assemble)
-//! level = "raid1"           # create: raid0 raid1 raid10 (raid4/5/6 later)
+//! level = "raid1"           # create: raid0 raid1 raid4 raid5 raid6 raid10
 //! raid_devices = 2          # create: default = number of members (the rest become spares)
 //! chunk = "512KiB"          # create: chunk size (raid0/10), default 512 KiB
-//! layout = "n2"             # create: raid0 original/alternate, raid10 nN/fN/oN
-//! bitmap = "internal"       # create: internal | none (default internal for raid1/10)
+//! layout = "n2"             # create: raid0 original/alternate, raid10 nN/fN/oN, raid5/6 left-symmetric ...
+//! bitmap = "internal"       # create: internal | none (default internal for redundant levels)
 //! assume_clean = false      # create: skip the initial resync (default: true only when mdkit
 //!                           # created every member file just now — they are all zeroes)
 //! metadata = "1.2"          # create: 1.0 | 1.1 | 1.2

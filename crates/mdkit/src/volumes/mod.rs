@@ -18,6 +18,7 @@
 pub mod file;
 pub mod md;
 pub mod mem;
+pub mod thin;
 
 use std::any::Any;
 use std::future::Future;
@@ -34,7 +35,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Every volume kind the service knows. Add new kinds here.
 pub fn kinds() -> Vec<Box<dyn VolumeKind>> {
-    vec![Box::new(file::FileKind), Box::new(mem::MemKind), Box::new(md::MdKind)]
+    vec![
+        Box::new(file::FileKind),
+        Box::new(mem::MemKind),
+        Box::new(md::MdKind),
+        Box::new(thin::ThinPoolKind),
+        Box::new(thin::ThinKind),
+    ]
 }
 
 /// Finds the kind for `kind = "..."`.
@@ -42,9 +49,7 @@ pub fn kind_for(name: &str) -> Result<Box<dyn VolumeKind>> {
     let all = kinds();
     let known: Vec<&str> = all.iter().map(|k| k.kind()).collect();
     let known = known.join(", ");
-    all.into_iter()
-        .find(|k| k.kind() == name)
-        .ok_or_else(|| anyhow!("unknown volume kind {name:?} (known: {known})"))
+    all.into_iter().find(|k| k.kind() == name).ok_or_else(|| anyhow!("unknown volume kind {name:?} (known: {known})"))
 }
 
 /// How to build volumes of one kind.
@@ -128,9 +133,16 @@ impl Volumes {
             let kind = kind_for(&spec.kind).map_err(|e| anyhow!("volume {:?}: {e}", spec.name))?;
             let v = {
                 let ctx = OpenContext { data_dir, volumes: &vols };
-                kind.open(spec, &ctx).await.map_err(|e| anyhow!("opening volume {:?} (kind {}): {e:#}", spec.name, spec.kind))?
+                kind.open(spec, &ctx)
+                    .await
+                    .map_err(|e| anyhow!("opening volume {:?} (kind {}): {e:#}", spec.name, spec.kind))?
             };
-            tracing::info!(volume = v.name(), kind = v.kind(), size_bytes = v.device().topology().size_bytes, "volume open");
+            tracing::info!(
+                volume = v.name(),
+                kind = v.kind(),
+                size_bytes = v.device().topology().size_bytes,
+                "volume open"
+            );
             vols.insert(v)?;
         }
         Ok(vols)

@@ -1,0 +1,387 @@
+//! `mdkit thin ...`: thin pools and volumes. Every verb talks to the running service except
+//! `check`, which reads a metadata device offline (like thin_check).
+//!
+//! ```text
+//! mdkit thin pool-create NAME --metadata DEV --data DEV [--block-size 64K] [--no-zeroing]
+//!                        [--error-if-no-space] [--metadata-size S] [--data-size S]
+//! mdkit thin status POOL [--json]
+//! mdkit thin check METADATA-DEV [--clear-needs-check] [--json]
+//! mdkit thin create POOL ID --size S [--name VOLUME] [--export NAME | --no-export]
+//! mdkit thin snapshot POOL NEW-ID ORIGIN-ID [--name VOLUME] [--export NAME | --no-export]
+//! mdkit thin delete POOL ID
+//! mdkit thin list POOL [--json]
+//! ```
+//! DEV is a path (a file or block device) or `volume:NAME` (a volume of the service, e.g. an
+//! md array).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use mdkit_thin::meta::{CheckOptions, FileMetaIo, check, clear_needs_check};
+use serde_json::{Value, json};
+
+use super::ControlArgs;
+
+#[derive(Args, Debug)]
+pub struct ThinArgs {
+    #[command(subcommand)]
+    pub verb: Verb,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Verb {
+    /// Format a new pool on a metadata and a data device and open it in the service.
+    PoolCreate(PoolCreateArgs),
+    /// Pool status (the `dmsetup status` line, usage, mode) and every thin device's.
+    Status(PoolJsonArgs),
+    /// Check pool metadata offline (thin_check equivalent); exit status 1 when damaged.
+    Check(CheckArgs),
+    /// Create a thin device of SIZE, open it as a volume and export it over NBD.
+    Create(CreateArgs),
+    /// Snapshot a thin device (O(1)), open the snapshot as a volume and export it.
+    Snapshot(SnapshotArgs),
+    /// Delete a thin device (its run-time volume and export are removed first).
+    Delete(DeleteArgs),
+    /// Mapped, exclusive and shared blocks of every thin device.
+    List(PoolJsonArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PoolCreateArgs {
+    pub name: String,
+    /// Metadata device: a path or volume:NAME.
+    #[arg(long, value_name = "DEV")]
+    pub metadata: String,
+    /// Data device: a path or volume:NAME.
+    #[arg(long, value_name = "DEV")]
+    pub data: String,
+    /// Data block size: 64K..1G, a multiple of 64K.
+    #[arg(long, default_value = "64K")]
+    pub block_size: String,
+    /// Do not zero newly provisioned blocks (dm-thin skip_block_zeroing).
+    #[arg(long)]
+    pub no_zeroing: bool,
+    /// Fail writes at once when out of data space (else they queue up to the timeout).
+    #[arg(long)]
+    pub error_if_no_space: bool,
+    /// Seconds writes queue for data space before failing (default 60).
+    #[arg(long, value_name = "S")]
+    pub no_space_timeout_s: Option<u64>,
+    /// Warn when free data blocks fall below this.
+    #[arg(long, value_name = "BLOCKS")]
+    pub low_water_blocks: Option<u64>,
+    /// Create the metadata file with this size if it does not exist.
+    #[arg(long, value_name = "SIZE")]
+    pub metadata_size: Option<String>,
+    /// Create the data file with this size if it does not exist.
+    #[arg(long, value_name = "SIZE")]
+    pub data_size: Option<String>,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PoolJsonArgs {
+    pub pool: String,
+    /// Print the raw JSON answer.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    pub metadata: PathBuf,
+    /// When the metadata is clean, clear NEEDS_CHECK so the pool opens read-write again.
+    #[arg(long)]
+    pub clear_needs_check: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    pub pool: String,
+    pub id: u64,
+    /// Virtual size (e.g. 10G).
+    #[arg(long)]
+    pub size: String,
+    #[command(flatten)]
+    pub volume: VolumeNaming,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    pub pool: String,
+    pub new_id: u64,
+    pub origin_id: u64,
+    /// Virtual size (default: the origin's).
+    #[arg(long)]
+    pub size: Option<String>,
+    #[command(flatten)]
+    pub volume: VolumeNaming,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct VolumeNaming {
+    /// Volume name in the service (default POOL.ID).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// NBD export name (default: the volume name).
+    #[arg(long, conflicts_with = "no_export")]
+    pub export: Option<String>,
+    /// Do not export the volume.
+    #[arg(long)]
+    pub no_export: bool,
+}
+
+impl VolumeNaming {
+    fn json(&self) -> (Value, Value) {
+        let export = if self.no_export { json!("") } else { json!(self.export) };
+        (json!(self.name), export)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    pub pool: String,
+    pub id: u64,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+pub fn run(a: ThinArgs) -> Result<ExitCode> {
+    match a.verb {
+        Verb::PoolCreate(a) => pool_create(a),
+        Verb::Status(a) => status(a),
+        Verb::Check(a) => check_offline(a),
+        Verb::Create(a) => {
+            let (name, export) = a.volume.json();
+            let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export });
+            print_created(&a.control.client()?.call("thin.create", args)?)
+        }
+        Verb::Snapshot(a) => {
+            let (name, export) = a.volume.json();
+            let args = json!({ "pool": a.pool, "id": a.new_id, "origin": a.origin_id, "size": a.size, "name": name, "export": export });
+            print_created(&a.control.client()?.call("thin.snapshot", args)?)
+        }
+        Verb::Delete(a) => {
+            let v = a.control.client()?.call("thin.delete", json!({ "pool": a.pool, "id": a.id }))?;
+            println!("deleted thin device {} of pool {}", a.id, a.pool);
+            for n in v["volumes_removed"].as_array().into_iter().flatten() {
+                println!("removed volume {}", n.as_str().unwrap_or("?"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Verb::List(a) => list(a),
+    }
+}
+
+/// Paths become absolute (the service resolves relative paths against its data directory).
+fn device_spec(s: &str) -> Result<String> {
+    if s.starts_with("volume:") {
+        return Ok(s.to_string());
+    }
+    let p = PathBuf::from(s);
+    let abs = if p.is_absolute() { p } else { std::env::current_dir().context("current directory")?.join(p) };
+    Ok(abs.display().to_string())
+}
+
+fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
+    let mut options = Vec::new();
+    if a.no_zeroing {
+        options.push("skip_block_zeroing");
+    }
+    if a.error_if_no_space {
+        options.push("error_if_no_space");
+    }
+    let mut args = json!({
+        "name": a.name,
+        "metadata": device_spec(&a.metadata)?,
+        "data": device_spec(&a.data)?,
+        "block_size": a.block_size,
+        "options": options,
+    });
+    for (k, v) in [
+        ("metadata_size", a.metadata_size.map(Value::from)),
+        ("data_size", a.data_size.map(Value::from)),
+        ("no_space_timeout_s", a.no_space_timeout_s.map(Value::from)),
+        ("low_water_blocks", a.low_water_blocks.map(Value::from)),
+    ] {
+        if let Some(v) = v {
+            args[k] = v;
+        }
+    }
+    let v = a.control.client()?.call("thin.pool-create", args.clone())?;
+    println!(
+        "created thin pool {} ({} KiB blocks): {}",
+        a.name,
+        v["data_block_bytes"].as_u64().unwrap_or(0) >> 10,
+        v["status"].as_str().unwrap_or("?")
+    );
+    println!("It is open now and reopened when the service restarts. Equivalent config:");
+    println!(
+        "[[volume]]\nname = {:?}\nkind = \"thin-pool\"\nmetadata = {}\ndata = {}\nblock_size = {}\noptions = {}",
+        a.name, args["metadata"], args["data"], args["block_size"], args["options"]
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_created(v: &Value) -> Result<ExitCode> {
+    print!(
+        "thin device {} of pool {} is volume {}",
+        v["id"],
+        v["pool"].as_str().unwrap_or("?"),
+        v["volume"].as_str().unwrap_or("?")
+    );
+    match v["export"].as_str() {
+        Some(e) => println!(", exported as {e:?}"),
+        None => println!(" (not exported)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(a: PoolJsonArgs) -> Result<ExitCode> {
+    let v = a.control.client()?.call("thin.status", json!({ "pool": a.pool }))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", status_text(&v));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_text(v: &Value) -> String {
+    let s = |x: &Value| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string());
+    let u = |x: &Value| x.as_u64().unwrap_or(0);
+    let mut out = format!("{}: {}\n", s(&v["pool"]), s(&v["status"]));
+    out += &format!(
+        "  mode {}{}, data {}/{} blocks of {} KiB, metadata {}/{} blocks, transaction {}\n",
+        s(&v["mode"]),
+        match v["mode_reason"].as_str() {
+            Some(r) if !r.is_empty() => format!(" ({r})"),
+            _ => String::new(),
+        },
+        u(&v["used_data_blocks"]),
+        u(&v["total_data_blocks"]),
+        u(&v["data_block_bytes"]) >> 10,
+        u(&v["used_metadata_blocks"]),
+        u(&v["total_metadata_blocks"]),
+        u(&v["transaction_id"]),
+    );
+    if v["needs_check"].as_bool() == Some(true) {
+        out += "  NEEDS_CHECK is set: run `mdkit thin check METADATA-DEV` offline\n";
+    }
+    if v["low_water_reached"].as_bool() == Some(true) {
+        out += &format!("  free data blocks are below the low-water mark ({})\n", u(&v["low_water_blocks"]));
+    }
+    out += &format!(
+        "  {:<8} {:>14} {:>20} {:>14}  {}\n",
+        "THIN", "MAPPED-SECTORS", "HIGHEST-MAPPED-SECTOR", "SIZE", "OPEN"
+    );
+    for t in v["thins"].as_array().into_iter().flatten() {
+        out += &format!(
+            "  {:<8} {:>14} {:>20} {:>14}  {}\n",
+            u(&t["id"]),
+            u(&t["mapped_sectors"]),
+            t["highest_mapped_sector"].as_u64().map_or("-".to_string(), |h| h.to_string()),
+            t["size_bytes"].as_u64().map_or("?".to_string(), |b| b.to_string()),
+            if t["open"].as_bool() == Some(true) { "yes" } else { "no" },
+        );
+    }
+    out
+}
+
+fn list(a: PoolJsonArgs) -> Result<ExitCode> {
+    let v = a.control.client()?.call("thin.list", json!({ "pool": a.pool }))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<8} {:>12} {:>12} {:>12} {:>16} {:>16}  VOLUMES",
+        "THIN", "MAPPED", "EXCLUSIVE", "SHARED", "MAPPED-BYTES", "SIZE"
+    );
+    for t in v["thins"].as_array().into_iter().flatten() {
+        let vols: Vec<String> =
+            t["volumes"].as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect();
+        println!(
+            "{:<8} {:>12} {:>12} {:>12} {:>16} {:>16}  {}",
+            t["id"],
+            t["mapped_blocks"],
+            t["exclusive_blocks"],
+            t["shared_blocks"],
+            t["mapped_bytes"],
+            t["size_bytes"].as_u64().map_or("?".to_string(), |b| b.to_string()),
+            if vols.is_empty() { "-".to_string() } else { vols.join(",") },
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_offline(a: CheckArgs) -> Result<ExitCode> {
+    let io = FileMetaIo::open(&a.metadata, a.clear_needs_check)
+        .with_context(|| format!("opening {}", a.metadata.display()))?;
+    let opts = CheckOptions::default();
+    let report = if a.clear_needs_check { clear_needs_check(&io, &opts)? } else { check(&io, &opts) };
+    if a.json {
+        let issues = |v: &[mdkit_thin::meta::CheckIssue]| -> Vec<Value> {
+            v.iter().map(|i| json!({ "block": i.block, "message": i.message })).collect()
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "device": report.device,
+                "clean": report.is_clean(),
+                "errors": issues(&report.errors),
+                "errors_not_recorded": report.errors_not_recorded,
+                "warnings": issues(&report.warnings),
+                "devices": report.nr_devices,
+                "mappings": report.nr_mappings,
+                "metadata_blocks_referenced": report.metadata_blocks_referenced,
+                "data_blocks_referenced": report.data_blocks_referenced,
+                "needs_check": report.needs_check_flag,
+                "transaction_id": report.superblock.as_ref().map(|s| s.trans_id),
+            }))?
+        );
+    } else {
+        print!("{report}");
+        if a.clear_needs_check && report.is_clean() {
+            println!("NEEDS_CHECK is clear");
+        }
+    }
+    if !report.is_clean() {
+        if !a.json {
+            bail!(
+                "{}: metadata is damaged; repair it with thin_repair (or restore from a thin_dump)",
+                a.metadata.display()
+            );
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_text_shows_the_dmsetup_line_and_every_thin() {
+        let v = json!({
+            "pool": "p", "status": "3 20/1024 5/100 - rw discard_passdown queue_if_no_space - 256", "mode": "rw",
+            "used_data_blocks": 5, "total_data_blocks": 100, "data_block_bytes": 65536, "used_metadata_blocks": 20,
+            "total_metadata_blocks": 1024, "transaction_id": 3, "needs_check": false,
+            "thins": [{"id": 0, "mapped_sectors": 640, "highest_mapped_sector": 1279, "size_bytes": 1048576, "open": true}]
+        });
+        let t = status_text(&v);
+        assert!(t.contains("3 20/1024 5/100 - rw") && t.contains("1279") && t.contains("yes"), "{t}");
+    }
+}

@@ -1,0 +1,371 @@
+//! Thin-pool control commands (`mdkit thin ...`) and the restore of pools and thin volumes
+//! created at run time.
+//!
+//! | command            | args                                                             |
+//! |--------------------|------------------------------------------------------------------|
+//! | `thin.pool-create` | name, metadata, data, block_size, options, metadata_size,        |
+//! |                    | data_size, no_space_timeout_s, low_water_blocks, ...             |
+//! | `thin.status`      | pool                                                             |
+//! | `thin.create`      | pool, id, size, name (default POOL.ID), export (default the name; |
+//! |                    | "" = none)                                                       |
+//! | `thin.snapshot`    | pool, id, origin, size (default the origin's), name, export      |
+//! | `thin.delete`      | pool, id                                                         |
+//! | `thin.list`        | pool                                                             |
+//!
+//! Pools and volumes made here are remembered in `<data_dir>/thin-pools.json` and opened again
+//! (with their exports) when the service starts, after the configured volumes.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Registry;
+use crate::config::ExportSpec;
+use crate::service::Service;
+use crate::volumes::thin::{
+    PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinVolumeVol, find_pool, load_state, open_pool, open_thin,
+    size_key, update_state,
+};
+
+pub fn register(r: &mut Registry) {
+    r.register("thin.pool-create", "format a new thin pool on two devices and open it", |svc, args| {
+        Box::pin(async move { pool_create(svc, args).await })
+    });
+    r.register("thin.status", "pool status (dmsetup status numbers) and every thin device's", |svc, args| {
+        Box::pin(async move { status(svc, args).await })
+    });
+    r.register("thin.create", "create a thin device, open it as a volume and export it", |svc, args| {
+        Box::pin(async move { create(svc, args).await })
+    });
+    r.register("thin.snapshot", "snapshot a thin device (O(1)), open it as a volume and export it", |svc, args| {
+        Box::pin(async move { snapshot(svc, args).await })
+    });
+    r.register("thin.delete", "delete a thin device (its run-time volume and export go too)", |svc, args| {
+        Box::pin(async move { delete(svc, args).await })
+    });
+    r.register("thin.list", "mapped, exclusive and shared blocks of every thin device", |svc, args| {
+        Box::pin(async move { list(svc, args).await })
+    });
+}
+
+fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
+    serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolCreateArgs {
+    name: String,
+    #[serde(flatten)]
+    params: serde_json::Map<String, Value>,
+}
+
+async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: PoolCreateArgs = parse(args, "thin.pool-create")?;
+    let params: PoolParams = serde_json::from_value(Value::Object(a.params.clone())).context("thin.pool-create")?;
+    if svc.volumes.read().await.get(&a.name).is_some() {
+        bail!("a volume named {:?} already exists", a.name);
+    }
+    let vol = {
+        let vols = svc.volumes.read().await;
+        open_pool(&a.name, &params, true, &svc.config.data_dir, &vols).await?
+    };
+    let st = vol.pool().status().await?;
+    svc.volumes.write().await.insert(vol)?;
+    update_state(&svc.config.data_dir, |s| {
+        s.pools.retain(|p| p.name != a.name);
+        s.pools.push(RememberedPool { name: a.name.clone(), params: Value::Object(a.params) });
+    })?;
+    Ok(json!({ "pool": a.name, "status": st.to_string(), "data_block_bytes": st.data_block_bytes }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolArg {
+    pool: String,
+}
+
+async fn status(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: PoolArg = parse(args, "thin.status")?;
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    let st = pool.status().await?;
+    let sizes = load_state(&svc.config.data_dir)?.sizes;
+    let mut thins = Vec::new();
+    for id in pool.devices().await? {
+        let t = pool.thin_status(id).await?;
+        thins.push(json!({
+            "id": id,
+            "status": t.to_string(),
+            "mapped_blocks": t.mapped_blocks,
+            "mapped_sectors": t.mapped_sectors,
+            "highest_mapped_sector": t.highest_mapped_sector,
+            "size_bytes": sizes.get(&size_key(&a.pool, id)),
+            "open": pool.is_open(id),
+            "transaction_id": t.details.transaction_id,
+            "creation_time": t.details.creation_time,
+            "snapshotted_time": t.details.snapshotted_time,
+        }));
+    }
+    let c = st.counters;
+    Ok(json!({
+        "pool": a.pool,
+        "status": st.to_string(),
+        "transaction_id": st.transaction_id,
+        "used_metadata_blocks": st.used_metadata_blocks,
+        "total_metadata_blocks": st.total_metadata_blocks,
+        "used_data_blocks": st.used_data_blocks,
+        "total_data_blocks": st.total_data_blocks,
+        "held_root": st.held_root,
+        "mode": st.mode_str(),
+        "mode_reason": st.mode_reason,
+        "discard": st.discard.as_str(),
+        "error_if_no_space": st.error_if_no_space,
+        "needs_check": st.needs_check,
+        "metadata_low_water_blocks": st.metadata_low_water_blocks,
+        "low_water_blocks": st.low_water_blocks,
+        "low_water_reached": st.low_water_reached,
+        "data_block_bytes": st.data_block_bytes,
+        "zero_new_blocks": st.zero_new_blocks,
+        "no_space_timeout_ms": st.no_space_timeout_ms,
+        "metadata_device": st.metadata_device,
+        "data_device": st.data_device,
+        "counters": {
+            "commits": c.commits, "commit_rounds": c.commit_rounds, "provisions": c.provisions,
+            "sharing_breaks": c.sharing_breaks, "zeroed_blocks": c.zeroed_blocks,
+            "discarded_blocks": c.discarded_blocks, "passdown_blocks": c.passdown_blocks,
+            "passdown_errors": c.passdown_errors, "no_space_waits": c.no_space_waits,
+            "no_space_errors": c.no_space_errors, "fast_reads": c.volumes.fast_reads,
+            "fast_writes": c.volumes.fast_writes, "slow_ops": c.volumes.slow_ops,
+        },
+        "thins": thins,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateArgs {
+    pool: String,
+    id: u64,
+    size: Option<crate::config::Size>,
+    origin: Option<u64>,
+    name: Option<String>,
+    export: Option<String>,
+}
+
+/// Opens `id` as a run-time volume (and export), remembering it.
+async fn register_thin(
+    svc: &Arc<Service>,
+    pool_name: &str,
+    id: u64,
+    size: Option<u64>,
+    name: Option<String>,
+    export: Option<String>,
+) -> Result<Value> {
+    let pool = find_pool(&*svc.volumes.read().await, pool_name)?;
+    let name = name.unwrap_or_else(|| format!("{pool_name}.{id}"));
+    if svc.volumes.read().await.get(&name).is_some() {
+        bail!("a volume named {name:?} already exists (give another --name)");
+    }
+    let vol = open_thin(&name, pool_name, &pool, id, size, &svc.config.data_dir).await?;
+    svc.volumes.write().await.insert(vol)?;
+    let export = match export {
+        Some(e) if e.is_empty() => None,
+        Some(e) => Some(e),
+        None => Some(name.clone()),
+    };
+    if let Some(e) = &export {
+        svc.add_export(ExportSpec {
+            name: e.clone(),
+            volume: name.clone(),
+            read_only: false,
+            description: format!("thin {id} of pool {pool_name}"),
+        })
+        .await?;
+    }
+    update_state(&svc.config.data_dir, |s| {
+        s.volumes.retain(|v| v.name != name);
+        s.volumes.push(RememberedThin { name: name.clone(), pool: pool_name.to_string(), id, export: export.clone() });
+    })?;
+    Ok(json!({ "pool": pool_name, "id": id, "volume": name, "export": export }))
+}
+
+async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: CreateArgs = parse(args, "thin.create")?;
+    if a.origin.is_some() {
+        bail!("thin.create takes no origin (use thin.snapshot)");
+    }
+    let size = a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes();
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    pool.create_thin(a.id).await?;
+    update_state(&svc.config.data_dir, |s| {
+        s.sizes.insert(size_key(&a.pool, a.id), size);
+    })?;
+    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export).await
+}
+
+async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: CreateArgs = parse(args, "thin.snapshot")?;
+    let origin = a.origin.ok_or_else(|| anyhow!("thin.snapshot: origin is required"))?;
+    let size = match a.size {
+        Some(s) => s.bytes(),
+        None => load_state(&svc.config.data_dir)?
+            .sizes
+            .get(&size_key(&a.pool, origin))
+            .copied()
+            .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
+    };
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    pool.create_snapshot(a.id, origin).await?;
+    update_state(&svc.config.data_dir, |s| {
+        s.sizes.insert(size_key(&a.pool, a.id), size);
+    })?;
+    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteArgs {
+    pool: String,
+    id: u64,
+}
+
+async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: DeleteArgs = parse(args, "thin.delete")?;
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    let remembered = load_state(&svc.config.data_dir)?.volumes;
+    // Volumes of this device: run-time ones are closed and removed; configured ones block.
+    let users: Vec<(String, bool)> = svc
+        .volumes
+        .read()
+        .await
+        .iter()
+        .filter_map(|v| v.as_any().downcast_ref::<ThinVolumeVol>().map(|t| (v.name().to_string(), t)))
+        .filter(|(_, t)| t.pool_name() == a.pool && t.id() == a.id)
+        .map(|(n, _)| {
+            let runtime = remembered.iter().any(|r| r.name == n);
+            (n, runtime)
+        })
+        .collect();
+    if let Some((n, _)) = users.iter().find(|(_, runtime)| !runtime) {
+        bail!("thin device {} is volume {n:?} of the config file; remove it from the config first", a.id);
+    }
+    for (n, _) in &users {
+        let exports: Vec<String> =
+            svc.exports.read().await.iter().filter(|e| &e.volume == n).map(|e| e.name.clone()).collect();
+        for e in exports {
+            svc.nbd.remove_export(&e);
+            svc.exports.write().await.retain(|x| x.name != e);
+        }
+        let vol = svc.volumes.write().await.remove(n);
+        if let Some(v) = vol {
+            v.close().await?;
+        }
+    }
+    pool.delete_thin(a.id)
+        .await
+        .map_err(|e| anyhow!("{e} (NBD clients may still hold the device; disconnect them)"))?;
+    update_state(&svc.config.data_dir, |s| {
+        s.sizes.remove(&size_key(&a.pool, a.id));
+        s.volumes.retain(|v| !(v.pool == a.pool && v.id == a.id));
+    })?;
+    Ok(
+        json!({ "pool": a.pool, "deleted": a.id, "volumes_removed": users.into_iter().map(|u| u.0).collect::<Vec<_>>() }),
+    )
+}
+
+async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: PoolArg = parse(args, "thin.list")?;
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    let sizes = load_state(&svc.config.data_dir)?.sizes;
+    let vols = svc.volumes.read().await;
+    let names: Vec<(u64, String)> = vols
+        .iter()
+        .filter_map(|v| {
+            v.as_any()
+                .downcast_ref::<ThinVolumeVol>()
+                .map(|t| (t.id(), t.pool_name().to_string(), v.name().to_string()))
+        })
+        .filter(|(_, p, _)| p == &a.pool)
+        .map(|(id, _, n)| (id, n))
+        .collect();
+    drop(vols);
+    let bs = pool.data_block_bytes();
+    let rows: Vec<Value> = pool
+        .list()
+        .await?
+        .into_iter()
+        .map(|u| {
+            json!({
+                "id": u.id,
+                "mapped_blocks": u.mapped_blocks,
+                "exclusive_blocks": u.exclusive_blocks,
+                "shared_blocks": u.shared_blocks,
+                "mapped_bytes": u.mapped_blocks * bs,
+                "size_bytes": sizes.get(&size_key(&a.pool, u.id)),
+                "creation_time": u.details.creation_time,
+                "snapshotted_time": u.details.snapshotted_time,
+                "volumes": names.iter().filter(|(id, _)| *id == u.id).map(|(_, n)| n.clone()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(json!({ "pool": a.pool, "data_block_bytes": bs, "thins": rows }))
+}
+
+/// Opens the pools and thin volumes created at run time earlier (thin-pools.json).
+pub async fn restore(svc: &Arc<Service>) {
+    let st = match load_state(&svc.config.data_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("thin pools not restored: {e:#}");
+            return;
+        }
+    };
+    for p in st.pools {
+        if svc.volumes.read().await.get(&p.name).is_some() {
+            tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
+            continue;
+        }
+        let result: Result<()> = async {
+            let params: PoolParams = serde_json::from_value(p.params.clone()).context("remembered parameters")?;
+            let vol = {
+                let vols = svc.volumes.read().await;
+                open_pool(&p.name, &params, false, &svc.config.data_dir, &vols).await?
+            };
+            svc.volumes.write().await.insert(vol)?;
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
+            Err(e) => tracing::error!(pool = %p.name, "remembered thin pool not opened: {e:#}"),
+        }
+    }
+    for v in st.volumes {
+        if svc.volumes.read().await.get(&v.name).is_some() {
+            tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
+            continue;
+        }
+        let result: Result<()> = async {
+            let pool = find_pool(&*svc.volumes.read().await, &v.pool)?;
+            let vol = open_thin(&v.name, &v.pool, &pool, v.id, None, &svc.config.data_dir).await?;
+            svc.volumes.write().await.insert(vol)?;
+            if let Some(e) = &v.export {
+                let spec = ExportSpec {
+                    name: e.clone(),
+                    volume: v.name.clone(),
+                    read_only: false,
+                    description: format!("thin {} of pool {}", v.id, v.pool),
+                };
+                svc.add_export(spec).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
+            Err(e) => tracing::error!(volume = %v.name, "remembered thin volume not opened: {e:#}"),
+        }
+    }
+}

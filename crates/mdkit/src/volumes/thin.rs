@@ -1,0 +1,556 @@
+//! `kind = "thin-pool"` and `kind = "thin"`: dm-thin pools and thin volumes (mdkit-thin's
+//! runtime), kernel-compatible metadata.
+//!
+//! ```toml
+//! [[volume]]
+//! name = "pool0"
+//! kind = "thin-pool"
+//! metadata = "pool0.meta"       # path (relative to data_dir) or "volume:NAME" (an earlier volume)
+//! metadata_size = "64MiB"       # create a missing metadata file sparse with this size
+//! data = "volume:md0"           # e.g. an md array defined above
+//! data_size = "100GiB"          # create a missing data file sparse with this size
+//! block_size = "64KiB"          # data block size, 64 KiB..1 GiB, a multiple of 64 KiB; used to
+//!                               # format blank metadata (default 64 KiB), checked otherwise
+//! options = ["error_if_no_space"]   # dm-thin features: skip_block_zeroing, error_if_no_space,
+//!                               # no_discard_passdown, ignore_discard, read_only
+//! no_space_timeout_s = 60       # queue writes this long when out of data space, then fail
+//! low_water_blocks = 1024       # warn (log, status) when free data blocks fall below
+//! commit_interval_ms = 1000     # commit at least this often when metadata changed
+//! check_on_open = true          # check the metadata before opening read-write
+//! direct = "auto"               # file devices: auto | require | off (O_DIRECT)
+//! queue_depth = 128             # file devices: io_uring requests in flight
+//!
+//! [[volume]]
+//! name = "vol0"
+//! kind = "thin"
+//! pool = "pool0"                # a thin-pool volume defined above
+//! id = 0                        # thin device id (24 bits)
+//! size = "10GiB"                # virtual size; may be omitted once recorded (see below)
+//! create = true                 # create thin device `id` in the pool if it does not exist
+//! ```
+//!
+//! dm-thin metadata does not store a thin device's size. mdkit records every size it is given
+//! (config, `mdkit thin create`) in `<data_dir>/thin-pools.json`, next to the pools and thin
+//! volumes created at run time through `mdkit thin ...` (re-opened when the service starts).
+//! A thin-pool volume is not a block device itself (its device has size 0); export its thin
+//! volumes.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use mdkit_io::{
+    BlockDevice, BlockDeviceExt, DeviceRef, DirectMode, FileDevice, FileOptions, IoFuture, IoOp, ReadResult, SharedBuf,
+    Topology, WriteFlags, ZeroFlags, check_io,
+};
+use mdkit_thin::pool::{DiscardMode, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
+use serde::{Deserialize, Serialize};
+
+use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
+use crate::config::{Size, VolumeSpec};
+
+/// File (in the data directory) with thin sizes and run-time pools and volumes.
+pub const STATE_FILE: &str = "thin-pools.json";
+/// Data block size used to format blank metadata when none is configured.
+pub const DEFAULT_BLOCK_BYTES: u64 = 64 << 10;
+
+pub struct ThinPoolKind;
+pub struct ThinKind;
+
+#[derive(Deserialize, Serialize, Default, Clone, Copy, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Direct {
+    #[default]
+    Auto,
+    Require,
+    Off,
+}
+
+/// The keys of a `thin-pool` volume (also the arguments of `thin.pool-create`).
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct PoolParams {
+    pub metadata: String,
+    pub data: String,
+    pub metadata_size: Option<Size>,
+    pub data_size: Option<Size>,
+    pub block_size: Option<Size>,
+    #[serde(default)]
+    pub options: Vec<String>,
+    pub no_space_timeout_s: Option<u64>,
+    pub low_water_blocks: Option<u64>,
+    pub commit_interval_ms: Option<u64>,
+    pub check_on_open: Option<bool>,
+    pub mapping_cache_entries: Option<usize>,
+    #[serde(default)]
+    pub direct: Direct,
+    pub queue_depth: Option<u32>,
+}
+
+/// dm-thin feature words accepted in `options`.
+pub const FEATURES: [&str; 5] =
+    ["skip_block_zeroing", "error_if_no_space", "no_discard_passdown", "ignore_discard", "read_only"];
+
+impl PoolParams {
+    pub fn pool_options(&self) -> Result<PoolOptions> {
+        let mut o = PoolOptions::default();
+        for f in &self.options {
+            match f.as_str() {
+                "skip_block_zeroing" => o.zero_new_blocks = false,
+                "error_if_no_space" => o.error_if_no_space = true,
+                "no_discard_passdown" => o.discard = DiscardMode::NoPassdown,
+                "ignore_discard" => o.discard = DiscardMode::Ignore,
+                "read_only" => o.read_only = true,
+                other => bail!("unknown thin-pool option {other:?} (known: {})", FEATURES.join(", ")),
+            }
+        }
+        if let Some(s) = self.no_space_timeout_s {
+            if s == 0 || s > 86_400 {
+                bail!("no_space_timeout_s {s}: must be 1..=86400 (a pool never queues writes forever)");
+            }
+            o.no_space_timeout = Duration::from_secs(s);
+        }
+        if let Some(b) = self.low_water_blocks {
+            o.low_water_blocks = b;
+        }
+        if let Some(ms) = self.commit_interval_ms {
+            if ms == 0 || ms > 3_600_000 {
+                bail!("commit_interval_ms {ms}: must be 1..=3600000");
+            }
+            o.commit_interval = Duration::from_millis(ms);
+        }
+        if let Some(c) = self.check_on_open {
+            o.check_on_open = c;
+        }
+        if let Some(n) = self.mapping_cache_entries {
+            o.mapping_cache_entries = n.max(1024);
+        }
+        Ok(o)
+    }
+
+    fn block_bytes(&self) -> Option<u64> {
+        self.block_size.map(Size::bytes)
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// State file
+
+/// A pool created at run time (`mdkit thin pool-create`), opened again at start-up.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct RememberedPool {
+    pub name: String,
+    /// The `thin-pool` keys as given (paths made absolute by the CLI).
+    pub params: serde_json::Value,
+}
+
+/// A thin volume registered at run time (`mdkit thin create` / `snapshot`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RememberedThin {
+    pub name: String,
+    pub pool: String,
+    pub id: u64,
+    #[serde(default)]
+    pub export: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Default, Debug)]
+pub struct ThinState {
+    /// "POOL/ID" → virtual size in bytes.
+    #[serde(default)]
+    pub sizes: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub pools: Vec<RememberedPool>,
+    #[serde(default)]
+    pub volumes: Vec<RememberedThin>,
+}
+
+pub fn size_key(pool: &str, id: u64) -> String {
+    format!("{pool}/{id}")
+}
+
+/// Serialises read-modify-write of the state file inside this process.
+static STATE_LOCK: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+pub fn load_state(data_dir: &Path) -> Result<ThinState> {
+    let p = data_dir.join(STATE_FILE);
+    match std::fs::read(&p) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("parsing {}", p.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ThinState::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+/// Applies `f` to the state file atomically (temp file, fsync, rename).
+pub fn update_state<R>(data_dir: &Path, f: impl FnOnce(&mut ThinState) -> R) -> Result<R> {
+    let _g = STATE_LOCK.lock();
+    let mut st = load_state(data_dir)?;
+    let r = f(&mut st);
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let p = data_dir.join(STATE_FILE);
+    let tmp = p.with_extension("json.tmp");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        file.write_all(&serde_json::to_vec_pretty(&st)?)?;
+        file.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &p).with_context(|| format!("renaming to {}", p.display()))?;
+    Ok(r)
+}
+
+//------------------------------------------------------------------------------------------------
+// Opening pools
+
+fn open_device(
+    spec: &str,
+    size: Option<Size>,
+    p: &PoolParams,
+    data_dir: &Path,
+    volumes: &Volumes,
+) -> Result<(DeviceRef, String)> {
+    if let Some(v) = spec.strip_prefix("volume:") {
+        let vol =
+            volumes.get(v).ok_or_else(|| anyhow!("{spec:?}: no volume named {v:?} (volumes open in config order)"))?;
+        return Ok((vol.device(), spec.to_string()));
+    }
+    let path = Path::new(spec);
+    let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };
+    if !path.exists() {
+        let Some(size) = size else {
+            bail!("{} does not exist (give metadata_size / data_size to create it)", path.display());
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        FileDevice::create_sparse(&path, size.bytes())?;
+        tracing::info!(path = %path.display(), size_bytes = size.bytes(), "created sparse thin-pool device file");
+    }
+    let direct = match p.direct {
+        Direct::Auto => DirectMode::Auto,
+        Direct::Require => DirectMode::Require,
+        Direct::Off => DirectMode::Off,
+    };
+    let mut opts = FileOptions { direct, ..FileOptions::default() };
+    if let Some(qd) = p.queue_depth {
+        opts.queue_depth = qd;
+    }
+    let dev = FileDevice::open(&path, opts).with_context(|| format!("opening {}", path.display()))?;
+    if let Some(why) = dev.direct_fallback_reason() {
+        tracing::warn!(path = %path.display(), "not using O_DIRECT: {why}");
+    }
+    Ok((Arc::new(dev), path.display().to_string()))
+}
+
+/// Opens (or, with `create`, formats) a pool and wraps it as a volume.
+pub async fn open_pool(
+    name: &str,
+    p: &PoolParams,
+    create: bool,
+    data_dir: &Path,
+    volumes: &Volumes,
+) -> Result<Arc<ThinPoolVolume>> {
+    let opts = p.pool_options()?;
+    let (meta, meta_src) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
+    let (data, data_src) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
+    let mode = if create {
+        OpenMode::Create { data_block_bytes: p.block_bytes().unwrap_or(DEFAULT_BLOCK_BYTES) }
+    } else if let Some(bs) = p.block_bytes() {
+        OpenMode::OpenOrCreate { data_block_bytes: bs }
+    } else if metadata_is_blank(&meta).await? {
+        OpenMode::Create { data_block_bytes: DEFAULT_BLOCK_BYTES }
+    } else {
+        OpenMode::Open
+    };
+    let pool = Pool::start(name, meta, data, opts, mode).await?;
+    if pool.mode() != PoolMode::ReadWrite {
+        tracing::warn!(pool = name, "thin pool is {:?}: {}", pool.mode(), pool.mode_reason());
+    }
+    let placeholder: DeviceRef = Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") });
+    Ok(Arc::new(ThinPoolVolume { name: name.to_string(), pool, meta_src, data_src, placeholder }))
+}
+
+async fn metadata_is_blank(meta: &DeviceRef) -> Result<bool> {
+    let b = meta.read_vec(0, 4096).await.with_context(|| format!("reading the superblock of {}", meta.name()))?;
+    Ok(b.iter().all(|&x| x == 0))
+}
+
+impl VolumeKind for ThinPoolKind {
+    fn kind(&self) -> &'static str {
+        "thin-pool"
+    }
+
+    fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
+        Box::pin(async move {
+            let p: PoolParams = spec.parse_params()?;
+            let v = open_pool(&spec.name, &p, false, ctx.data_dir, ctx.volumes).await?;
+            Ok(v as Arc<dyn Volume>)
+        })
+    }
+}
+
+/// A thin pool in the volume registry.
+pub struct ThinPoolVolume {
+    name: String,
+    pool: Pool,
+    meta_src: String,
+    data_src: String,
+    placeholder: DeviceRef,
+}
+
+impl ThinPoolVolume {
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+fn mode_state(pool: &Pool) -> String {
+    match pool.mode() {
+        PoolMode::ReadWrite => "active".into(),
+        PoolMode::ReadOnly if pool.mode_reason().contains("NEEDS_CHECK") => "needs-check".into(),
+        PoolMode::ReadOnly => "read-only".into(),
+        PoolMode::Failed => "failed".into(),
+    }
+}
+
+impl Volume for ThinPoolVolume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &'static str {
+        "thin-pool"
+    }
+    fn device(&self) -> DeviceRef {
+        self.placeholder.clone()
+    }
+    fn state(&self) -> String {
+        mode_state(&self.pool)
+    }
+    fn details(&self) -> serde_json::Value {
+        serde_json::json!({
+            "metadata": self.meta_src,
+            "data": self.data_src,
+            "data_block_bytes": self.pool.data_block_bytes(),
+            "mode_reason": self.pool.mode_reason(),
+        })
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn close(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.pool.close().await.map_err(anyhow::Error::from) })
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// Thin volumes
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ThinParams {
+    pool: String,
+    id: u64,
+    size: Option<Size>,
+    #[serde(default)]
+    create: bool,
+}
+
+/// Finds the pool volume `name` in the registry.
+pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
+    let v = volumes.get(name).ok_or_else(|| anyhow!("no volume named {name:?}"))?;
+    let p = v
+        .as_any()
+        .downcast_ref::<ThinPoolVolume>()
+        .ok_or_else(|| anyhow!("volume {name:?} is a {} volume, not a thin-pool", v.kind()))?;
+    Ok(p.pool.clone())
+}
+
+/// Opens thin device `id` of `pool` as volume `name`; the size comes from `size` or the state
+/// file (and is recorded there).
+pub async fn open_thin(
+    name: &str,
+    pool_name: &str,
+    pool: &Pool,
+    id: u64,
+    size: Option<u64>,
+    data_dir: &Path,
+) -> Result<Arc<ThinVolumeVol>> {
+    let key = size_key(pool_name, id);
+    let size = match size {
+        Some(s) => s,
+        None => load_state(data_dir)?.sizes.get(&key).copied().ok_or_else(|| {
+            anyhow!("thin device {id} of pool {pool_name:?}: no size configured and none recorded in {STATE_FILE}")
+        })?,
+    };
+    let vol = pool.thin(id, size).await?;
+    update_state(data_dir, |st| {
+        st.sizes.insert(key, size);
+    })?;
+    Ok(Arc::new(ThinVolumeVol {
+        name: name.to_string(),
+        pool_name: pool_name.to_string(),
+        pool: pool.clone(),
+        vol: Arc::new(vol),
+    }))
+}
+
+impl VolumeKind for ThinKind {
+    fn kind(&self) -> &'static str {
+        "thin"
+    }
+
+    fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
+        Box::pin(async move {
+            let p: ThinParams = spec.parse_params()?;
+            let pool = find_pool(ctx.volumes, &p.pool)?;
+            if !pool.devices().await?.contains(&p.id) {
+                if !p.create {
+                    bail!("thin device {} does not exist in pool {:?} (set create = true to create it)", p.id, p.pool);
+                }
+                pool.create_thin(p.id).await?;
+                tracing::info!(pool = %p.pool, id = p.id, "created thin device");
+            }
+            let v = open_thin(&spec.name, &p.pool, &pool, p.id, p.size.map(Size::bytes), ctx.data_dir).await?;
+            Ok(v as Arc<dyn Volume>)
+        })
+    }
+}
+
+/// A thin volume in the registry.
+pub struct ThinVolumeVol {
+    name: String,
+    pool_name: String,
+    pool: Pool,
+    vol: Arc<ThinVolume>,
+}
+
+impl ThinVolumeVol {
+    pub fn pool_name(&self) -> &str {
+        &self.pool_name
+    }
+    pub fn id(&self) -> u64 {
+        self.vol.id()
+    }
+}
+
+impl Volume for ThinVolumeVol {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &'static str {
+        "thin"
+    }
+    fn device(&self) -> DeviceRef {
+        self.vol.clone()
+    }
+    fn state(&self) -> String {
+        mode_state(&self.pool)
+    }
+    fn details(&self) -> serde_json::Value {
+        let c = self.vol.counters();
+        serde_json::json!({
+            "pool": self.pool_name,
+            "id": self.vol.id(),
+            "fast_reads": c.fast_reads,
+            "fast_writes": c.fast_writes,
+            "zero_reads": c.zero_reads,
+            "slow_ops": c.slow_ops,
+            "cell_waits": c.cell_waits,
+            "cached_mappings": self.vol.cached_mappings(),
+        })
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn close(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.vol.flush().await.with_context(|| format!("flushing thin volume {}", self.name)) })
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+
+/// The device of a thin-pool volume: size 0; every request fails (export the thin volumes).
+struct NotABlockDevice {
+    name: String,
+}
+
+impl NotABlockDevice {
+    fn refuse(&self, op: IoOp) -> std::io::Error {
+        let t = self.topology();
+        check_io(&self.name, &t, op, 0, 512).err().unwrap_or_else(|| std::io::Error::other("unreachable"))
+    }
+}
+
+impl BlockDevice for NotABlockDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn topology(&self) -> Topology {
+        Topology {
+            supports_discard: false,
+            supports_write_zeroes: false,
+            discard_granularity_bytes: 0,
+            ..Topology::simple(0)
+        }
+    }
+    fn read(&self, _offset_bytes: u64, buf: mdkit_io::IoBuf) -> IoFuture<'_, ReadResult> {
+        let e = self.refuse(IoOp::Read);
+        Box::pin(std::future::ready((buf, Err(e))))
+    }
+    fn write(&self, _offset_bytes: u64, _buf: SharedBuf, _flags: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
+        Box::pin(std::future::ready(Err(self.refuse(IoOp::Write))))
+    }
+    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn discard(&self, _offset_bytes: u64, _len_bytes: u64) -> IoFuture<'_, std::io::Result<()>> {
+        Box::pin(std::future::ready(Err(self.refuse(IoOp::Discard))))
+    }
+    fn write_zeroes(
+        &self,
+        _offset_bytes: u64,
+        _len_bytes: u64,
+        _flags: ZeroFlags,
+    ) -> IoFuture<'_, std::io::Result<()>> {
+        Box::pin(std::future::ready(Err(self.refuse(IoOp::WriteZeroes))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(extra: &str) -> PoolParams {
+        let t: toml::Table = toml::from_str(&format!("metadata = \"m\"\ndata = \"d\"\n{extra}")).unwrap();
+        toml::Value::Table(t).try_into().unwrap()
+    }
+
+    #[test]
+    fn options_map_to_dm_thin_features() {
+        let o = params("options = [\"skip_block_zeroing\", \"error_if_no_space\", \"no_discard_passdown\"]\nno_space_timeout_s = 5")
+            .pool_options()
+            .unwrap();
+        assert!(!o.zero_new_blocks && o.error_if_no_space && o.discard == DiscardMode::NoPassdown);
+        assert_eq!(o.no_space_timeout, Duration::from_secs(5));
+        let e = params("options = [\"bogus\"]").pool_options().unwrap_err().to_string();
+        assert!(e.contains("unknown thin-pool option") && e.contains("skip_block_zeroing"), "{e}");
+        assert!(params("no_space_timeout_s = 0").pool_options().is_err());
+        assert_eq!(params("block_size = \"128KiB\"").block_bytes(), Some(128 << 10));
+    }
+
+    #[test]
+    fn state_file_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        update_state(dir.path(), |st| {
+            st.sizes.insert(size_key("p", 3), 1 << 30);
+            st.volumes.push(RememberedThin { name: "p.3".into(), pool: "p".into(), id: 3, export: Some("p.3".into()) });
+        })
+        .unwrap();
+        let st = load_state(dir.path()).unwrap();
+        assert_eq!(st.sizes["p/3"], 1 << 30);
+        assert_eq!(st.volumes[0].id, 3);
+    }
+}
