@@ -1,0 +1,261 @@
+//! In-process md array benchmark on io_uring file members (`bench/md.sh` runs it).
+//!
+//! ```text
+//! md_bench --dir DIR [--levels raid0,raid1,raid10] [--members 4] [--member-mib 1024]
+//!          [--secs 5] [--qd 32] [--seq-qd 16]
+//! ```
+//! For each level: the raw member files first (same files, same run), then an array over them
+//! (created --assume-clean, internal bitmap for raid1/raid10):
+//! - 1 MiB sequential write (fills the array; raw: every file filled, one stream per file),
+//! - 1 MiB sequential read, 4 KiB random read and 4 KiB random write at QD `qd`
+//!   (raw: the same request stream spread over the four files, i.e. the four disks' aggregate),
+//! - degraded reads (raid1/raid10: one member failed): 1 MiB sequential and 4 KiB random,
+//! - a rebuild onto a fresh member file (MB/s of the member size) vs one raw file written
+//!   sequentially.
+//! Prints one `result key=value ...` line per measurement; `bench/md.sh` turns them into a
+//! table with ratios and the upstream references.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, IoBuf, Rng, SharedBuf, WriteFlags};
+use mdkit_md::array::{CreateOptions, MemberDev, create};
+use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::layout::{Level, parse_level};
+
+const MIB: u64 = 1 << 20;
+
+struct Args {
+    dir: String,
+    levels: Vec<Level>,
+    members: usize,
+    member_mib: u64,
+    secs: f64,
+    qd: usize,
+    seq_qd: usize,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        dir: String::new(),
+        levels: vec![Level::Raid0, Level::Raid1, Level::Raid10],
+        members: 4,
+        member_mib: 1024,
+        secs: 5.0,
+        qd: 32,
+        seq_qd: 16,
+    };
+    let v: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < v.len() {
+        let val = v.get(i + 1).cloned().unwrap_or_default();
+        match v[i].as_str() {
+            "--dir" => a.dir = val,
+            "--levels" => {
+                a.levels = val.split(',').map(|l| parse_level(l).unwrap_or_else(|e| panic!("--levels: {e}"))).collect()
+            }
+            "--members" => a.members = val.parse().expect("--members N"),
+            "--member-mib" => a.member_mib = val.parse().expect("--member-mib N"),
+            "--secs" => a.secs = val.parse().expect("--secs S"),
+            "--qd" => a.qd = val.parse().expect("--qd N"),
+            "--seq-qd" => a.seq_qd = val.parse().expect("--seq-qd N"),
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    assert!(!a.dir.is_empty(), "--dir DIR is required");
+    a
+}
+
+fn open(path: &str) -> DeviceRef {
+    let opts = FileOptions { direct: DirectMode::Require, queue_depth: 256, ..FileOptions::default() };
+    Arc::new(FileDevice::open(path, opts).unwrap_or_else(|e| panic!("{path}: {e}")))
+}
+
+/// A request source: where the next request goes.
+#[derive(Clone)]
+enum Target {
+    /// One device (the array).
+    One(DeviceRef),
+    /// Several devices; random requests pick one at random, sequential streams one each.
+    Many(Vec<DeviceRef>),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    SeqRead,
+    SeqWrite,
+    RandRead,
+    RandWrite,
+}
+
+/// Runs `qd` workers for `secs` (or, for a sequential write fill, until every byte is written
+/// once); returns (requests, bytes, seconds).
+async fn run(target: &Target, pat: Pattern, bs: u64, qd: usize, secs: f64, fill_once: bool) -> (u64, u64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let devs: Vec<DeviceRef> = match target {
+        Target::One(d) => vec![d.clone()],
+        Target::Many(v) => v.clone(),
+    };
+    let n = devs.len();
+    // Sequential: one shared cursor per device; workers take the next block in turn.
+    let cursors: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..qd {
+        let (devs, stop, ops, bytes, cursors) =
+            (devs.clone(), stop.clone(), ops.clone(), bytes.clone(), cursors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(w as u64 * 7919 + 1);
+            let data = {
+                let mut b = IoBuf::zeroed(bs as usize);
+                rng.fill(b.as_mut_slice());
+                b.freeze()
+            };
+            let mut buf = Some(IoBuf::zeroed(bs as usize));
+            while !stop.load(Ordering::Relaxed) {
+                let (d, off) = match pat {
+                    Pattern::SeqRead | Pattern::SeqWrite => {
+                        let d = w % n;
+                        let size = devs[d].topology().size_bytes / bs * bs;
+                        let off = cursors[d].fetch_add(bs, Ordering::Relaxed);
+                        if off + bs > size {
+                            if fill_once {
+                                break;
+                            }
+                            cursors[d].store(0, Ordering::Relaxed);
+                            continue;
+                        }
+                        (d, off)
+                    }
+                    _ => {
+                        let d = rng.below(n as u64) as usize;
+                        let blocks = devs[d].topology().size_bytes / bs;
+                        (d, rng.below(blocks) * bs)
+                    }
+                };
+                match pat {
+                    Pattern::SeqRead | Pattern::RandRead => {
+                        let (b, r) = devs[d].read(off, buf.take().expect("buffer")).await;
+                        r.unwrap_or_else(|e| panic!("read: {e}"));
+                        buf = Some(b);
+                    }
+                    Pattern::SeqWrite | Pattern::RandWrite => {
+                        let sb: SharedBuf = data.clone();
+                        devs[d].write(off, sb, WriteFlags::NONE).await.unwrap_or_else(|e| panic!("write: {e}"));
+                    }
+                }
+                ops.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(bs, Ordering::Relaxed);
+            }
+        }));
+    }
+    if !fill_once {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    let el = t0.elapsed().as_secs_f64();
+    (ops.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed), el)
+}
+
+fn report(level: &str, target: &str, test: &str, r: (u64, u64, f64)) {
+    let (ops, bytes, secs) = r;
+    println!(
+        "result level={level} target={target} test={test} iops={:.0} mbps={:.1} secs={secs:.2}",
+        ops as f64 / secs,
+        bytes as f64 / 1e6 / secs
+    );
+}
+
+async fn measure_all(level: &str, target: &str, t: &Target, a: &Args, fill: bool) {
+    if fill {
+        let seq_qd = if matches!(t, Target::Many(_)) { a.members * 4 } else { a.seq_qd };
+        report(level, target, "seq-write-1m", run(t, Pattern::SeqWrite, MIB, seq_qd, a.secs, true).await);
+    }
+    let seq_qd = if matches!(t, Target::Many(_)) { a.members * 4 } else { a.seq_qd };
+    report(level, target, "seq-read-1m", run(t, Pattern::SeqRead, MIB, seq_qd, a.secs, false).await);
+    report(level, target, "rand-read-4k", run(t, Pattern::RandRead, 4096, a.qd, a.secs, false).await);
+    report(level, target, "rand-write-4k", run(t, Pattern::RandWrite, 4096, a.qd, a.secs, false).await);
+}
+
+fn member_path(a: &Args, level: Level, i: usize) -> String {
+    format!("{}/md-bench-{}-m{i}.img", a.dir, level.name())
+}
+
+fn make_file(path: &str, mib: u64) {
+    let _ = std::fs::remove_file(path);
+    let f = std::fs::File::create(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    f.set_len(mib * MIB).unwrap();
+}
+
+async fn bench_level(a: &Args, level: Level) {
+    let name = level.name();
+    let paths: Vec<String> = (0..a.members).map(|i| member_path(a, level, i)).collect();
+    for p in &paths {
+        make_file(p, a.member_mib);
+    }
+    // Raw: the member files themselves, filled once (no holes), then measured.
+    let raw: Vec<DeviceRef> = paths.iter().map(|p| open(p)).collect();
+    measure_all(name, "raw", &Target::Many(raw.clone()), a, true).await;
+    drop(raw);
+    // One fresh file written sequentially once: the reference for a rebuild (which writes a
+    // fresh member file from start to end).
+    let fresh = format!("{}/md-bench-{name}-fresh.img", a.dir);
+    make_file(&fresh, a.member_mib);
+    let single = Target::Many(vec![open(&fresh)]);
+    report(name, "raw", "seq-write-1m-one-file", run(&single, Pattern::SeqWrite, MIB, 4, a.secs, true).await);
+    drop(single);
+    let _ = std::fs::remove_file(&fresh);
+
+    let members: Vec<MemberDev> =
+        paths.iter().enumerate().map(|(i, p)| MemberDev::new(format!("m{i}"), open(p))).collect();
+    let mut o = CreateOptions::new(format!("bench-{name}"), level, a.members as u32);
+    o.assume_clean = true;
+    if level != Level::Raid1 {
+        o.chunk_kib = Some(512);
+    }
+    o.bitmap = if level == Level::Raid0 { BitmapRequest::None } else { BitmapRequest::Internal { chunk_bytes: None } };
+    let array = Arc::new(create(members, o).await.unwrap_or_else(|e| panic!("create {name}: {e}")).array);
+    array.set_attribute("sync_speed_max", "100000000").unwrap();
+    array.set_attribute("sync_speed_min", "100000000").unwrap();
+    let t = Target::One(array.clone() as DeviceRef);
+    measure_all(name, "mdkit", &t, a, true).await;
+    if level != Level::Raid0 {
+        array.fail_member("m1").await.unwrap();
+        report(name, "mdkit", "degraded-seq-read-1m", run(&t, Pattern::SeqRead, MIB, a.seq_qd, a.secs, false).await);
+        report(name, "mdkit", "degraded-rand-read-4k", run(&t, Pattern::RandRead, 4096, a.qd, a.secs, false).await);
+        array.remove_member("m1").await.unwrap();
+        let spare = format!("{}/md-bench-{name}-spare.img", a.dir);
+        make_file(&spare, a.member_mib);
+        let t0 = Instant::now();
+        array.add_member(MemberDev::new("spare", open(&spare))).await.unwrap();
+        array.wait_sync_idle().await;
+        let secs = t0.elapsed().as_secs_f64();
+        assert_eq!(array.core().degraded(), 0, "rebuild did not complete");
+        // A rebuild writes the member's data area (raid10: its used sectors).
+        let bytes = array.core().slots().in_sync(1).map_or(0, |m| m.data_size_sectors * 512);
+        report(name, "mdkit", "rebuild", (1, bytes, secs));
+        let _ = std::fs::remove_file(&spare);
+    }
+    array.stop().await.unwrap();
+    drop(array);
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+fn main() {
+    let a = parse_args();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        for level in a.levels.clone() {
+            bench_level(&a, level).await;
+        }
+    });
+}
