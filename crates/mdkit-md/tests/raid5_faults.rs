@@ -188,34 +188,44 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
         // A slow rebuild onto the spares, cut off (array dropped, no stop) past a checkpoint.
         a.set_attribute("sync_speed_min", "20000").unwrap();
         a.set_attribute("sync_speed_max", "20000").unwrap();
+        // Frozen while the spares are added, so they are activated together and rebuilt in one
+        // pass (a spare added during another's recovery waits for the next pass, from sector 0).
+        a.request_sync("frozen").unwrap();
         for k in 0..lost.len() {
             a.add_member(ms[n + k].member_dev()).await.unwrap();
         }
+        a.request_sync("recover").unwrap();
         // Every spare's superblock must carry a checkpoint before the cut (they are written one
         // after another, so a cut can leave them different: recovery resumes at the lowest).
+        // (A spare whose superblock has no RECOVERY_OFFSET finished its own rebuild already:
+        // the second raid6 spare can arrive while the first one's recovery runs.)
         let spare_checkpoint = || {
             (0..lost.len())
-                .map(|k| {
-                    let sb = sb_of(&ms[n + k]);
-                    if sb.feature_map & 2 != 0 { sb.recovery_offset_sectors } else { 0 }
-                })
+                .map(|k| sb_of(&ms[n + k]))
+                .filter(|sb| sb.feature_map & 2 != 0)
+                .map(|sb| sb.recovery_offset_sectors)
                 .min()
-                .unwrap()
+                .unwrap_or(0)
         };
+        let started = std::time::Instant::now();
         let total = loop {
             let st = a.sync_status();
             if st.running.is_some() && st.done_sectors * 3 > st.total_sectors && spare_checkpoint() > 0 {
                 break st.total_sectors;
             }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{level:?}: the rebuild ended or stalled before every spare had a checkpoint: {st:?}, spare checkpoint {}",
+                spare_checkpoint()
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         drop(a);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let survivors: Vec<SimMember> =
             ms.iter().enumerate().filter(|(i, _)| !lost.contains(i)).map(|(_, m)| m.clone()).collect();
-        let sb = sb_of(&ms[n]);
-        assert!(sb.feature_map & 2 != 0, "the spare's superblock carries RECOVERY_OFFSET");
         let checkpoint = spare_checkpoint();
+        assert!(checkpoint > 0, "a spare's superblock carries RECOVERY_OFFSET");
         assert!(checkpoint >= total / 16, "checkpoint {checkpoint} of {total} sectors");
         let b = assemble(
             member_devs(&survivors),
@@ -224,6 +234,7 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
         .await
         .unwrap();
         assert!(b.notes.iter().any(|note| note.contains(&format!("from sector {checkpoint}"))), "{:?}", b.notes);
+        let notes = b.notes.clone();
         let b = b.array;
         // Degraded reads are served from parity before the rebuild continues.
         verify_all(&b, &model).await;
@@ -238,7 +249,7 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
         };
         assert!(
             first.done_sectors >= checkpoint,
-            "resumed at {} < checkpoint {checkpoint}: {first:?}",
+            "{level:?}: resumed at {} < checkpoint {checkpoint}: {first:?}; assembly: {notes:?}",
             first.done_sectors
         );
         b.wait_sync_idle().await;
