@@ -14,23 +14,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{MDKIT, Server, pattern, require_tool, run};
+use common::{MDKIT, Server, mdkit, mdkit_ok, nbd_read, pattern, require_tool, restart, run};
 use serde_json::Value;
-
-fn mdkit(srv: &Server, args: &[&str]) -> std::process::Output {
-    Command::new(MDKIT).args(args).arg("--socket").arg(&srv.control).output().expect("run mdkit")
-}
-
-fn mdkit_ok(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit(srv, args);
-    assert!(
-        out.status.success(),
-        "mdkit {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn detail(srv: &Server, name: &str) -> Value {
     serde_json::from_str(&mdkit_ok(srv, &["detail", name, "--json"])).unwrap()
@@ -68,23 +53,6 @@ fn nbd_write(srv: &Server, export: &str, data: &[u8]) {
     let f = srv.path(&format!("{export}.src"));
     std::fs::write(&f, data).unwrap();
     run(Command::new("nbdcopy").arg(&f).arg(srv.uri(export)));
-}
-
-fn nbd_read(srv: &Server, export: &str, len: usize) -> Vec<u8> {
-    let f = srv.path(&format!("{export}.dst"));
-    run(Command::new("nbdcopy").arg(srv.uri(export)).arg(&f));
-    let mut v = std::fs::read(&f).unwrap();
-    v.truncate(len);
-    v
-}
-
-/// Restarts the server on the same data directory and config.
-fn restart(mut srv: Server) -> Server {
-    assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
-    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
-    let cfg = srv.config_path.clone();
-    drop(srv);
-    Server::start_with_config(dir, cfg)
 }
 
 const RAID1_VOLUME: &str = r#"

@@ -15,24 +15,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{MDKIT, Server, pattern, require_tool, run};
+use common::{MDKIT, Server, mdkit, mdkit_ok, nbd_read, pattern, require_tool, restart, run};
 use serde_json::Value;
-
-fn mdkit(srv: &Server, args: &[&str]) -> std::process::Output {
-    Command::new(MDKIT).args(args).arg("--socket").arg(&srv.control).output().expect("run mdkit")
-}
-
-fn mdkit_ok(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit(srv, args);
-    assert!(
-        out.status.success(),
-        "mdkit {args:?} failed:\n{}{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        srv.log_text()
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn mdkit_err(srv: &Server, args: &[&str]) -> String {
     let out = mdkit(srv, args);
@@ -51,22 +35,6 @@ fn nbd_write_at(srv: &Server, export: &str, offset: u64, data: &[u8]) {
         .args(["-f", "raw", "-c"])
         .arg(format!("write -s {} {offset} {}", f.display(), data.len()))
         .arg(srv.uri(export)));
-}
-
-fn nbd_read(srv: &Server, export: &str, len: usize) -> Vec<u8> {
-    let f = srv.path(&format!("{export}.dst"));
-    run(Command::new("nbdcopy").arg(srv.uri(export)).arg(&f));
-    let mut v = std::fs::read(&f).unwrap();
-    v.truncate(len);
-    v
-}
-
-fn restart(mut srv: Server) -> Server {
-    assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
-    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
-    let cfg = srv.config_path.clone();
-    drop(srv);
-    Server::start_with_config(dir, cfg)
 }
 
 const POOL_ON_MD: &str = r#"

@@ -220,3 +220,40 @@ pub fn sha256(path: &Path) -> String {
     let out = run(Command::new("sha256sum").arg(path));
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
 }
+
+/// `mdkit ARGS --socket <the server's control socket>`.
+pub fn mdkit(srv: &Server, args: &[&str]) -> Output {
+    Command::new(MDKIT).args(args).arg("--socket").arg(&srv.control).output().expect("run mdkit")
+}
+
+/// Like [`mdkit`], asserting success; returns stdout.
+pub fn mdkit_ok(srv: &Server, args: &[&str]) -> String {
+    let out = mdkit(srv, args);
+    assert!(
+        out.status.success(),
+        "mdkit {args:?} failed:\n{}{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        srv.log_text()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Reads the first `len` bytes of an export with nbdcopy.
+pub fn nbd_read(srv: &Server, export: &str, len: usize) -> Vec<u8> {
+    let f = srv.path(&format!("{export}.dst"));
+    run(Command::new("nbdcopy").arg(srv.uri(export)).arg(&f));
+    let mut v = std::fs::read(&f).unwrap();
+    v.truncate(len);
+    v
+}
+
+/// Stops the server with SIGTERM (it must exit cleanly) and starts it again on the same data
+/// directory and config.
+pub fn restart(mut srv: Server) -> Server {
+    assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
+    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
+    let cfg = srv.config_path.clone();
+    drop(srv);
+    Server::start_with_config(dir, cfg)
+}
