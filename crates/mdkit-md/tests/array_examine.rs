@@ -8,59 +8,10 @@
 mod array_util;
 mod common;
 
-use std::process::Command;
-
 use array_util::*;
 use common::require_tool;
 use mdkit_io::Rng;
-use mdkit_md::format::examine::render_text;
 use mdkit_md::layout::Level;
-
-fn examine(path: &std::path::Path) -> String {
-    let out = Command::new("mdadm").env("TZ", "UTC").arg("--examine").arg(path).output().expect("run mdadm --examine");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "mdadm --examine {} failed: {}{}",
-        path.display(),
-        text,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(" : ")?;
-        (k.trim() == key).then(|| v.trim())
-    })
-}
-
-/// Dumps every member image to a file and runs mdadm --examine on each.
-fn examine_all(dir: &std::path::Path, ms: &[SimMember]) -> Vec<String> {
-    ms.iter()
-        .map(|m| {
-            let mem = m.mem.as_ref().expect("RAM member");
-            let path = dir.join(format!("{}.img", m.name));
-            std::fs::write(&path, mem.to_image()).expect("write image");
-            let text = examine(&path);
-            // mdkit's renderer agrees with mdadm on everything below the device line.
-            let sb = mdkit_md::format::superblock::Superblock::decode(&mem.to_image()[4096..8192], 8);
-            if let Ok(sb) = sb {
-                let bms = sb.bitmap_sector().and_then(|s| {
-                    let img = mem.to_image();
-                    mdkit_md::format::bitmap::BitmapSuper::decode(&img[(s * 512) as usize..(s * 512) as usize + 256])
-                        .ok()
-                });
-                let ours = render_text(&sb, bms.as_ref(), mem.to_image().len() as u64 / 512);
-                let theirs: Vec<&str> = text.lines().skip(1).collect();
-                let ours: Vec<&str> = ours.lines().collect();
-                assert_eq!(ours, theirs, "{}: mdkit's examine text differs from mdadm's", m.name);
-            }
-            text
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mdadm_examine_reads_runtime_arrays() {
@@ -88,27 +39,27 @@ async fn mdadm_examine_reads_runtime_arrays() {
         a.wait_sync_idle().await;
         a.stop().await.unwrap();
         let events = a.events();
-        for (i, text) in examine_all(dir.path(), &ms).iter().enumerate() {
+        for (i, text) in mdadm_examine_all(dir.path(), &ms).iter().enumerate() {
             let ctx = format!("{name} member {i}:\n{text}");
-            assert_eq!(field(text, "Raid Level"), Some(level_text), "{ctx}");
-            assert_eq!(field(text, "Raid Devices"), Some(n.to_string().as_str()), "{ctx}");
-            assert_eq!(field(text, "Device Role"), Some(format!("Active device {i}").as_str()), "{ctx}");
-            assert_eq!(field(text, "State"), Some("clean"), "{ctx}");
+            assert_eq!(examine_field(text, "Raid Level"), Some(level_text), "{ctx}");
+            assert_eq!(examine_field(text, "Raid Devices"), Some(n.to_string().as_str()), "{ctx}");
+            assert_eq!(examine_field(text, "Device Role"), Some(format!("Active device {i}").as_str()), "{ctx}");
+            assert_eq!(examine_field(text, "State"), Some("clean"), "{ctx}");
             assert_eq!(
-                field(text, "Array State"),
+                examine_field(text, "Array State"),
                 Some(format!("{} ('A' == active, '.' == missing, 'R' == replacing)", "A".repeat(n)).as_str()),
                 "{ctx}"
             );
-            assert!(field(text, "Checksum").is_some_and(|c| c.ends_with("- correct")), "{ctx}");
-            assert_eq!(field(text, "Events"), Some(events.to_string().as_str()), "{ctx}");
+            assert!(examine_field(text, "Checksum").is_some_and(|c| c.ends_with("- correct")), "{ctx}");
+            assert_eq!(examine_field(text, "Events"), Some(events.to_string().as_str()), "{ctx}");
             if let Some(c) = chunk {
-                assert_eq!(field(text, "Chunk Size"), Some(format!("{c}K").as_str()), "{ctx}");
+                assert_eq!(examine_field(text, "Chunk Size"), Some(format!("{c}K").as_str()), "{ctx}");
             }
             if let Some(l) = layout_text {
-                assert_eq!(field(text, "Layout"), Some(l), "{ctx}");
+                assert_eq!(examine_field(text, "Layout"), Some(l), "{ctx}");
             }
             if bitmap {
-                assert!(field(text, "Internal Bitmap").is_some(), "{ctx}");
+                assert!(examine_field(text, "Internal Bitmap").is_some(), "{ctx}");
             }
         }
     }
@@ -130,15 +81,15 @@ async fn mdadm_examine_sees_failures_and_rebuilds() {
     a.set_attribute("sync_action", "frozen").unwrap();
     a.stop().await.unwrap();
     let events_after_fail = a.events();
-    let texts = examine_all(dir.path(), &ms[..2]);
+    let texts = mdadm_examine_all(dir.path(), &ms[..2]);
     assert_eq!(
-        field(&texts[0], "Array State"),
+        examine_field(&texts[0], "Array State"),
         Some("A. ('A' == active, '.' == missing, 'R' == replacing)"),
         "{}",
         texts[0]
     );
-    assert_eq!(field(&texts[0], "Events"), Some(events_after_fail.to_string().as_str()));
-    let failed_events: u64 = field(&texts[1], "Events").unwrap().parse().unwrap();
+    assert_eq!(examine_field(&texts[0], "Events"), Some(events_after_fail.to_string().as_str()));
+    let failed_events: u64 = examine_field(&texts[1], "Events").unwrap().parse().unwrap();
     assert!(failed_events < events_after_fail, "the failed member keeps its old superblock");
 
     // A rebuild that is interrupted shows the Recovery Offset on the new member.
@@ -154,13 +105,13 @@ async fn mdadm_examine_sees_failures_and_rebuilds() {
     a.request_sync("frozen").unwrap();
     a.wait_sync_idle().await;
     a.stop().await.unwrap();
-    let texts = examine_all(dir.path(), &[ms[0].clone(), ms[2].clone()]);
-    let ro: u64 = field(&texts[1], "Recovery Offset")
+    let texts = mdadm_examine_all(dir.path(), &[ms[0].clone(), ms[2].clone()]);
+    let ro: u64 = examine_field(&texts[1], "Recovery Offset")
         .expect("recovery offset shown")
         .trim_end_matches(" sectors")
         .parse()
         .unwrap();
     assert!(ro >= 4096, "{}", texts[1]);
-    assert_eq!(field(&texts[1], "Device Role"), Some("Active device 1"), "{}", texts[1]);
+    assert_eq!(examine_field(&texts[1], "Device Role"), Some("Active device 1"), "{}", texts[1]);
     let _ = a.size_bytes();
 }

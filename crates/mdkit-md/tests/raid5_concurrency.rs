@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use array_util::*;
-use mdkit_io::{BlockDevice, BlockDeviceExt, DeviceRef, FlashDevice, FlashModel, IoBuf, MemDevice, Rng, WriteFlags};
+use mdkit_io::{BlockDevice, BlockDeviceExt, DeviceRef, FlashDevice, IoBuf, MemDevice, Rng, WriteFlags};
 use mdkit_md::array::Array;
 use mdkit_md::layout::Level;
 
@@ -25,13 +25,7 @@ const BLOCK: usize = 4096;
 /// RAM members with flash-like latencies (tens of µs, many channels), so member I/O really
 /// overlaps and writes to a stripe meet in its cache entry.
 fn slow_members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
-    let model = FlashModel {
-        read_latency_us: 40,
-        write_latency_us: 25,
-        rmw_latency_us: 0,
-        channels: 64,
-        ..FlashModel::default()
-    };
+    let model = flash_like_model();
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");

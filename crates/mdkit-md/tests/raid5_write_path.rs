@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use array_util::*;
-use mdkit_io::{BlockDevice, DeviceRef, FlashDevice, FlashModel, IoBuf, MemDevice, Rng, SharedBuf, Tracer, WriteFlags};
+use mdkit_io::{BlockDevice, DeviceRef, FlashDevice, IoBuf, MemDevice, Rng, SharedBuf, Tracer, WriteFlags};
 use mdkit_md::array::Array;
 use mdkit_md::layout::Level;
 
@@ -22,13 +22,7 @@ const KIB: u64 = 1024;
 
 /// Members under one tracer, with flash-like latency (so concurrent requests overlap).
 fn traced_members(prefix: &str, n: usize, size: u64, tracer: &Tracer) -> Vec<SimMember> {
-    let model = FlashModel {
-        read_latency_us: 40,
-        write_latency_us: 25,
-        rmw_latency_us: 0,
-        channels: 64,
-        ..FlashModel::default()
-    };
+    let model = flash_like_model();
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");

@@ -299,3 +299,70 @@ impl BlockDevice for RegionDevice {
         self.inner.write_zeroes(self.offset_bytes + off, len, f)
     }
 }
+
+/// RAM-speed members made flash-like: tens of µs per I/O over many channels, so member I/O
+/// really overlaps and concurrent writes to a stripe meet in its cache entry.
+pub fn flash_like_model() -> mdkit_io::FlashModel {
+    mdkit_io::FlashModel {
+        read_latency_us: 40,
+        write_latency_us: 25,
+        rmw_latency_us: 0,
+        channels: 64,
+        ..mdkit_io::FlashModel::default()
+    }
+}
+
+/// Host `mdadm --examine PATH` (TZ=UTC); panics with its output when it fails.
+pub fn mdadm_examine(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("mdadm")
+        .env("TZ", "UTC")
+        .arg("--examine")
+        .arg(path)
+        .output()
+        .expect("run mdadm --examine");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "mdadm --examine {} failed: {}{}",
+        path.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The value of `key : value` in mdadm's examine text.
+pub fn examine_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(" : ")?;
+        (k.trim() == key).then(|| v.trim())
+    })
+}
+
+/// Dumps every RAM member's image into `dir`, runs mdadm --examine on each, and checks that
+/// mdkit's own examine text equals mdadm's below the device line (members with a superblock).
+pub fn mdadm_examine_all(dir: &std::path::Path, ms: &[SimMember]) -> Vec<String> {
+    use mdkit_md::format::{bitmap::BitmapSuper, examine::render_text, superblock::Superblock};
+    ms.iter()
+        .map(|m| {
+            let img = m.mem.as_ref().expect("RAM member").to_image();
+            let path = dir.join(format!("{}.img", m.name));
+            std::fs::write(&path, &img).expect("write image");
+            let text = mdadm_examine(&path);
+            if let Ok(sb) = Superblock::decode(&img[4096..8192], 8) {
+                let bms = sb
+                    .bitmap_sector()
+                    .and_then(|s| BitmapSuper::decode(&img[(s * 512) as usize..(s * 512) as usize + 256]).ok());
+                let ours = render_text(&sb, bms.as_ref(), img.len() as u64 / 512);
+                let theirs: Vec<&str> = text.lines().skip(1).collect();
+                assert_eq!(
+                    ours.lines().collect::<Vec<_>>(),
+                    theirs,
+                    "{}: mdkit's examine text differs from mdadm's",
+                    m.name
+                );
+            }
+            text
+        })
+        .collect()
+}
