@@ -25,6 +25,29 @@ pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Result of a read: the buffer always comes back, filled on `Ok`.
 pub type ReadResult = (IoBuf, io::Result<()>);
 
+/// Rejoins the results of a read split into pieces (`IoBuf::split_to`, in order) into one
+/// buffer: `rest` is what remained after the splits (empty), `parts` the pieces' results in
+/// order. The first error wins. Adjacent views of one allocation rejoin without copying; a
+/// piece that is not adjacent (a backend that replaced the buffer) is copied, never dropped.
+pub fn join_read_parts(rest: IoBuf, parts: impl IntoIterator<Item = ReadResult>) -> ReadResult {
+    let mut whole = rest;
+    let mut result = Ok(());
+    for (part, r) in parts {
+        if let Err(e) = r
+            && result.is_ok()
+        {
+            result = Err(e);
+        }
+        if let Err(part) = whole.unsplit(part) {
+            let mut joined = Vec::with_capacity(whole.len() + part.len());
+            joined.extend_from_slice(whole.as_slice());
+            joined.extend_from_slice(part.as_slice());
+            whole = IoBuf::from_slice(&joined);
+        }
+    }
+    (whole, result)
+}
+
 /// Shape and capabilities of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
@@ -273,5 +296,39 @@ mod tests {
         }
         assert!(check_io("d", &t, IoOp::Read, 0, 64 << 20).is_err());
         assert!(check_io("d", &t, IoOp::Discard, 0, 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn join_read_parts_rejoins_in_order_copies_strangers_and_keeps_the_first_error() {
+        let mut buf = IoBuf::zeroed(3 * 4096);
+        let mut parts = Vec::new();
+        for i in 0..3u8 {
+            let mut p = buf.split_to(4096);
+            p.as_mut_slice().fill(i + 1);
+            parts.push(p);
+        }
+        // A backend that returned a fresh buffer for the middle piece.
+        let stranger = IoBuf::from_slice(&[9u8; 4096]);
+        let results = vec![
+            (parts.remove(0), Ok(())),
+            (stranger, Err(io::Error::other("first"))),
+            (parts.remove(0), Ok(())),
+            (parts.remove(0), Err(io::Error::other("second"))),
+        ];
+        let (whole, r) = join_read_parts(buf, results);
+        assert_eq!(r.unwrap_err().to_string(), "first");
+        let v = whole.as_slice();
+        assert_eq!(v.len(), 4 * 4096);
+        assert!(v[..4096].iter().all(|&x| x == 1));
+        assert!(v[4096..8192].iter().all(|&x| x == 9));
+        assert!(v[8192..12288].iter().all(|&x| x == 2));
+        assert!(v[12288..].iter().all(|&x| x == 3));
+        // Adjacent pieces come back as the caller's own allocation, uncopied.
+        let mut buf = IoBuf::zeroed(8192);
+        let start = buf.as_slice().as_ptr();
+        let a = buf.split_to(4096);
+        let b = buf.split_to(4096);
+        let (whole, r) = join_read_parts(buf, vec![(a, Ok(())), (b, Ok(()))]);
+        assert!(r.is_ok() && whole.len() == 8192 && whole.as_slice().as_ptr() == start);
     }
 }

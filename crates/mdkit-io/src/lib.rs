@@ -38,7 +38,7 @@ pub use crash::{
 };
 pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags,
-    check_io, unsupported,
+    check_io, join_read_parts, unsupported,
 };
 pub use fault::{
     FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,

@@ -7,7 +7,7 @@
 use std::io;
 use std::ops::Range;
 
-use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
+use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
 
 use super::core::ArrayCore;
 use super::io::join_all;
@@ -106,20 +106,7 @@ impl Personality for Raid0 {
                 }
             }))
             .await;
-            let mut whole = buf; // the empty remainder after the splits
-            let mut result = Ok(());
-            for (part, r) in results {
-                if let Err(e) = r
-                    && result.is_ok()
-                {
-                    result = Err(e);
-                }
-                // Parts come back in order and adjacent: they rejoin into the caller's buffer.
-                if let Err(p) = whole.unsplit(part) {
-                    whole = p;
-                }
-            }
-            (whole, result)
+            join_read_parts(buf, results)
         })
     }
 

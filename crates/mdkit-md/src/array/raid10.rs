@@ -9,7 +9,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 
-use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
+use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
 
 use super::core::ArrayCore;
 use super::io::join_all;
@@ -109,19 +109,7 @@ impl Personality for Raid10 {
                 }
             }))
             .await;
-            let mut whole = buf;
-            let mut result = Ok(());
-            for (part, r) in results {
-                if let Err(e) = r
-                    && result.is_ok()
-                {
-                    result = Err(e);
-                }
-                if let Err(p) = whole.unsplit(part) {
-                    whole = p;
-                }
-            }
-            (whole, result)
+            join_read_parts(buf, results)
         })
     }
 

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
+use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
 use parking_lot::Mutex;
 
 use self::cache::{BatchResult, Leadership, StripeCache, StripeEntry, Turn, WriteTicket, to_io};
@@ -301,20 +301,7 @@ impl Raid5 {
             parts.push((pos, n, buf.split_to((n * SECTOR) as usize)));
         }
         let results = join_all(parts.into_iter().map(|(pos, n, part)| self.read_piece(a, pos, n, part))).await;
-        let mut whole = buf; // the empty remainder after the splits
-        let mut result = Ok(());
-        for (part, r) in results {
-            if let Err(e) = r
-                && result.is_ok()
-            {
-                result = Err(e);
-            }
-            // Parts come back in order and adjacent: they rejoin into the caller's buffer.
-            if let Err(p) = whole.unsplit(part) {
-                whole = p;
-            }
-        }
-        (whole, result)
+        join_read_parts(buf, results)
     }
 
     /// One piece inside one chunk: straight from its data member, or rebuilt.

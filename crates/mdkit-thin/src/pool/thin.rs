@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use mdkit_io::{BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io};
+use mdkit_io::{
+    BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io,
+    join_read_parts,
+};
 
 use super::table::{AcquireDecision, Cached, Known, ReadDecision, TableCounters, WriteDecision};
 use super::util::{Detached, join_all};
@@ -129,31 +132,7 @@ impl BlockDevice for ThinVolume {
             let part = buf.split_to(n as usize);
             futs.push(Box::pin(self.dev.clone().read_block(vb, off, part)));
         }
-        self.detached(async move {
-            let results = join_all(futs).await;
-            let mut err = None;
-            let mut whole: Option<IoBuf> = None;
-            for (part, r) in results {
-                if let Err(e) = r
-                    && err.is_none()
-                {
-                    err = Some(e);
-                }
-                match whole.as_mut() {
-                    None => whole = Some(part),
-                    Some(w) => {
-                        if let Err(p) = w.unsplit(part) {
-                            // Not adjacent: cannot happen for pieces split in order.
-                            debug_assert!(false, "read pieces not adjacent");
-                            let mut joined = IoBuf::from_slice(w.as_slice());
-                            let _ = joined.unsplit(p);
-                            *w = joined;
-                        }
-                    }
-                }
-            }
-            (whole.expect("at least two pieces"), err.map_or(Ok(()), Err))
-        })
+        self.detached(async move { join_read_parts(buf, join_all(futs).await) })
     }
 
     fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
