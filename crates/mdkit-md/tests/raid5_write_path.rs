@@ -3,7 +3,8 @@
 //!   chunk-sized write per member per stripe;
 //! - sequential writes smaller than a stripe, arriving together, are gathered into full
 //!   stripes (almost no member reads), while a lone sequential writer at QD1 is never held
-//!   (no hold runs into its timeout) and a lone random write is not held at all;
+//!   (no hold runs into its timeout) and a lone random write is not held at all; on slow
+//!   members a deep stream's frontier is held as long as a write takes, so it is gathered too;
 //! - `stripe_size` is the unit small writes are widened to: 4 KiB random writes move 4 KiB
 //!   per member I/O at 4 KiB and 64 KiB per member I/O at 64 KiB;
 //! - no member write is below 4 KiB or misaligned.
@@ -145,6 +146,81 @@ async fn sequential_small_writes_are_gathered_into_full_stripes() {
     assert!(t.read_bytes <= 3 * stripe, "gathered stream read {} bytes from members", t.read_bytes);
     assert!(full >= stripes - 1, "{full} full-stripe runs for {stripes} stripes");
     verify_all(&a, &model).await;
+    a.stop().await.unwrap();
+}
+
+/// A streaming writer at queue depth k issues its next write when one completes, so the
+/// continuation of its newest write arrives about one write latency later. With members whose
+/// writes take 4 ms (far beyond the 1 ms `stripe_gather_hold_us`), the hold limit follows the
+/// measured write latency and the stream's frontier stripes are still completed, not written
+/// partially with reads (which a fixed 1 ms hold did for most frontiers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_stream_on_slow_members_is_still_gathered() {
+    let tracer = Tracer::new(1024);
+    let model = mdkit_io::FlashModel {
+        read_latency_us: 4000,
+        write_latency_us: 4000,
+        rmw_latency_us: 0,
+        channels: 64,
+        ..mdkit_io::FlashModel::default()
+    };
+    let ms: Vec<SimMember> = (0..4)
+        .map(|i| {
+            let name = format!("slow{i}");
+            let mem = Arc::new(MemDevice::new(name.clone(), 8 * MIB));
+            let flash: DeviceRef = Arc::new(FlashDevice::new(mem.clone() as DeviceRef, model));
+            let dev: DeviceRef = Arc::new(tracer.wrap(flash));
+            SimMember { name, dev, mem: Some(mem), fault: None }
+        })
+        .collect();
+    let a = Arc::new(create_array(&ms, opts(Level::Raid5, 4, Some(64), None, false, true)).await);
+    a.set_attribute("safe_mode_delay", "600").unwrap();
+    assert_eq!(attr(&a, "stripe_gather_hold_us"), 1000);
+    // 128 KiB writes on 192 KiB stripes: two of every three writes end inside a stripe.
+    let req = 128 * KIB;
+    let total = 96 * req;
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tracer.reset();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (a, next) = (a.clone(), next.clone());
+        workers.spawn(async move {
+            loop {
+                let off = next.fetch_add(req, std::sync::atomic::Ordering::Relaxed);
+                if off >= total {
+                    return;
+                }
+                let b = vec![(off / req) as u8 + 1; req as usize];
+                a.write(off, SharedBuf::from_slice(&b), WriteFlags::NONE).await.unwrap();
+            }
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        r.unwrap();
+    }
+    let t = io(&tracer);
+    let limit = attr(&a, "stripe_gather_hold_limit_us");
+    eprintln!(
+        "QD4 stream on 4 ms members: {} member reads ({} bytes), held {} batches, {} hold timeouts, hold limit now {limit} µs",
+        t.reads,
+        t.read_bytes,
+        attr(&a, "held_batches"),
+        attr(&a, "hold_timeouts")
+    );
+    assert!(limit >= 8000, "the hold limit follows the write latency (2 x ~4 ms), got {limit} µs");
+    // Before the first batch completes the limit is still 1 ms: the stream's first frontier
+    // may time out (and its stripe then goes out in two partial batches); everything after is
+    // gathered. (With the fixed 1 ms hold: ~100 member reads, ~6.7 MB, ~32 timeouts.)
+    assert!(attr(&a, "hold_timeouts") <= 4, "{} hold timeouts", attr(&a, "hold_timeouts"));
+    assert!(t.read_bytes <= 8 * 192 * KIB, "stream read {} bytes from members", t.read_bytes);
+    for k in 0..total / req {
+        let mut b = IoBuf::zeroed(req as usize);
+        let (b2, r) = a.read(k * req, b).await;
+        r.unwrap();
+        b = b2;
+        assert!(b.as_slice().iter().all(|&x| x == k as u8 + 1), "write {k} does not read back");
+    }
+    assert_eq!(check(&a).await, 0, "parity mismatches after the stream");
     a.stop().await.unwrap();
 }
 

@@ -23,9 +23,14 @@
 //! stripe is held before its batch runs, so the stream's next write can complete the stripe and
 //! the batch reads nothing. The hold ends as soon as the batch covers whole rows, when an
 //! exclusive user waits, when every write in flight is itself held (nothing else is coming:
-//! queue drained, e.g. QD1), or after `stripe_gather_hold_us` × `preread_bypass_threshold`
-//! (default 1 ms; threshold 0 disables holding, as md's bypass threshold decides how long
-//! pre-reading stripes are held back). Random writes are never held.
+//! queue drained, e.g. QD1), or after a time limit: `preread_bypass_threshold` × the larger of
+//! `stripe_gather_hold_us` (default 1 ms) and twice the recent write-batch latency (capped at
+//! 50 ms). A stream at queue depth k issues its next write when its oldest completes, so the
+//! continuation of the newest write arrives about one write latency later — under a deep
+//! queue on a busy disk that is many milliseconds, and a fixed 1 ms hold gave up on most
+//! stream frontiers (each give-up costs two partial batches with reads). Threshold 0 disables
+//! holding, as md's bypass threshold decides how long pre-reading stripes are held back.
+//! Random writes are never held.
 //!
 //! **`stripe_size`** (4–64 KiB in 4 KiB steps, default 4 KiB as md) is the unit of parity work
 //! and member I/O for partial-stripe writes: a partial write is widened to whole units (md's
@@ -46,7 +51,8 @@
 //! with work in flight — each holds at most a chunk per member while it works, and a batch's
 //! buffers are the size of its writes), `stripe_cache_active`, `preread_bypass_threshold`,
 //! `rmw_level` (0 never read-modify-write, 1 choose by reads (default), 2 prefer it on ties);
-//! beyond md `stripe_gather_hold_us` and counters: `stripe_batches`, `stripe_batched_writes`,
+//! beyond md `stripe_gather_hold_us`, `stripe_gather_hold_limit_us` (read-only: the hold limit
+//! now, per threshold step) and counters: `stripe_batches`, `stripe_batched_writes`,
 //! `full_stripe_writes`, `rmw_writes`, `rcw_writes`, `reconstruct_writes` (runs of each kind),
 //! `member_reads_during_writes`, `member_writes`, `held_batches`, `hold_timeouts`,
 //! `degraded_reads`, `sync_reads`, `sync_writes`, and `mismatch_members` (check/repair: which
@@ -93,6 +99,8 @@ pub const STRIPE_SIZE_MAX_BYTES: u32 = 65536;
 /// How long a sequential write ending inside a stripe waits for its continuation, per
 /// `preread_bypass_threshold` step (one scheduler tick).
 pub const GATHER_HOLD_DEFAULT_US: u64 = 1000;
+/// Upper bound of the latency-derived part of a gathering hold.
+const GATHER_HOLD_CAP_US: u64 = 50_000;
 /// Stripes worked on at once by one sync step.
 const SYNC_STRIPES_AT_ONCE: usize = 16;
 /// Mismatch details kept for `mismatch_members`.
@@ -228,6 +236,8 @@ pub struct Raid5 {
     pub(crate) tunables: Tunables,
     pub(crate) stats: Stats,
     streams: Streams,
+    /// Recent write-batch latency in µs (moving average, 1/8 weight per sample).
+    batch_latency_us: AtomicU64,
     mismatches: Mutex<MismatchLog>,
 }
 
@@ -259,6 +269,7 @@ impl Raid5 {
             tunables: Tunables::new(),
             stats: Stats::default(),
             streams: Streams::new(),
+            batch_latency_us: AtomicU64::new(0),
             mismatches: Mutex::new(MismatchLog::default()),
         })
     }
@@ -471,7 +482,9 @@ impl Raid5 {
                 self.gather(&lead.entry).await;
                 let batch = self.cache.take_batch(&lead.entry);
                 self.stats.batched_writes.add(batch.len() as u64);
+                let started = Instant::now();
                 let r = self.execute(a, lead.entry.stripe, batch.segs(), batch.fua()).await;
+                self.note_batch_latency(started.elapsed());
                 batch.complete_all(r);
                 drop(lead);
                 to_io(t.own_result().await)
@@ -495,6 +508,21 @@ impl Raid5 {
             .is_ok_and(|runs| runs.iter().all(|r| r.mode == Mode::Full))
     }
 
+    /// Folds one batch's latency into the moving average (racing updates may lose a sample).
+    fn note_batch_latency(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).min(GATHER_HOLD_CAP_US);
+        let old = self.batch_latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { old - old / 8 + sample / 8 };
+        self.batch_latency_us.store(new, Ordering::Relaxed);
+    }
+
+    /// How long a gathering hold may last per `preread_bypass_threshold` step.
+    fn hold_limit_us(&self) -> u64 {
+        let hold_us = self.tunables.gather_hold_us.load(Ordering::Relaxed);
+        let latency = self.batch_latency_us.load(Ordering::Relaxed).saturating_mul(2).min(GATHER_HOLD_CAP_US);
+        hold_us.max(latency)
+    }
+
     /// Holds a batch that a sequential write leaves partial (see the module documentation).
     async fn gather(&self, entry: &StripeEntry) {
         let steps = u64::from(self.tunables.preread_bypass_threshold.load(Ordering::Relaxed));
@@ -502,7 +530,7 @@ impl Raid5 {
         if steps == 0 || hold_us == 0 {
             return;
         }
-        let deadline = Instant::now() + Duration::from_micros(hold_us * steps);
+        let deadline = Instant::now() + Duration::from_micros(self.hold_limit_us().saturating_mul(steps));
         let mut holding = false;
         loop {
             let changed = entry.changed.notified();
@@ -788,6 +816,7 @@ impl Personality for Raid5 {
             ("preread_bypass_threshold", self.tunables.preread_bypass_threshold.load(Ordering::Relaxed).to_string()),
             ("rmw_level", self.tunables.rmw_level().to_string()),
             ("stripe_gather_hold_us", self.tunables.gather_hold_us.load(Ordering::Relaxed).to_string()),
+            ("stripe_gather_hold_limit_us", self.hold_limit_us().to_string()),
             ("stripe_batches", s.batches.get().to_string()),
             ("stripe_batched_writes", s.batched_writes.get().to_string()),
             ("full_stripe_writes", s.full_runs.get().to_string()),
