@@ -42,7 +42,10 @@ mkdir -p "$WORKDIR"
 fstype=$(stat -f -c %T "$WORKDIR")
 case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
 
-cargo build --release -p mdkit -p mdkit-thin --example thin_bench >&2
+# Two builds: target flags such as --example select targets in every listed package, so one
+# command with --example would leave the mdkit binary stale.
+cargo build --release -p mdkit --bin mdkit >&2
+cargo build --release -p mdkit-thin --example thin_bench >&2
 MDKIT=$PWD/target/release/mdkit
 
 log "in process: thin volume vs plain data file ($SIZE_MIB MiB, ${INPROC_S}s per run, $REPS reps)"

@@ -2,27 +2,36 @@
 //!
 //! Every thin device that has an open [`ThinVolume`](super::ThinVolume) owns a `MappingTable`:
 //! 64 shards (by virtual block), each a short `parking_lot` mutex over a hash map from virtual
-//! block to an [`Entry`]. An entry is three things at once:
+//! block to an [`Entry`]. An entry is two things at once:
 //!
 //! ```text
 //!   known     Unmapped | Mapped{data block, time, txn} | Unknown   (what the metadata says)
-//!   inflight  fast-path reads/writes now using `known`'s data block   (dm-thin's all_io_ds)
 //!   cell      Some(..) while a slow-path operation owns the block    (dm-thin's bio prison cell)
 //! ```
 //!
-//! * Fast path (no cell, mapped, unshared for a write): under the shard lock take an `inflight`
-//!   reference, drop the lock, do the data I/O, drop the reference. No metadata lock, no worker,
-//!   no pool-wide state.
+//! Fast-path I/O in flight is counted per shard, not per entry, in two epochs (dm-thin's
+//! all_io_ds deferred set, which is pool-wide, in finer grain): an I/O counts in the shard's
+//! current epoch and its end decrements that count — the shard's own cache line, no second
+//! lookup of the entry (which, with the table spread over a MiB of memory, cost a cache miss per
+//! I/O). A slow-path operation that needs the I/O already in flight to finish flips the epoch
+//! and waits for the old one to drain; I/O that starts later counts in the new epoch and cannot
+//! touch the block (its cell is held), so the wait is bounded.
+//!
+//! * Fast path (no cell, mapped, unshared for a write): under the shard lock count the I/O in
+//!   the current epoch, drop the lock, do the data I/O, end it (`end_io`). No metadata lock, no
+//!   worker, no pool-wide state.
 //! * Slow path (provision, break sharing, discard, or a lookup that missed): take the cell
-//!   (creating an `Unknown` entry if needed), wait until `inflight` drains to zero, do the work,
-//!   then release the cell with the new `known` state; waiters queued on the cell retry.
+//!   (creating an `Unknown` entry if needed), wait until the fast-path I/O of the shard that
+//!   started before drains, do the work, then release the cell with the new `known` state;
+//!   waiters queued on the cell retry.
 //! * Every change of a mapping of this device goes through its cell, so a `Mapped` or `Unmapped`
 //!   entry without a cell is always what the metadata says (the invariant that makes the table a
 //!   coherent cache, not a guess). The one thing that changes without cells is *sharing*: a
 //!   snapshot of this device raises `snapshotted_time`; [`MappingTable::freeze`] stops and drains
 //!   writes first (dm-thin requires the origin to be suspended for `create_snap`).
-//! * Bounded: at most `capacity_entries` entries; idle entries (no cell, nothing in flight) are
-//!   evicted and reloaded from the metadata on the next access.
+//! * Bounded: at most `capacity_entries` entries; entries without a cell are evicted and
+//!   reloaded from the metadata on the next access (I/O still in flight on an evicted entry is
+//!   counted by its shard, so a slow path that re-creates the entry still waits for it).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -58,14 +67,74 @@ pub(crate) enum Known {
 #[derive(Default)]
 struct Cell {
     waiters: Vec<oneshot::Sender<()>>,
-    /// Signalled when `inflight` reaches zero (the holder waits for fast-path I/O to drain).
-    drained: Option<oneshot::Sender<()>>,
 }
 
 struct Entry {
     known: Known,
-    inflight: u32,
     cell: Option<Box<Cell>>,
+}
+
+/// Fast-path I/O in flight in one shard, in two epochs (see the module documentation).
+#[derive(Default)]
+struct Inflight {
+    /// The epoch new fast-path I/O counts in (0 or 1).
+    epoch: u8,
+    active: [u32; 2],
+    /// Drainers waiting for `active[e]` to reach zero.
+    waiting: [Vec<oneshot::Sender<()>>; 2],
+    /// Drainers that came while the other epoch was still draining: the epoch flips for them
+    /// once it has drained, and they then wait for the epoch they started in.
+    pending_flip: Vec<oneshot::Sender<()>>,
+}
+
+impl Inflight {
+    fn begin(&mut self) -> u8 {
+        self.active[usize::from(self.epoch)] += 1;
+        self.epoch
+    }
+
+    fn end(&mut self, epoch: u8) {
+        let e = usize::from(epoch & 1);
+        debug_assert!(self.active[e] > 0, "fast-path I/O ended twice (epoch {e})");
+        self.active[e] = self.active[e].saturating_sub(1);
+        if self.active[e] != 0 {
+            return;
+        }
+        for w in self.waiting[e].drain(..) {
+            let _ = w.send(());
+        }
+        let cur = usize::from(self.epoch);
+        if e != cur && !self.pending_flip.is_empty() {
+            if self.active[cur] == 0 {
+                for w in self.pending_flip.drain(..) {
+                    let _ = w.send(());
+                }
+            } else {
+                self.epoch = e as u8;
+                let pending = std::mem::take(&mut self.pending_flip);
+                self.waiting[cur].extend(pending);
+            }
+        }
+    }
+
+    /// A receiver that fires once every fast-path I/O begun so far has ended (`None`: none is
+    /// in flight).
+    fn drain(&mut self) -> Option<oneshot::Receiver<()>> {
+        let cur = usize::from(self.epoch);
+        let old = cur ^ 1;
+        if self.active[cur] == 0 && self.active[old] == 0 {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        if self.active[old] == 0 {
+            // Everything in flight is in `cur`: new I/O goes to the other epoch from now on.
+            self.epoch = old as u8;
+            self.waiting[cur].push(tx);
+        } else {
+            self.pending_flip.push(tx);
+        }
+        Some(rx)
+    }
 }
 
 /// Cheap, well-mixed hash for block numbers (keys of one shard share their low 6 bits).
@@ -114,6 +183,7 @@ impl TableCounters {
 #[derive(Default)]
 struct Shard {
     map: BlockMap<Entry>,
+    inflight: Inflight,
     /// Writes (fast or slow) that passed the freeze gate and have not finished.
     writes: u32,
     frozen: bool,
@@ -127,8 +197,8 @@ struct PaddedShard(Mutex<Shard>);
 
 /// Decision for a read of one virtual block.
 pub(crate) enum ReadDecision {
-    /// Read the data block; an in-flight reference was taken (release with `end_io`).
-    Mapped { data_block: u64 },
+    /// Read the data block; the I/O was counted in `epoch` (end it with `end_io`).
+    Mapped { data_block: u64, epoch: u8 },
     /// Unmapped: the block reads as zeroes.
     Zeroes,
     /// A slow-path operation holds the block: wait, then decide again.
@@ -139,10 +209,12 @@ pub(crate) enum ReadDecision {
 
 /// Decision for a write of one virtual block.
 pub(crate) enum WriteDecision {
-    /// Mapped and unshared: write in place; an in-flight write reference was taken.
+    /// Mapped and unshared: write in place; the I/O was counted in `epoch` (end it with
+    /// `end_io`).
     InPlace {
         data_block: u64,
         txn: u64,
+        epoch: u8,
     },
     Wait(oneshot::Receiver<()>),
     /// Writes are frozen for a snapshot of this device: wait for the thaw, then decide again.
@@ -207,21 +279,21 @@ impl MappingTable {
             }
             Some(e) if matches!(e.known, Known::Mapped(c) if c.txn <= max_valid_txn) => {
                 let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
-                e.inflight += 1;
                 s.counters.fast_reads += 1;
-                ReadDecision::Mapped { data_block: c.data_block }
+                ReadDecision::Mapped { data_block: c.data_block, epoch: s.inflight.begin() }
             }
             Some(e) => {
                 // Unknown without a cell, or an untrusted mapping: resolve again.
                 e.known = Known::Unknown;
-                let drained = take_cell(e);
+                let drained = take_cell(e, &mut s.inflight);
                 s.counters.slow_ops += 1;
                 ReadDecision::Resolve { drained }
             }
             None => {
-                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
+                // An evicted entry may still have fast-path I/O in flight: drain like any cell.
+                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
                 s.counters.slow_ops += 1;
-                ReadDecision::Resolve { drained: None }
+                ReadDecision::Resolve { drained: s.inflight.drain() }
             }
         }
     }
@@ -243,23 +315,22 @@ impl MappingTable {
             }
             Some(e) if matches!(e.known, Known::Mapped(c) if snap_time <= c.time) => {
                 let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
-                e.inflight += 1;
                 s.writes += 1;
                 s.counters.fast_writes += 1;
-                WriteDecision::InPlace { data_block: c.data_block, txn: c.txn }
+                WriteDecision::InPlace { data_block: c.data_block, txn: c.txn, epoch: s.inflight.begin() }
             }
             Some(e) => {
                 let known = e.known;
-                let drained = take_cell(e);
+                let drained = take_cell(e, &mut s.inflight);
                 s.writes += 1;
                 s.counters.slow_ops += 1;
                 WriteDecision::Slow { known, drained }
             }
             None => {
-                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
+                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
                 s.writes += 1;
                 s.counters.slow_ops += 1;
-                WriteDecision::Slow { known: Known::Unknown, drained: None }
+                WriteDecision::Slow { known: Known::Unknown, drained: s.inflight.drain() }
             }
         }
     }
@@ -275,32 +346,22 @@ impl MappingTable {
             }
             Some(e) => {
                 let known = e.known;
-                let drained = take_cell(e);
+                let drained = take_cell(e, &mut s.inflight);
                 AcquireDecision::Acquired { known, drained }
             }
             None => {
-                s.map.insert(vblock, Entry { known: Known::Unknown, inflight: 0, cell: Some(Box::default()) });
-                AcquireDecision::Acquired { known: Known::Unknown, drained: None }
+                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
+                AcquireDecision::Acquired { known: Known::Unknown, drained: s.inflight.drain() }
             }
         }
     }
 
-    /// Ends a fast-path I/O started by `begin_read` (`write = false`) or `begin_write`.
-    pub fn end_io(&self, vblock: u64, write: bool) {
+    /// Ends a fast-path I/O started by `begin_read` (`write = false`) or `begin_write`, with the
+    /// epoch its decision carried. Touches only the shard, not the entry.
+    pub fn end_io(&self, vblock: u64, epoch: u8, write: bool) {
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
-        if let Some(e) = s.map.get_mut(&vblock) {
-            debug_assert!(e.inflight > 0, "end_io without begin on block {vblock}");
-            e.inflight = e.inflight.saturating_sub(1);
-            if e.inflight == 0
-                && let Some(c) = e.cell.as_mut()
-                && let Some(d) = c.drained.take()
-            {
-                let _ = d.send(());
-            }
-        } else {
-            debug_assert!(false, "end_io on block {vblock} that has no entry");
-        }
+        s.inflight.end(epoch);
         if write {
             end_write(s, &self.drained);
         }
@@ -319,7 +380,7 @@ impl MappingTable {
                     let _ = w.send(());
                 }
             }
-            remove = known == Known::Unknown && e.inflight == 0;
+            remove = known == Known::Unknown;
         } else {
             debug_assert!(false, "release of block {vblock} that has no entry");
         }
@@ -395,16 +456,12 @@ fn queue_on(e: &mut Entry) -> oneshot::Receiver<()> {
     rx
 }
 
-fn take_cell(e: &mut Entry) -> Option<oneshot::Receiver<()>> {
+/// Takes the (free) cell of an entry; the receiver fires when the fast-path I/O in flight in
+/// the shard has drained.
+fn take_cell(e: &mut Entry, inflight: &mut Inflight) -> Option<oneshot::Receiver<()>> {
     debug_assert!(e.cell.is_none());
-    let mut cell = Box::<Cell>::default();
-    let drained = (e.inflight > 0).then(|| {
-        let (tx, rx) = oneshot::channel();
-        cell.drained = Some(tx);
-        rx
-    });
-    e.cell = Some(cell);
-    drained
+    e.cell = Some(Box::<Cell>::default());
+    inflight.drain()
 }
 
 fn end_write(s: &mut Shard, drained: &Notify) {
@@ -421,7 +478,7 @@ fn evict(s: &mut Shard, capacity: usize) {
     let mut excess = s.map.len().saturating_sub(target);
     let before = s.map.len();
     s.map.retain(|_, e| {
-        if excess > 0 && e.cell.is_none() && e.inflight == 0 {
+        if excess > 0 && e.cell.is_none() {
             excess -= 1;
             false
         } else {
@@ -447,16 +504,16 @@ mod tests {
         let ReadDecision::Wait(mut rx) = t.begin_read(5, u64::MAX) else { panic!("expected to wait") };
         t.release(5, mapped(9, 0), false);
         assert!(rx.try_recv().is_ok(), "the waiter is woken");
-        assert!(matches!(t.begin_read(5, u64::MAX), ReadDecision::Mapped { data_block: 9 }));
-        t.end_io(5, false);
-        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 9, .. }));
-        t.end_io(5, true);
+        assert!(matches!(t.begin_read(5, u64::MAX), ReadDecision::Mapped { data_block: 9, epoch: 0 }));
+        t.end_io(5, 0, false);
+        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 9, epoch: 0, .. }));
+        t.end_io(5, 0, true);
         // A snapshot makes the mapping shared: writes take the slow path.
         t.thaw(Some(1));
         assert!(matches!(t.begin_write(5), WriteDecision::Slow { known, .. } if known == mapped(9, 0)));
         t.release(5, mapped(10, 1), true);
-        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 10, .. }));
-        t.end_io(5, true);
+        assert!(matches!(t.begin_write(5), WriteDecision::InPlace { data_block: 10, epoch: 0, .. }));
+        t.end_io(5, 0, true);
     }
 
     #[test]
@@ -464,15 +521,84 @@ mod tests {
         let t = MappingTable::new(0, 1 << 16);
         let AcquireDecision::Acquired { .. } = t.acquire(3) else { panic!() };
         t.release(3, mapped(1, 0), false);
-        assert!(matches!(t.begin_read(3, u64::MAX), ReadDecision::Mapped { .. }));
+        assert!(matches!(t.begin_read(3, u64::MAX), ReadDecision::Mapped { epoch: 0, .. }));
         let AcquireDecision::Acquired { drained: Some(mut d), .. } = t.acquire(3) else {
             panic!("must wait for drain")
         };
         assert!(d.try_recv().is_err());
-        t.end_io(3, false);
+        t.end_io(3, 0, false);
         assert!(d.try_recv().is_ok());
         t.release(3, Known::Unmapped, false);
         assert!(matches!(t.begin_read(3, u64::MAX), ReadDecision::Zeroes));
+    }
+
+    /// A drainer waits for exactly the I/O begun before it, even while the shard stays busy:
+    /// I/O begun later counts in the other epoch.
+    #[test]
+    fn drain_waits_for_earlier_io_only() {
+        let mut f = Inflight::default();
+        assert!(f.drain().is_none(), "nothing in flight");
+        let a = f.begin();
+        let mut d1 = f.drain().expect("a is in flight");
+        let b = f.begin(); // after the flip
+        assert_ne!(a, b);
+        f.end(b);
+        assert!(d1.try_recv().is_err(), "a is still in flight");
+        let c = f.begin();
+        f.end(a);
+        assert!(d1.try_recv().is_ok(), "everything begun before the drain has ended");
+        // c is in flight in the current epoch, nothing in the other: the next drain flips.
+        let mut d2 = f.drain().expect("c is in flight");
+        let e = f.begin();
+        f.end(c);
+        assert!(d2.try_recv().is_ok());
+        f.end(e);
+        assert!(f.drain().is_none());
+    }
+
+    /// A drain that comes while an earlier epoch is still draining waits for both: the old
+    /// epoch first, then (after the flip) the one it started in.
+    #[test]
+    fn drain_during_a_drain_waits_for_both_epochs() {
+        let mut f = Inflight::default();
+        let a = f.begin();
+        let mut d1 = f.drain().unwrap(); // flips: a is in the old epoch
+        let b = f.begin(); // new epoch
+        let mut d2 = f.drain().unwrap(); // cannot flip while a drains: pending
+        let c = f.begin(); // still the epoch of b
+        f.end(a);
+        assert!(d1.try_recv().is_ok());
+        assert!(d2.try_recv().is_err(), "b was begun before d2 and is in flight");
+        let late = f.begin(); // after the flip for d2: the other epoch
+        f.end(b);
+        assert!(d2.try_recv().is_err(), "c was begun before d2");
+        f.end(c);
+        assert!(d2.try_recv().is_ok());
+        f.end(late);
+        assert!(f.drain().is_none());
+        assert_eq!(f.active, [0, 0]);
+    }
+
+    /// An entry evicted while its I/O is in flight: the slow path that re-creates it still
+    /// waits for that I/O.
+    #[test]
+    fn evicted_entry_with_io_in_flight_still_drains() {
+        let t = MappingTable::new(0, 16 * SHARDS);
+        let AcquireDecision::Acquired { .. } = t.acquire(0) else { panic!() };
+        t.release(0, mapped(1, 0), false);
+        let ReadDecision::Mapped { epoch, .. } = t.begin_read(0, u64::MAX) else { panic!() };
+        // Fill shard 0 far beyond its capacity so block 0's entry is evicted.
+        for k in 1..200u64 {
+            let vb = k * SHARDS as u64;
+            let AcquireDecision::Acquired { .. } = t.acquire(vb) else { panic!() };
+            t.release(vb, Known::Unmapped, false);
+        }
+        let AcquireDecision::Acquired { known: Known::Unknown, drained: Some(mut d) } = t.acquire(0) else {
+            panic!("block 0 was evicted and its read is still in flight")
+        };
+        assert!(d.try_recv().is_err());
+        t.end_io(0, epoch, false);
+        assert!(d.try_recv().is_ok());
     }
 
     #[test]
@@ -480,8 +606,8 @@ mod tests {
         let t = MappingTable::new(0, 1 << 16);
         let AcquireDecision::Acquired { .. } = t.acquire(1) else { panic!() };
         t.release(1, Known::Mapped(Cached { data_block: 4, time: 0, txn: 7 }), false);
-        assert!(matches!(t.begin_read(1, 7), ReadDecision::Mapped { .. }));
-        t.end_io(1, false);
+        assert!(matches!(t.begin_read(1, 7), ReadDecision::Mapped { epoch: 0, .. }));
+        t.end_io(1, 0, false);
         assert!(matches!(t.begin_read(1, 6), ReadDecision::Resolve { .. }));
     }
 
@@ -492,13 +618,13 @@ mod tests {
             let t = std::sync::Arc::new(MappingTable::new(0, 1 << 16));
             let AcquireDecision::Acquired { .. } = t.acquire(2) else { panic!() };
             t.release(2, mapped(3, 0), false);
-            assert!(matches!(t.begin_write(2), WriteDecision::InPlace { .. }));
+            assert!(matches!(t.begin_write(2), WriteDecision::InPlace { epoch: 0, .. }));
             let t2 = t.clone();
             let freezer = tokio::spawn(async move { t2.freeze().await });
             tokio::task::yield_now().await;
             assert!(!freezer.is_finished(), "a write is still in flight");
             assert!(matches!(t.begin_write(7), WriteDecision::Frozen));
-            t.end_io(2, true);
+            t.end_io(2, 0, true);
             freezer.await.unwrap();
             t.thaw(Some(5));
             t.wait_thawed().await;

@@ -235,16 +235,17 @@ impl BlockDevice for ThinVolume {
 //------------------------------------------------------------------------------------------------
 // Guards
 
-/// An in-flight reference on a mapped block (released when the data I/O is done).
+/// A fast-path I/O counted in its shard's epoch (ended when the data I/O is done).
 struct IoRef<'a> {
     dev: &'a ThinDev,
     vblock: u64,
+    epoch: u8,
     write: bool,
 }
 
 impl Drop for IoRef<'_> {
     fn drop(&mut self) {
-        self.dev.table.end_io(self.vblock, self.write);
+        self.dev.table.end_io(self.vblock, self.epoch, self.write);
     }
 }
 
@@ -305,8 +306,8 @@ impl ThinDev {
         loop {
             let max_txn = self.pool.state.max_valid_txn();
             match self.table.begin_read(vblock, max_txn) {
-                ReadDecision::Mapped { data_block } => {
-                    let guard = IoRef { dev: &self, vblock, write: false };
+                ReadDecision::Mapped { data_block, epoch } => {
+                    let guard = IoRef { dev: &self, vblock, epoch, write: false };
                     let (b, r) = self.pool.data.read(data_block * bs + off, buf).await;
                     drop(guard);
                     return (b, r.map_err(|e| self.data_error(e, "read", vblock, data_block)));
@@ -337,12 +338,12 @@ impl ThinDev {
         let bs = self.block_bytes();
         loop {
             match self.table.begin_write(vblock) {
-                WriteDecision::InPlace { data_block, txn } => {
+                WriteDecision::InPlace { data_block, txn, epoch } => {
                     // The fast path: nothing but the data write (and, for FUA to a mapping not
                     // yet committed, a commit round after it).
                     // The data write carries FUA itself: a commit round that starts while it
                     // is in flight may commit the mapping without flushing this data.
-                    let guard = IoRef { dev: &self, vblock, write: true };
+                    let guard = IoRef { dev: &self, vblock, epoch, write: true };
                     let r = self.pool.data.write(data_block * bs + off, data, WriteFlags { fua }).await;
                     drop(guard);
                     r.map_err(|e| self.data_error(e, "write", vblock, data_block))?;
