@@ -6,14 +6,16 @@
 //!                     [--members 2] [--copies 2] [--data-mib 1024] [--secs 10]
 //! bitmap_bench flush  --dir DIR --batching on|off --clients C [--members 2] [--secs 5]
 //! bitmap_bench array  --dir DIR --level raid1|raid10 --members N --mode bitmap|none
-//!                     --chunk-bytes N --qd Q [--secs 10]
+//!                     --chunk-bytes N --qd Q [--secs 10] [--warmup-secs W] [--touch on|off]
 //! bitmap_bench array-flush --dir DIR --level raid1|raid10 --members N --batching on|off
 //!                     --clients C [--secs 5]
 //! ```
 //! `array`: an md array (created `--assume-clean`, internal bitmap of `chunk-bytes` chunks or
 //! `--bitmap=none`) over the member files `DIR/bitmap-bench-m<i>.img`, Q workers of 4 KiB
 //! random writes through `Array::write` for `secs` (after `--warmup-secs` of the same, not
-//! counted: the steady state, where the bitmap holds the chunks the workload keeps busy). With `--virtual-gib G` each member is
+//! counted: the steady state, where the bitmap holds the chunks the workload keeps busy;
+//! `--touch on` first writes 4 KiB into every bitmap chunk, in both modes, so the steady state
+//! of a workload spread over the whole array is reached without minutes of warm-up). With `--virtual-gib G` each member is
 //! presented as G GiB whose data area (from 1 MiB) folds onto the file's pre-written data area
 //! (`offset mod data-mib`), so a large array (many bitmap chunks) runs on small files with the
 //! same data I/O in both modes; the metadata area (first MiB) is the file's own.
@@ -66,6 +68,7 @@ struct Args {
     level: String,
     virtual_gib: u64,
     warmup_secs: u64,
+    touch: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -88,6 +91,7 @@ fn parse_args() -> Result<Args, String> {
         level: "raid1".into(),
         virtual_gib: 0,
         warmup_secs: 0,
+        touch: false,
     };
     while let Some(k) = it.next() {
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
@@ -108,6 +112,7 @@ fn parse_args() -> Result<Args, String> {
             "--level" => a.level = v,
             "--virtual-gib" => a.virtual_gib = num(&v)?,
             "--warmup-secs" => a.warmup_secs = num(&v)?,
+            "--touch" => a.touch = v == "on",
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -425,9 +430,15 @@ async fn bench_array(a: &Args) -> Result<String, String> {
         array.set_attribute("bitmap/time_base", "5").map_err(|e| e.to_string())?;
     }
     let blocks = array.size_bytes() / 4096;
+    let t_touch = Instant::now();
+    if a.touch {
+        touch_chunks(&array, 32, u64::from(a.chunk_bytes)).await?;
+    }
+    let touch_secs = t_touch.elapsed().as_secs_f64();
     if a.warmup_secs > 0 {
         random_writes(&array, a.qd, blocks, Duration::from_secs(a.warmup_secs), 0x3a7).await?;
     }
+    let dirty_at_start = attr("bitmap/dirty_chunks");
     let (pw0, sr0) = (attr("bitmap/page_writes"), attr("bitmap/set_rounds"));
     tracer.reset();
     let cpu0 = cpu_seconds();
@@ -439,11 +450,13 @@ async fn bench_array(a: &Args) -> Result<String, String> {
     let snap = tracer.snapshot().total();
     let (page_writes, set_rounds, chunks) =
         (attr("bitmap/page_writes") - pw0, attr("bitmap/set_rounds") - sr0, attr("bitmap/chunks"));
+    let dirty_at_end = attr("bitmap/dirty_chunks");
     array.stop().await.map_err(|e| format!("stop: {e}"))?;
     Ok(format!(
         "level={} members={} mode={} chunk_bytes={} chunks={chunks} array_gib={:.0} qd={} iops={:.0} lat_avg_us={:.1} \
          cpu_us_per_io={:.2} data_writes={ops} bitmap_page_writes={page_writes} bitmap_writes_per_write={:.4} \
-         set_rounds={set_rounds} member_writes={} member_writes_below_4k={} member_writes_misaligned_4k={}",
+         set_rounds={set_rounds} member_writes={} member_writes_below_4k={} member_writes_misaligned_4k={} \
+         touch_secs={touch_secs:.1} dirty_chunks_start={dirty_at_start} dirty_chunks_end={dirty_at_end}",
         a.level,
         a.members,
         if a.mode_bitmap { "bitmap" } else { "none" },
@@ -458,6 +471,33 @@ async fn bench_array(a: &Args) -> Result<String, String> {
         snap.writes_below_4k,
         snap.writes_misaligned_4k,
     ))
+}
+
+/// Pre-conditioning: one 4 KiB write at the start of every bitmap chunk of the array, by `qd`
+/// workers — the state a random workload over the whole array reaches once it has been
+/// everywhere (on coupon-collector time: minutes for 10^5..10^6 chunks), reached in seconds.
+async fn touch_chunks(array: &Arc<mdkit_md::array::Array>, qd: usize, chunk_bytes: u64) -> Result<(), String> {
+    let chunks = array.size_bytes().div_ceil(chunk_bytes);
+    let next = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..qd)
+        .map(|w| {
+            let (array, next) = (array.clone(), next.clone());
+            tokio::spawn(async move {
+                let buf = SharedBuf::from_slice(&[w as u8; 4096]);
+                loop {
+                    let c = next.fetch_add(1, Ordering::Relaxed);
+                    if c >= chunks {
+                        break;
+                    }
+                    array.write(c * chunk_bytes, buf.clone(), WriteFlags::NONE).await.expect("array write");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// `qd` workers of 4 KiB random writes over `blocks` for `duration`: (writes, summed latency ns).

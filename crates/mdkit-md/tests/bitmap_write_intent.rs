@@ -264,6 +264,68 @@ fn bits_clear_after_a_whole_idle_period_and_only_after_a_flush() {
     });
 }
 
+/// Periodic sweeps judge idleness per `idle_region_bytes` region: a chunk written once stays
+/// dirty while a neighbour in its region keeps being written, and clears a whole idle period
+/// after the region went quiet; a chunk in another region clears on its own schedule, and with
+/// `idle_region_bytes` 0 every chunk is judged alone (md's rule). `flush_chunks` sweeps ignore
+/// regions.
+#[test]
+fn a_region_clears_only_when_all_of_it_went_idle() {
+    paused_runtime().block_on(async {
+        let chunks = 1000;
+        let (_oracle, devs) = oracle_members(2, chunks);
+        let failures = Failures::default();
+        let bm = create(&devs, chunks, &failures).await;
+        bm.set_attribute("time_base", "1").unwrap().unwrap();
+        // Regions of 100 chunks.
+        bm.set_attribute("idle_region_bytes", &(100 * u64::from(CHUNK_BYTES)).to_string()).unwrap().unwrap();
+        let attr = |name: &str| bm.attributes().into_iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+        assert_eq!(attr("bitmap/idle_region_bytes").as_deref(), Some("6553600"));
+        let write = |c: u64| {
+            let bm = &bm;
+            let devs = &devs;
+            async move {
+                bm.start_write(chunk_range(c, CHUNK_BYTES)).await.unwrap();
+                data_write(devs, c, false).await.unwrap();
+                bm.end_write(chunk_range(c, CHUNK_BYTES), true);
+            }
+        };
+        // Chunk 7 once; chunk 250 (another region) once; chunk 8 (7's region) every 300 ms.
+        write(7).await;
+        write(250).await;
+        for _ in 0..10 {
+            write(8).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        // 3 s: 250 was cleared after its region idled a whole period; 7 is kept by 8.
+        assert_eq!(bm.dirty_chunks(), vec![7, 8]);
+        // The region goes quiet: both clear within two periods.
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        assert_eq!(bm.dirty_chunks(), Vec::<u64>::new());
+
+        // Per chunk (md's rule): 7 clears while 8 is still being written.
+        bm.set_attribute("idle_region_bytes", "0").unwrap().unwrap();
+        write(7).await;
+        for _ in 0..10 {
+            write(8).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(bm.dirty_chunks(), vec![8]);
+
+        // A threshold sweep clears idle chunks whatever their region.
+        bm.set_attribute("idle_region_bytes", &(1000 * u64::from(CHUNK_BYTES)).to_string()).unwrap().unwrap();
+        bm.set_attribute("time_base", "3600").unwrap().unwrap();
+        for c in [20, 21, 22] {
+            write(c).await;
+        }
+        bm.set_attribute("flush_chunks", "3").unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(bm.dirty_chunks().iter().all(|c| ![20, 21, 22].contains(c)), "{:?}", bm.dirty_chunks());
+        assert!(bm.set_attribute("idle_region_bytes", "lots").unwrap().is_err());
+        assert!(failures.0.lock().is_empty());
+    });
+}
+
 #[test]
 fn nothing_clears_while_degraded_and_events_cleared_stands_still() {
     paused_runtime().block_on(async {

@@ -11,7 +11,7 @@
 //! Writable: `sync_action` (idle frozen check repair resync recover), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
-//! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks),
+//! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks, idle_region_bytes),
 //! `flush_batching`, and the personality's writable attributes.
 
 use std::io;

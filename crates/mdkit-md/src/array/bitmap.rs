@@ -21,8 +21,9 @@
 //!                              request that joined before the snapshot is served
 //!  end_write(range, ok)        per chunk: one CAS (pending - 1; NEEDED when !ok)
 //!  daemon (every time_base, or when idle dirty chunks >= flush_chunks)
-//!    age idle chunks -> events_cleared durable -> flush every member -> clear bits of chunks
-//!    still idle since before the flush -> write changed pages (plain writes)
+//!    age idle chunks (periodic sweeps: a whole idle region at a time, idle_region_bytes)
+//!    -> events_cleared durable -> flush every member -> clear bits of chunks still idle
+//!    since before the flush -> write changed pages (plain writes)
 //! ```
 //! Chunk counters live in per-page blocks of atomics allocated on first use; the idle-dirty
 //! count behind `flush_chunks` and the statistics are sharded by chunk. Nothing on the write
@@ -89,6 +90,10 @@ pub const PAGE_BYTES: u64 = crate::format::METADATA_BLOCK_BYTES as u64;
 /// chunks cleared under it (measured: 4 MiB chunks over 1 TiB, QD32, about a third fewer IOPS
 /// with 65536).
 pub const DEFAULT_FLUSH_CHUNKS: u64 = 0;
+
+/// Default `idle_region_bytes`: periodic sweeps clear a chunk's bit only once the whole GiB of
+/// the sync domain around it has gone unwritten for a `time_base` (see `sweep`).
+pub const DEFAULT_IDLE_REGION_BYTES: u64 = 1 << 30;
 
 /// How often the daemon looks at the idle-dirty count between sweeps (the threshold check on
 /// the write path is approximate per shard; this bounds how late a crossing is noticed).
@@ -235,6 +240,8 @@ struct Settings {
     /// `time_base`: the daemon period.
     daemon_sleep_ms: AtomicU64,
     flush_chunks: AtomicU64,
+    /// Periodic sweeps judge idleness per region of this many sync-domain bytes (0: per chunk).
+    idle_region_bytes: AtomicU64,
     /// `can_clear` as set by the user (clearing also needs a non-degraded array).
     can_clear: AtomicBool,
 }
@@ -298,6 +305,11 @@ impl Inner {
 
     fn daemon_sleep(&self) -> Duration {
         Duration::from_millis(self.settings.daemon_sleep_ms.load(Ordering::Relaxed).max(1))
+    }
+
+    /// Chunks per idle region (at least 1).
+    fn idle_region_chunks(&self) -> u64 {
+        (self.settings.idle_region_bytes.load(Ordering::Relaxed) / u64::from(self.geo.chunk_bytes)).max(1)
     }
 
     fn members_snapshot(&self) -> Arc<Vec<Arc<MemberIo>>> {
@@ -671,6 +683,7 @@ impl WriteIntentBitmap {
             ("bitmap/space", space.to_string()),
             ("bitmap/can_clear", (if inner.clearing_allowed() { "true" } else { "false" }).to_string()),
             ("bitmap/flush_chunks", inner.settings.flush_chunks.load(Ordering::Relaxed).to_string()),
+            ("bitmap/idle_region_bytes", inner.settings.idle_region_bytes.load(Ordering::Relaxed).to_string()),
             ("bitmap/events", h.events.to_string()),
             ("bitmap/events_cleared", h.events_cleared.to_string()),
             ("bitmap/chunks", inner.chunks().to_string()),
@@ -692,8 +705,8 @@ impl WriteIntentBitmap {
     }
 
     /// Sets `bitmap/time_base` (seconds, up to 4 decimals, md's timeout_store), `bitmap/backlog`
-    /// (0..=16383), `bitmap/can_clear` (true|false; true is refused while degraded) or
-    /// `bitmap/flush_chunks` (0 = no threshold). The `bitmap/` prefix may be left out. `None`
+    /// (0..=16383), `bitmap/can_clear` (true|false; true is refused while degraded),
+    /// `bitmap/flush_chunks` (0 = no threshold) or `bitmap/idle_region_bytes` (0 = per chunk). The `bitmap/` prefix may be left out. `None`
     /// when `name` is not a bitmap attribute; read-only ones are `PermissionDenied`.
     pub fn set_attribute(&self, name: &str, value: &str) -> Option<io::Result<()>> {
         let inner = &*self.inner;
@@ -735,6 +748,10 @@ impl WriteIntentBitmap {
                     inner.kick_if_over_threshold();
                 })
             }
+            "idle_region_bytes" => value
+                .parse::<u64>()
+                .map_err(|_| invalid(format!("'{value}' is not a number of bytes")))
+                .map(|v| inner.settings.idle_region_bytes.store(v, Ordering::Relaxed)),
             "location" | "metadata" | "chunksize" | "space" | "max_backlog_used" | "events" | "events_cleared"
             | "chunks" | "dirty_chunks" | "idle_dirty_chunks" | "needed_chunks" | "data_writes"
             | "fast_path_writes" | "page_writes" | "rmw_page_writes" | "set_rounds" | "clear_rounds"

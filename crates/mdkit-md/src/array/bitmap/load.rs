@@ -12,7 +12,8 @@ use tokio::sync::Notify;
 use super::chunks::ChunkState;
 use super::pages::{MemberIo, Page, chunk_slot};
 use super::{
-    BitmapArrayInfo, BitmapMember, DEFAULT_FLUSH_CHUNKS, FailFn, Inner, PAGE_BYTES, Settings, Stats, WriteIntentBitmap,
+    BitmapArrayInfo, BitmapMember, DEFAULT_FLUSH_CHUNKS, DEFAULT_IDLE_REGION_BYTES, FailFn, Inner, PAGE_BYTES,
+    Settings, Stats, WriteIntentBitmap,
 };
 use crate::format::bitmap::{BITMAP_SUPER_BYTES, BitmapGeometry, BitmapSuper, MDADM_DEFAULT_DAEMON_SLEEP_SECS, state};
 use crate::format::format_uuid;
@@ -287,6 +288,7 @@ fn build_inner(
         settings: Settings {
             daemon_sleep_ms: AtomicU64::new(daemon_sleep_ms),
             flush_chunks: AtomicU64::new(DEFAULT_FLUSH_CHUNKS),
+            idle_region_bytes: AtomicU64::new(DEFAULT_IDLE_REGION_BYTES),
             can_clear: AtomicBool::new(true),
         },
         idle_dirty: Default::default(),

@@ -23,10 +23,23 @@
 //! The daemon sweeps every `time_base` with `min_age` 2 (a chunk is cleared after one whole
 //! idle period, as the kernel's 2 -> 1 -> 0 counter does) and, as soon as the idle dirty
 //! chunks reach `flush_chunks`, with `min_age` 1 (every chunk idle now).
+//!
+//! **Idle regions.** Periodic sweeps judge idleness per region of `idle_region_bytes` of the
+//! sync domain, not per chunk (the upstream llbitmap rule: its daemon clears a bitmap page's
+//! bits only once the whole page has gone unwritten for `barrier_idle`). In step 1 a region's
+//! dirty chunks all take the age of its youngest one (a chunk with a write in flight has age
+//! 0), so none of them clears while anything in the region is still being written. A random
+//! workload spread over many chunks then keeps its bits set instead of paying a FUA bitmap
+//! write per member each time it comes back to a chunk that was cleared under it (with 4 MiB
+//! chunks over 1 TiB and per-chunk clearing, most random 4 KiB writes did). The price is a
+//! longer resync after a crash: every chunk written since its region last went idle. Regions
+//! are derived from the chunk states at sweep time, so the write path pays nothing for them;
+//! `idle_region_bytes` = 0 (or less than a chunk) is md's per-chunk rule. Threshold and
+//! explicit sweeps stay per chunk: `flush_chunks` bounds the dirty chunks whatever the regions.
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::chunks::ChunkState;
 use super::pages::{FIRST_CHUNK_BIT, RoundKind, chunk_slot, slot_chunk};
@@ -84,7 +97,8 @@ pub(super) async fn sweep(inner: &Arc<Inner>, min_age: u32) -> io::Result<u64> {
     if !inner.clearing_allowed() {
         return Ok(0);
     }
-    let candidates = age_idle_chunks(inner, min_age);
+    let region_chunks = if min_age >= PERIODIC_MIN_AGE { inner.idle_region_chunks() } else { 1 };
+    let candidates = age_idle_chunks(inner, min_age, region_chunks);
     if candidates.is_empty() {
         return Ok(0);
     }
@@ -104,10 +118,14 @@ pub(super) async fn sweep(inner: &Arc<Inner>, min_age: u32) -> io::Result<u64> {
     Ok(clear(inner, &candidates).await)
 }
 
-/// Step 1: ages idle chunks; returns `(chunk, state word left by the aging CAS)` for those
-/// that reached `min_age`, ascending.
-fn age_idle_chunks(inner: &Inner, min_age: u32) -> Vec<(u64, u32)> {
+/// Step 1: ages idle chunks, a region of `region_chunks` chunks at a time (every sweepable
+/// dirty chunk of a region gets the age of the region's youngest dirty chunk plus one; a chunk
+/// with a write in flight counts as age 0); returns `(chunk, state word left by the aging CAS)`
+/// for those that reached `min_age`, ascending.
+fn age_idle_chunks(inner: &Inner, min_age: u32, region_chunks: u64) -> Vec<(u64, u32)> {
+    let region_chunks = region_chunks.max(1);
     let mut out = Vec::new();
+    let mut region = Region { id: u64::MAX, youngest: ChunkState::AGE_MAX, members: Vec::new() };
     let chunks = inner.chunks();
     for (p, page) in inner.pages.iter().enumerate() {
         let Some(block) = page.chunks.get() else { continue };
@@ -123,23 +141,56 @@ fn age_idle_chunks(inner: &Inner, min_age: u32) -> Vec<(u64, u32)> {
                 if chunk >= chunks {
                     break;
                 }
+                if chunk / region_chunks != region.id {
+                    region.age(min_age, &mut out);
+                    region.id = chunk / region_chunks;
+                }
                 let state = &block[b];
                 let old = state.load(Ordering::Acquire);
+                if ChunkState::pending(old) > 0 {
+                    region.youngest = 0; // being written: the region is busy
+                }
                 if !ChunkState::sweepable(old) {
                     continue;
                 }
-                let age = (ChunkState::age(old) + 1).min(ChunkState::AGE_MAX);
-                let new = ChunkState::with_age(old, age);
-                if new != old && state.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                    continue; // a write started: not idle
-                }
-                if age >= min_age {
-                    out.push((chunk, new));
-                }
+                region.youngest = region.youngest.min(ChunkState::age(old));
+                region.members.push((chunk, state));
             }
         }
     }
+    region.age(min_age, &mut out);
     out
+}
+
+/// The sweepable dirty chunks of one region, gathered by [`age_idle_chunks`].
+struct Region<'a> {
+    id: u64,
+    /// Lowest age among the region's dirty chunks (0 when one has a write in flight).
+    youngest: u32,
+    members: Vec<(u64, &'a AtomicU32)>,
+}
+
+impl Region<'_> {
+    /// Ages the gathered chunks to `youngest + 1` and appends those reaching `min_age` to
+    /// `out`; then starts an empty region.
+    fn age(&mut self, min_age: u32, out: &mut Vec<(u64, u32)>) {
+        let age = (self.youngest + 1).min(ChunkState::AGE_MAX);
+        for &(chunk, state) in &self.members {
+            let old = state.load(Ordering::Acquire);
+            if !ChunkState::sweepable(old) {
+                continue; // a write started since it was gathered
+            }
+            let new = ChunkState::with_age(old, age);
+            if new != old && state.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                continue; // a write started: not idle
+            }
+            if age >= min_age {
+                out.push((chunk, new));
+            }
+        }
+        self.members.clear();
+        self.youngest = ChunkState::AGE_MAX;
+    }
 }
 
 /// Step 4: clears the candidates still untouched since aging and writes their pages (one
