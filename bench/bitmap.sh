@@ -11,20 +11,29 @@
 # upstream RAID10 test) and a 4 MiB chunk over 1 TiB members (262k-524k bits). Member files live
 # in DIR (default /var/tmp; must do O_DIRECT) and hold 1 GiB of pre-written data; the members
 # are presented at their size with the data area folded onto that GiB (offset mod 1 GiB), so
-# both modes do the same data I/O on allocated blocks. Each array starts from a clean bitmap, runs with md's 5 s
-# time_base and the default idle_region_bytes (1 GiB), and is measured in the steady state of a
-# workload spread over the whole array: after one 4 KiB write into every bitmap chunk (TOUCH=on,
-# the default; both modes) and WARMUP seconds (default 8) of the same workload. TOUCH=off
-# measures from a clean bitmap instead; the component section shows the first seconds after a
-# clean bitmap (every write to a new chunk pays its FUA bitmap page write). Modes alternate, REPEAT runs each (default 2) of SECS seconds (default 5); SECTIONS
-# is "array component" (default both). Prints median IOPS per mode, the ratio against the
-# targets (>= 95% at QD32, >= 80% at QD1), bitmap writes per array write, member writes below
-# 4 KiB or misaligned (must be 0), and CPU per I/O.
+# both modes do the same data I/O on allocated blocks.
+#
+# Array section: the no-bitmap array (files bitmap-bench-m<i>) and the bitmap array (files
+# bitmap-bench-b<i>) exist side by side. The bitmap starts clean and runs with md's 5 s
+# time_base and the default idle_region_bytes (1 GiB). Both are measured in the steady state of
+# a workload spread over the whole array: after one 4 KiB write into every bitmap chunk
+# (TOUCH=on, the default, both arrays; TOUCH=off starts from a clean bitmap), then run in
+# strictly alternating windows of SECS seconds (default 2; keep it below half of time_base, or
+# the bitmap array's idle gaps clear its regions): WARMUP seconds (default 8) unrecorded, then
+# REPEAT bitmap windows (default 7), each between two no-bitmap windows, at QD32 and then QD1.
+# The ratio is the median over bitmap windows of bitmap / mean of its two neighbours (drift of
+# this disk cancels; a stall moves one window, not the result).
+# Component section: the bitmap alone around mirror-style member writes, REPEAT runs per mode
+# of SECS seconds from a clean bitmap (the first writes to each chunk pay their FUA bitmap page
+# write: the cold cost). SECTIONS is "array component" (default both). Prints median IOPS per
+# mode, the ratio against the targets (>= 95% at QD32, >= 80% at QD1), bitmap writes per array
+# write, member writes below 4 KiB or misaligned (must be 0), CPU per I/O, and the share of
+# bits set at the end.
 set -euo pipefail
 
 dir=${1:-/var/tmp}
-secs=${2:-5}
-repeat=${3:-2}
+secs=${2:-2}
+repeat=${3:-7}
 data_mib=1024
 root=$(cd "$(dirname "$0")/.." && pwd)
 command -v python3 >/dev/null || { echo "bitmap.sh: python3 not found" >&2; exit 1; }
@@ -39,8 +48,9 @@ files=()
 sections=${4:-array component}
 warmup=${WARMUP:-8}
 touch=${TOUCH:-on}
-for i in 0 1 2 3; do
-    f="$dir/bitmap-bench-m$i.img"
+# m<i>: the member files of the first array (and of the component section); b<i>: those of
+# the bitmap array, which the array section runs side by side with the no-bitmap one.
+for f in "$dir"/bitmap-bench-{m,b}{0,1,2,3}.img; do
     files+=("$f")
     if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" -ne $(((data_mib + 1) << 20)) ]; then
         echo "# preparing $f ($((data_mib + 1)) MiB, fully written)" >&2
@@ -58,20 +68,24 @@ for section in $sections; do
             set -- $shape
             chunk=$1; member_gib=$2
             if [ "$section" = component ] && [ "$shape" = "67108864 1024" ]; then continue; fi
-            for qd in 32 1; do
-                for r in $(seq "$repeat"); do
-                    for mode in none bitmap; do
-                        if [ "$section" = array ]; then
-                            line=$("$bench" array --dir "$dir" --level $level --members $members --mode $mode \
-                                --chunk-bytes "$chunk" --qd $qd --secs "$secs" --warmup-secs "$warmup" \
-                                --virtual-gib "$member_gib" --data-mib $data_mib --touch "$touch")
-                        else
-                            gib=$((members / 2 * member_gib))
-                            line=$("$bench" bitmap --dir "$dir" --mode $mode --chunk-bytes "$chunk" --domain-gib $gib \
-                                --qd $qd --members $members --copies 2 --data-mib $data_mib --secs "$secs")
-                            line="level=$level array_gib=$gib $line"
-                        fi
-                        echo "section=$section $line" | tee -a "$results" >&2
+            if [ "$section" = array ]; then
+                # Both arrays side by side (none on m<i>, bitmap on b<i>): touched, warmed up,
+                # then alternating windows of SECS at QD32 and QD1, REPEAT pairs each.
+                "$bench" array-pair --dir "$dir" --level $level --members $members \
+                    --chunk-bytes "$chunk" --qd 32,1 --secs "$secs" --pairs "$repeat" --warmup-secs "$warmup" \
+                    --virtual-gib "$member_gib" --data-mib $data_mib --touch "$touch" |
+                    sed "s/^/section=$section /" | tee -a "$results" >&2
+                continue
+            fi
+            for r in $(seq "$repeat"); do
+                # Alternate which mode goes first, so drift of the disk does not favour one.
+                if [ $((r % 2)) = 1 ]; then modes="none bitmap"; else modes="bitmap none"; fi
+                for mode in $modes; do
+                    gib=$((members / 2 * member_gib))
+                    for qd in 32 1; do
+                        line=$("$bench" bitmap --dir "$dir" --mode $mode --chunk-bytes "$chunk" --domain-gib $gib \
+                            --qd $qd --members $members --copies 2 --data-mib $data_mib --secs "$secs")
+                        echo "section=$section level=$level array_gib=$gib $line" | tee -a "$results" >&2
                     done
                 done
             done
@@ -89,7 +103,10 @@ print(f"{'':9} {'level':6} {'chunk':>5} {'array':>6} {'bits':>7} {'QD':>3} {'non
 for (section, level, chunk, gib, qd), rs in groups.items():
     med = lambda mode, k: statistics.median(float(r[k]) for r in rs if r["mode"] == mode)
     none, bm = med("none", "iops"), med("bitmap", "iops")
-    ratio = bm / none if none else 0
+    win = {(r["mode"], int(r["pair"])): float(r["iops"]) for r in rs if "pair" in r}
+    per_pair = [v / ((win[("none", k)] + win[("none", k + 1)]) / 2)
+                for (m, k), v in win.items() if m == "bitmap" and ("none", k + 1) in win]
+    ratio = statistics.median(per_pair) if per_pair else (bm / none if none else 0)
     target = 0.95 if qd == "32" else 0.80
     small = sum(int(r["member_writes_below_4k"]) + int(r["member_writes_misaligned_4k"]) for r in rs)
     bits = max(int(r["chunks"]) for r in rs)

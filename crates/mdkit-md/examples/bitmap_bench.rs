@@ -6,7 +6,10 @@
 //!                     [--members 2] [--copies 2] [--data-mib 1024] [--secs 10]
 //! bitmap_bench flush  --dir DIR --batching on|off --clients C [--members 2] [--secs 5]
 //! bitmap_bench array  --dir DIR --level raid1|raid10 --members N --mode bitmap|none
-//!                     --chunk-bytes N --qd Q [--secs 10] [--warmup-secs W] [--touch on|off]
+//!                     --chunk-bytes N --qd Q[,Q...] [--secs 10] [--warmup-secs W] [--touch on|off]
+//! bitmap_bench array-pair --dir DIR --level raid1|raid10 --members N --chunk-bytes N
+//!                     --qd Q[,Q...] [--pairs 7] [--secs 2] [--warmup-secs W] [--touch on|off]
+//!                     [--virtual-gib G] [--data-mib M]
 //! bitmap_bench array-flush --dir DIR --level raid1|raid10 --members N --batching on|off
 //!                     --clients C [--secs 5]
 //! ```
@@ -59,6 +62,9 @@ struct Args {
     chunk_bytes: u32,
     domain_gib: u64,
     qd: usize,
+    /// `--qd` as given: for `array`, a comma-separated list measured one after another on the
+    /// same array (each after its own warm-up); the other commands use the first.
+    qds: Vec<usize>,
     clients: usize,
     members: usize,
     copies: usize,
@@ -69,6 +75,10 @@ struct Args {
     virtual_gib: u64,
     warmup_secs: u64,
     touch: bool,
+    pairs: usize,
+    /// `--direct off`: buffered member I/O (e.g. member files on tmpfs: no device noise, the
+    /// data path's CPU cost is all there is).
+    buffered: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -82,6 +92,7 @@ fn parse_args() -> Result<Args, String> {
         chunk_bytes: 64 << 20,
         domain_gib: 1,
         qd: 32,
+        qds: vec![32],
         clients: 32,
         members: 2,
         copies: 2,
@@ -92,6 +103,8 @@ fn parse_args() -> Result<Args, String> {
         virtual_gib: 0,
         warmup_secs: 0,
         touch: false,
+        pairs: 7,
+        buffered: false,
     };
     while let Some(k) = it.next() {
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
@@ -102,7 +115,16 @@ fn parse_args() -> Result<Args, String> {
             "--batching" => a.batching = v == "on",
             "--chunk-bytes" => a.chunk_bytes = u32::try_from(num(&v)?).map_err(|_| "--chunk-bytes too large")?,
             "--domain-gib" => a.domain_gib = num(&v)?,
-            "--qd" => a.qd = num(&v)? as usize,
+            "--qd" => {
+                a.qds = v
+                    .split(',')
+                    .map(num)
+                    .collect::<Result<Vec<u64>, String>>()?
+                    .into_iter()
+                    .map(|q| q as usize)
+                    .collect();
+                a.qd = a.qds.first().copied().unwrap_or(0);
+            }
             "--clients" => a.clients = num(&v)? as usize,
             "--members" => a.members = num(&v)? as usize,
             "--copies" => a.copies = num(&v)? as usize,
@@ -113,10 +135,18 @@ fn parse_args() -> Result<Args, String> {
             "--virtual-gib" => a.virtual_gib = num(&v)?,
             "--warmup-secs" => a.warmup_secs = num(&v)?,
             "--touch" => a.touch = v == "on",
+            "--pairs" => a.pairs = num(&v)? as usize,
+            "--direct" => a.buffered = v == "off",
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    if a.dir.is_empty() || a.members == 0 || a.copies == 0 || a.copies > a.members || a.qd == 0 || a.clients == 0 {
+    if a.dir.is_empty()
+        || a.members == 0
+        || a.copies == 0
+        || a.copies > a.members
+        || a.qds.contains(&0)
+        || a.clients == 0
+    {
         return Err("need --dir, members >= copies >= 1, qd >= 1, clients >= 1".into());
     }
     Ok(a)
@@ -202,10 +232,17 @@ impl BlockDevice for Folded {
 }
 
 fn open_members(a: &Args, tracer: &Tracer) -> Result<Vec<DeviceRef>, String> {
+    open_member_files(a, tracer, "m")
+}
+
+/// Opens `DIR/bitmap-bench-<set><i>.img` for every member (`set` "m", or "b" for the second
+/// array of `array-pair`).
+fn open_member_files(a: &Args, tracer: &Tracer, set: &str) -> Result<Vec<DeviceRef>, String> {
     (0..a.members)
         .map(|i| {
-            let path = format!("{}/bitmap-bench-m{i}.img", a.dir);
-            let opts = FileOptions { direct: DirectMode::Require, queue_depth: 256, ..FileOptions::default() };
+            let path = format!("{}/bitmap-bench-{set}{i}.img", a.dir);
+            let direct = if a.buffered { DirectMode::Off } else { DirectMode::Require };
+            let opts = FileOptions { direct, queue_depth: 256, ..FileOptions::default() };
             let dev: DeviceRef = Arc::new(FileDevice::open(&path, opts).map_err(|e| format!("{path}: {e}"))?);
             let dev: DeviceRef = if a.flush_latency_us > 0 {
                 Arc::new(SerialFlush {
@@ -396,10 +433,14 @@ async fn bench_flush(a: &Args) -> Result<String, String> {
 
 /// Creates an md array over the member files (traced), with or without an internal bitmap.
 async fn create_array(a: &Args, tracer: &Tracer, bitmap: bool) -> Result<mdkit_md::array::Array, String> {
+    create_array_on(a, tracer, bitmap, "m").await
+}
+
+async fn create_array_on(a: &Args, tracer: &Tracer, bitmap: bool, set: &str) -> Result<mdkit_md::array::Array, String> {
     use mdkit_md::array::{CreateOptions, MemberDev, create};
     use mdkit_md::format::create::BitmapRequest;
     use mdkit_md::layout::Level;
-    let devs = open_members(a, tracer)?;
+    let devs = open_member_files(a, tracer, set)?;
     let level = match a.level.as_str() {
         "raid1" => Level::Raid1,
         "raid10" => Level::Raid10,
@@ -418,16 +459,7 @@ async fn bench_array(a: &Args) -> Result<String, String> {
     let array = Arc::new(create_array(a, &tracer, a.mode_bitmap).await?);
     let attr = |n: &str| array.get_attribute(n).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     if a.mode_bitmap {
-        // mdadm creates every bit set; start from a clean bitmap (the state after idle time),
-        // then run with md's default 5 s period.
-        array.set_attribute("bitmap/time_base", "0.1").map_err(|e| e.to_string())?;
-        for _ in 0..200 {
-            if attr("bitmap/dirty_chunks") == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        array.set_attribute("bitmap/time_base", "5").map_err(|e| e.to_string())?;
+        clean_bitmap(&array).await?;
     }
     let blocks = array.size_bytes() / 4096;
     let t_touch = Instant::now();
@@ -435,49 +467,165 @@ async fn bench_array(a: &Args) -> Result<String, String> {
         touch_chunks(&array, 32, u64::from(a.chunk_bytes)).await?;
     }
     let touch_secs = t_touch.elapsed().as_secs_f64();
-    if a.warmup_secs > 0 {
-        random_writes(&array, a.qd, blocks, Duration::from_secs(a.warmup_secs), 0x3a7).await?;
+    let mut lines = Vec::new();
+    for &qd in &a.qds {
+        if a.warmup_secs > 0 {
+            random_writes(&array, qd, blocks, Duration::from_secs(a.warmup_secs), 0x3a7 + qd as u64).await?;
+        }
+        let dirty_at_start = attr("bitmap/dirty_chunks");
+        let (pw0, sr0) = (attr("bitmap/page_writes"), attr("bitmap/set_rounds"));
+        tracer.reset();
+        let cpu0 = cpu_seconds();
+        let t0 = Instant::now();
+        let (done, lat_ns) = random_writes(&array, qd, blocks, Duration::from_secs(a.secs), 0xa11 + qd as u64).await?;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
+        let ops = done;
+        let snap = tracer.snapshot().total();
+        let (page_writes, set_rounds, chunks) =
+            (attr("bitmap/page_writes") - pw0, attr("bitmap/set_rounds") - sr0, attr("bitmap/chunks"));
+        let dirty_at_end = attr("bitmap/dirty_chunks");
+        lines.push(format!(
+            "level={} members={} mode={} chunk_bytes={} chunks={chunks} array_gib={:.0} qd={qd} iops={:.0} \
+             lat_avg_us={:.1} cpu_us_per_io={:.2} data_writes={ops} bitmap_page_writes={page_writes} \
+             bitmap_writes_per_write={:.4} set_rounds={set_rounds} member_writes={} member_writes_below_4k={} \
+             member_writes_misaligned_4k={} touch_secs={touch_secs:.1} dirty_chunks_start={dirty_at_start} \
+             dirty_chunks_end={dirty_at_end}",
+            a.level,
+            a.members,
+            if a.mode_bitmap { "bitmap" } else { "none" },
+            a.chunk_bytes,
+            array.size_bytes() as f64 / (1u64 << 30) as f64,
+            ops as f64 / elapsed,
+            lat_ns as f64 / ops.max(1) as f64 / 1000.0,
+            cpu / ops.max(1) as f64 * 1e6,
+            page_writes as f64 / ops.max(1) as f64,
+            snap.ops.write.requests,
+            snap.writes_below_4k,
+            snap.writes_misaligned_4k,
+        ));
     }
-    let dirty_at_start = attr("bitmap/dirty_chunks");
-    let (pw0, sr0) = (attr("bitmap/page_writes"), attr("bitmap/set_rounds"));
-    tracer.reset();
-    let cpu0 = cpu_seconds();
-    let t0 = Instant::now();
-    let (done, lat_ns) = random_writes(&array, a.qd, blocks, Duration::from_secs(a.secs), 0xa11).await?;
-    let elapsed = t0.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu0;
-    let ops = done;
-    let snap = tracer.snapshot().total();
-    let (page_writes, set_rounds, chunks) =
-        (attr("bitmap/page_writes") - pw0, attr("bitmap/set_rounds") - sr0, attr("bitmap/chunks"));
-    let dirty_at_end = attr("bitmap/dirty_chunks");
     array.stop().await.map_err(|e| format!("stop: {e}"))?;
-    Ok(format!(
-        "level={} members={} mode={} chunk_bytes={} chunks={chunks} array_gib={:.0} qd={} iops={:.0} lat_avg_us={:.1} \
-         cpu_us_per_io={:.2} data_writes={ops} bitmap_page_writes={page_writes} bitmap_writes_per_write={:.4} \
-         set_rounds={set_rounds} member_writes={} member_writes_below_4k={} member_writes_misaligned_4k={} \
-         touch_secs={touch_secs:.1} dirty_chunks_start={dirty_at_start} dirty_chunks_end={dirty_at_end}",
-        a.level,
-        a.members,
-        if a.mode_bitmap { "bitmap" } else { "none" },
-        a.chunk_bytes,
-        array.size_bytes() as f64 / (1u64 << 30) as f64,
-        a.qd,
-        ops as f64 / elapsed,
-        lat_ns as f64 / ops.max(1) as f64 / 1000.0,
-        cpu / ops.max(1) as f64 * 1e6,
-        page_writes as f64 / ops.max(1) as f64,
-        snap.ops.write.requests,
-        snap.writes_below_4k,
-        snap.writes_misaligned_4k,
-    ))
+    Ok(lines.join("\n"))
+}
+
+/// mdadm creates every bit set; start from a clean bitmap (the state after idle time), then
+/// run with md's default 5 s period.
+async fn clean_bitmap(array: &mdkit_md::array::Array) -> Result<(), String> {
+    let attr = |n: &str| array.get_attribute(n).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    array.set_attribute("bitmap/time_base", "0.1").map_err(|e| e.to_string())?;
+    for _ in 0..200 {
+        if attr("bitmap/dirty_chunks") == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    array.set_attribute("bitmap/time_base", "5").map_err(|e| e.to_string())
+}
+
+/// `array-pair`: the `none` array (files `bitmap-bench-m<i>`) and the `bitmap` array (files
+/// `bitmap-bench-b<i>`) exist side by side; both are touched (`--touch on`), then run in
+/// strictly alternating windows of `secs` — none, bitmap, none, ..., none — first for
+/// `--warmup-secs` (not recorded), then `--pairs` bitmap windows each between two recorded none
+/// windows, per queue depth; so drift of the disk hits both alike (the ratio of a bitmap window
+/// to the mean of its neighbours cancels a linear drift). Windows must stay well below
+/// `time_base` (5 s): the bitmap array is idle while the other runs, and a region idle for a
+/// whole period is cleared. One line per recorded window (`pair`: its index; none windows
+/// 0..=pairs, bitmap windows 0..pairs). `--mode none` gives the second array no bitmap either
+/// (an A/A run: what the files and the method alone contribute to the ratio).
+async fn bench_array_pair(a: &Args) -> Result<String, String> {
+    let tracers = [Tracer::new(0), Tracer::new(0)];
+    let arrays = [
+        Arc::new(create_array_on(a, &tracers[0], false, "m").await?),
+        Arc::new(create_array_on(a, &tracers[1], a.mode_bitmap, "b").await?),
+    ];
+    if a.mode_bitmap {
+        clean_bitmap(&arrays[1]).await?;
+    }
+    let mut touch_secs = [0.0; 2];
+    for (k, array) in arrays.iter().enumerate() {
+        let t = Instant::now();
+        if a.touch {
+            touch_chunks(array, 32, u64::from(a.chunk_bytes)).await?;
+        }
+        touch_secs[k] = t.elapsed().as_secs_f64();
+    }
+    let blocks = arrays[0].size_bytes().min(arrays[1].size_bytes()) / 4096;
+    let window = Duration::from_secs(a.secs);
+    let mut lines = Vec::new();
+    for &qd in &a.qds {
+        let warm_windows = a.warmup_secs.div_ceil(a.secs.max(1));
+        for w in 0..warm_windows {
+            for array in &arrays {
+                random_writes(array, qd, blocks, window, 0x3a7 + (qd as u64) << 16 | w).await?;
+            }
+        }
+        let mut windows = Vec::new();
+        for pair in 0..a.pairs {
+            windows.push((0, pair));
+            windows.push((1, pair));
+        }
+        windows.push((0, a.pairs));
+        for (k, pair) in windows {
+            let (array, tracer) = (&arrays[k], &tracers[k]);
+            let attr = |n: &str| array.get_attribute(n).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let (pw0, dirty0) = (attr("bitmap/page_writes"), attr("bitmap/dirty_chunks"));
+            tracer.reset();
+            let cpu0 = cpu_seconds();
+            let t0 = Instant::now();
+            let seed = 0xa11 + ((qd as u64) << 16 | (pair as u64) << 1 | k as u64);
+            let (ops, _) = random_writes(array, qd, blocks, window, seed).await?;
+            let elapsed = t0.elapsed().as_secs_f64();
+            let cpu = cpu_seconds() - cpu0;
+            let snap = tracer.snapshot().total();
+            lines.push(format!(
+                "level={} members={} mode={} chunk_bytes={} chunks={} array_gib={:.0} qd={qd} pair={pair} \
+                 iops={:.0} cpu_us_per_io={:.2} data_writes={ops} bitmap_page_writes={} \
+                 bitmap_writes_per_write={:.4} member_writes={} member_writes_below_4k={} \
+                 member_writes_misaligned_4k={} touch_secs={:.1} dirty_chunks_start={dirty0} \
+                 dirty_chunks_end={}",
+                a.level,
+                a.members,
+                if k == 1 { "bitmap" } else { "none" },
+                a.chunk_bytes,
+                arrays[1].get_attribute("bitmap/chunks").unwrap_or_else(|_| "0".into()),
+                array.size_bytes() as f64 / (1u64 << 30) as f64,
+                ops as f64 / elapsed,
+                cpu / ops.max(1) as f64 * 1e6,
+                attr("bitmap/page_writes") - pw0,
+                (attr("bitmap/page_writes") - pw0) as f64 / ops.max(1) as f64,
+                snap.ops.write.requests,
+                snap.writes_below_4k,
+                snap.writes_misaligned_4k,
+                touch_secs[k],
+                attr("bitmap/dirty_chunks"),
+            ));
+        }
+    }
+    for array in &arrays {
+        array.stop().await.map_err(|e| format!("stop: {e}"))?;
+    }
+    Ok(lines.join("\n"))
 }
 
 /// Pre-conditioning: one 4 KiB write at the start of every bitmap chunk of the array, by `qd`
 /// workers — the state a random workload over the whole array reaches once it has been
 /// everywhere (on coupon-collector time: minutes for 10^5..10^6 chunks), reached in seconds.
+/// The chunks are visited in a scattered order (a multiplicative permutation), as the random
+/// workload would, so every idle region stays busy during the pass instead of going quiet
+/// (and being cleared) behind a sequential sweep.
 async fn touch_chunks(array: &Arc<mdkit_md::array::Array>, qd: usize, chunk_bytes: u64) -> Result<(), String> {
     let chunks = array.size_bytes().div_ceil(chunk_bytes);
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let mut stride = 0x9e37_79b9 % chunks.max(1) | 1;
+    while gcd(stride, chunks) != 1 {
+        stride += 2;
+    }
     let next = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..qd)
         .map(|w| {
@@ -485,10 +633,11 @@ async fn touch_chunks(array: &Arc<mdkit_md::array::Array>, qd: usize, chunk_byte
             tokio::spawn(async move {
                 let buf = SharedBuf::from_slice(&[w as u8; 4096]);
                 loop {
-                    let c = next.fetch_add(1, Ordering::Relaxed);
-                    if c >= chunks {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= chunks {
                         break;
                     }
+                    let c = (u128::from(i) * u128::from(stride) % u128::from(chunks)) as u64;
                     array.write(c * chunk_bytes, buf.clone(), WriteFlags::NONE).await.expect("array write");
                 }
             })
@@ -589,6 +738,7 @@ fn main() {
             "flush" => bench_flush(&a).await,
             "array" => bench_array(&a).await,
             "array-flush" => bench_array_flush(&a).await,
+            "array-pair" => bench_array_pair(&a).await,
             other => Err(format!("unknown command {other}")),
         }
     });
