@@ -3,13 +3,14 @@
 # of the same size, same filesystem, same run — in process and over NBD. Not part of the test
 # suite.
 #
-#   bench/thin.sh                       # 1 GiB data files, 5 s per NBD run x 7 reps, 5 s in process
+#   bench/thin.sh                       # 1 GiB data files, 5 s per run, 7 alternating pairs each
 #   SIZE_MIB=4096 RUNTIME_S=20 WORKDIR=/srv/bench bench/thin.sh
 #
 # 1. In process (crates/mdkit-thin/examples/thin_bench.rs): the pool runtime's ThinVolume and
 #    the plain FileDevice on one data file, same workload generator: 4 KiB random writes with
 #    FUA on every write (the O_SYNC case), without FUA, 4 KiB random reads, QD 32; and the
-#    first-write provisioning rate with and without zeroing of new blocks.
+#    first-write provisioning rate with and without zeroing of new blocks. REPS runs per side,
+#    alternating (plain-thin, thin-plain, ...); the ratio is the median of the per-run ratios.
 # 2. Over NBD: one `mdkit serve` exports `thin` (a thin volume of a pool whose data device is
 #    thin-data.img, fully provisioned by writing it once before measuring) and `plain` (kind =
 #    "file" over that same thin-data.img: the raw data device, so both sides hit the same file,
@@ -33,7 +34,7 @@ SIZE_MIB=${SIZE_MIB:-1024}
 RUNTIME_S=${RUNTIME_S:-5}
 RAMP_S=${RAMP_S:-1}
 INPROC_S=${INPROC_S:-5}
-REPS=${REPS:-3}
+REPS=${REPS:-7}
 NBD_REPS=${NBD_REPS:-7}
 PORT=${PORT:-10881}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-thin}
