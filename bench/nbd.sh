@@ -4,6 +4,7 @@
 #
 #   bench/nbd.sh                    # defaults below; prints a table with ratios
 #   RUNTIME_S=20 SIZE=4G WORKDIR=/srv/bench bench/nbd.sh
+#   REPS=5 WORKLOADS="randwrite 4k 1;randread 4k 1" bench/nbd.sh   # chosen cases, median of 5
 #
 # Fairness:
 # - One file on a real filesystem (not tmpfs), fully written once (no unwritten extents, no
@@ -16,7 +17,10 @@
 #   page cache out; the file plugin is otherwise buffered). Page-cache state is reset before
 #   every run (drop_caches) so no target reads another's cached data. A second nbdkit row
 #   with the default cache (page cache, warmed by its own ramp) is printed for reference.
-# - Runs are interleaved (raw, mdkit, nbdkit per workload) so machine noise hits all alike.
+# - Protocol path only: mdkit's `mem` volume vs `nbdkit memory`, same jobs, in a second table:
+#   the servers' own cost per request with no device behind them.
+# - Runs are interleaved (raw, mdkit, nbdkit per workload, REPS rounds with the order rotating
+#   each round) so machine noise hits all alike; the table shows the median of the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -31,7 +35,10 @@ MDKIT_PORT=${MDKIT_PORT:-10871}
 NBDKIT_PORT=${NBDKIT_PORT:-10872}
 NBDKIT_CACHED_PORT=${NBDKIT_CACHED_PORT:-10873}
 MDKIT_BUFFERED_PORT=${MDKIT_BUFFERED_PORT:-10874}
+NBDKIT_MEM_PORT=${NBDKIT_MEM_PORT:-10875}
 NBDKIT_THREADS=${NBDKIT_THREADS:-16}
+REPS=${REPS:-1}
+WORKLOADS=${WORKLOADS:-randread 4k 1;randread 4k 32;randwrite 4k 1;randwrite 4k 32;write 1m 8}
 
 cargo build --release -p mdkit >&2
 MDKIT=$PWD/target/release/mdkit
@@ -64,21 +71,33 @@ direct = "require"
 name = "bench"
 volume = "bench"
 TOML
-"$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit.log" &
-pids+=($!)
 # The same service with a buffered member (page cache, like nbdkit's file plugin): reference
 # row that separates the protocol path from the cost of waiting for the device.
 sed -e "s/$MDKIT_PORT/$MDKIT_BUFFERED_PORT/" -e 's/direct = "require"/direct = "off"/' \
     -e "s|^data_dir = .*|data_dir = \"$WORKDIR/mdkit-buffered\"|" "$WORKDIR/mdkit.toml" > "$WORKDIR/mdkit-buffered.toml"
+cat >> "$WORKDIR/mdkit.toml" <<TOML
+[[volume]]
+name = "mem"
+kind = "mem"
+size = "$SIZE"
+[[export]]
+name = "mem"
+volume = "mem"
+TOML
+"$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit.log" &
+pids+=($!)
 "$MDKIT" serve --config "$WORKDIR/mdkit-buffered.toml" 2>"$WORKDIR/mdkit-buffered.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_PORT" --threads "$NBDKIT_THREADS" file "$FILE" cache=none 2>"$WORKDIR/nbdkit.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_CACHED_PORT" --threads "$NBDKIT_THREADS" file "$FILE" 2>"$WORKDIR/nbdkit-cached.log" &
 pids+=($!)
-for port in "$MDKIT_PORT" "$MDKIT_BUFFERED_PORT" "$NBDKIT_PORT" "$NBDKIT_CACHED_PORT"; do
-    for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
-    nbdinfo --size "nbd://127.0.0.1:$port/" >/dev/null
+nbdkit -f -p "$NBDKIT_MEM_PORT" --threads "$NBDKIT_THREADS" memory "$SIZE" 2>"$WORKDIR/nbdkit-mem.log" &
+pids+=($!)
+for uri in "$MDKIT_PORT/bench" "$MDKIT_PORT/mem" "$MDKIT_BUFFERED_PORT/bench" "$NBDKIT_PORT/" \
+    "$NBDKIT_CACHED_PORT/" "$NBDKIT_MEM_PORT/"; do
+    for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null 2>&1 && break; sleep 0.1; done
+    nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null
 done
 
 drop_caches() { sync; [ -w /proc/sys/vm/drop_caches ] && echo 3 > /proc/sys/vm/drop_caches || true; }
@@ -92,36 +111,45 @@ run_fio() {
         mdkit-buffered) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_BUFFERED_PORT/bench") ;;
         nbdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_PORT/") ;;
         nbdkit-cached) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_CACHED_PORT/") ;;
+        mdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/mem") ;;
+        nbdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_MEM_PORT/") ;;
     esac
-    case $target in nbdkit-cached|mdkit-buffered) ;; *) drop_caches ;; esac
+    case $target in raw|mdkit|nbdkit) drop_caches ;; esac
     fio --name="$name" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$SIZE" \
         --runtime="$RUNTIME_S" --ramp_time="$RAMP_S" --time_based --norandommap --randrepeat=0 \
         --output-format=json --output="$out" >/dev/null 2>&1
     echo "$out"
 }
 
-WORKLOADS=("randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "write 1m 8")
-TARGETS=(raw mdkit nbdkit mdkit-buffered nbdkit-cached)
+IFS=';' read -r -a workloads <<< "$WORKLOADS"
+TARGETS=(raw mdkit nbdkit mdkit-buffered nbdkit-cached mdkit-mem nbdkit-mem)
 results=$WORKDIR/results.txt
 : > "$results"
-for w in "${WORKLOADS[@]}"; do
+for w in "${workloads[@]}"; do
     set -- $w
-    for t in "${TARGETS[@]}"; do
-        log "$t: $1 bs=$2 qd=$3"
-        f=$(run_fio "$t-$1-$2-qd$3" "$t" "$1" "$2" "$3")
-        echo "$1 $2 $3 $t $f" >> "$results"
+    for rep in $(seq 0 $((REPS - 1))); do
+        n=${#TARGETS[@]}
+        for i in $(seq 0 $((n - 1))); do
+            t=${TARGETS[$(((i + rep) % n))]}
+            log "$t: $1 bs=$2 qd=$3 (round $((rep + 1))/$REPS)"
+            f=$(run_fio "$t-$1-$2-qd$3-r$rep" "$t" "$1" "$2" "$3")
+            echo "$1 $2 $3 $t $f" >> "$results"
+        done
     done
 done
 
 python3 - "$results" "$RUNTIME_S" "$NBDKIT_THREADS" <<'PY'
-import json, sys
-rows = {}
+import json, statistics, sys
+runs = {}
 for line in open(sys.argv[1]):
     rw, bs, qd, target, path = line.split()
     j = json.load(open(path))["jobs"][0]
     d = j["write"] if "write" in rw else j["read"]
-    rows.setdefault((rw, bs, qd), {})[target] = (d["iops"], d["bw_bytes"] / 1e6)
-print(f"\nfio {sys.argv[2]} s per run, 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}")
+    runs.setdefault((rw, bs, qd), {}).setdefault(target, []).append((d["iops"], d["bw_bytes"] / 1e6))
+rows = {w: {t: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for t, v in r.items()}
+        for w, r in runs.items()}
+reps = max(len(v) for r in runs.values() for v in r.values())
+print(f"\nfio {sys.argv[2]} s per run, median of {reps} round(s), 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}")
 hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
 print(hdr)
 print("-" * len(hdr))
@@ -137,6 +165,19 @@ for (rw, bs, qd), r in rows.items():
     ratio_n = m[k] / n[k] if n[k] else float("nan")
     ratio_r = m[k] / w[k] if w[k] else float("nan")
     print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
+print("\nProtocol path only (no device behind either server): mdkit `mem` volume vs `nbdkit memory`")
+hdr2 = f"{'workload':<20}{'mdkit(mem)':>15}{'nbdkit(mem)':>15}{'mdkit/nbdkit':>13}"
+print(hdr2)
+print("-" * len(hdr2))
+for (rw, bs, qd), r in rows.items():
+    if "mdkit-mem" not in r or "nbdkit-mem" not in r: continue
+    big = bs.endswith("m")
+    k = 1 if big else 0
+    def cell2(t):
+        iops, mbs = r[t]
+        return f"{mbs:>10.0f} MB/s" if big else f"{iops:>10.0f} IOPS"
+    ratio = r["mdkit-mem"][k] / r["nbdkit-mem"][k] if r["nbdkit-mem"][k] else float("nan")
+    print(f"{rw + ' ' + bs + ' QD' + qd:<20}{cell2('mdkit-mem')}{cell2('nbdkit-mem')}{ratio:>12.2f}x")
 print("\nmdkit = O_DIRECT member (io_uring); nbdkit = file plugin cache=none; caches dropped before")
 print("each raw/mdkit/nbdkit run. Reference only (page cache, warmed during the run): mdkit(buf) =")
 print("mdkit with direct = \"off\"; nbdkit(cache) = nbdkit file plugin default cache mode.")
