@@ -43,6 +43,14 @@
 //! and flush (fdatasync) — so durability semantics are identical, only the cache differs.
 //! [`DirectMode::Require`] turns that fallback into an error; [`DirectMode::Off`] never tries.
 //!
+//! **Memory-backed files.** A buffered file on tmpfs or ramfs has no device behind it, and these
+//! filesystems do not do non-blocking buffered I/O (RWF_NOWAIT gives EOPNOTSUPP), so io_uring
+//! hands every read, write and fsync of theirs to an io-wq worker thread and back: two thread
+//! wake-ups for a memory copy. There, reads and writes up to [`INLINE_COPY_MAX_BYTES`] and
+//! flushes are done with `pread`/`pwritev2`/`fdatasync` on the caller's thread instead (nothing
+//! to wait for but the copy; nothing is in flight afterwards). Larger transfers still go through
+//! the ring, where io-wq can copy them on another core.
+//!
 //! **Topology.** Block devices: BLKGETSIZE64, BLKSSZGET, BLKPBSZGET, BLKIOOPT (optimal I/O never
 //! below 4096), cache/FUA/discard/rotational from sysfs when present. Regular files: size from
 //! the inode (rounded down to the logical block), logical block = the O_DIRECT offset alignment
@@ -86,6 +94,9 @@ const MAX_RETRIES: u32 = 1000;
 const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 /// Chunk used when zeroes have to be written because fallocate is unsupported.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Largest read or write a memory-backed file (tmpfs, ramfs; see the module documentation)
+/// copies on the caller's thread instead of through io_uring.
+pub const INLINE_COPY_MAX_BYTES: usize = 64 << 10;
 
 // Block-device ioctls not exported by the libc crate for every target.
 #[cfg(any(
@@ -219,6 +230,9 @@ struct Shared {
     file: File,
     topology: Topology,
     direct: bool,
+    /// Buffered file on tmpfs/ramfs: small reads and writes and flushes are done on the
+    /// caller's thread (module documentation, "Memory-backed files").
+    inline_copy: bool,
     /// Required alignment of buffer addresses for O_DIRECT (1 when buffered).
     mem_align_bytes: usize,
     read_only: bool,
@@ -309,6 +323,7 @@ impl FileDevice {
             Kind::BlockDevice => block_topology(&file, &name, &meta, direct, options.read_only)?,
             Kind::RegularFile => file_topology(&file, &meta, direct, options.read_only)?,
         };
+        let inline_copy = !direct && kind == Kind::RegularFile && on_memory_fs(&file);
         let counters = Arc::new(Counters::default());
         let default_ring =
             Ring::start(name.clone(), file.as_raw_fd(), options.queue_depth, false, &runtime, counters.clone())?;
@@ -320,6 +335,7 @@ impl FileDevice {
             file,
             topology,
             direct,
+            inline_copy,
             mem_align_bytes,
             read_only: options.read_only,
             queue_depth: options.queue_depth,
@@ -450,17 +466,19 @@ fn open_file(path: &Path, name: &str, options: &FileOptions) -> io::Result<(File
 
 /// Filesystems that accept O_DIRECT but serve it from the page cache.
 fn emulated_direct_reason(file: &File) -> Option<String> {
+    on_memory_fs(file).then(|| "tmpfs/ramfs has no direct I/O (O_DIRECT is served from the page cache)".to_string())
+}
+
+/// True for a file on tmpfs or ramfs (page cache only, no device behind it).
+fn on_memory_fs(file: &File) -> bool {
     // SAFETY: fstatfs on a valid fd into a zeroed struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
-        return None;
+        return false;
     }
     let magic = st.f_type as i64;
-    if magic == libc::TMPFS_MAGIC || magic == RAMFS_MAGIC {
-        return Some("tmpfs/ramfs has no direct I/O (O_DIRECT is served from the page cache)".to_string());
-    }
-    None
+    magic == libc::TMPFS_MAGIC || magic == RAMFS_MAGIC
 }
 
 struct DioAlign {
@@ -794,6 +812,92 @@ impl Shared {
 
     fn fd(&self) -> types::Fixed {
         types::Fixed(0)
+    }
+
+    /// `pread` until `buf` is full, on the caller's thread (memory-backed files only).
+    fn read_inline(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len();
+        let (mut done, mut retries) = (0usize, 0);
+        while done < len {
+            let pos = offset_bytes + done as u64;
+            // SAFETY: pread into the unfilled tail of a live, exclusively borrowed buffer.
+            let n = unsafe {
+                libc::pread(self.file.as_raw_fd(), buf[done..].as_mut_ptr().cast(), len - done, pos as libc::off_t)
+            };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{}: read of {len} bytes at offset {offset_bytes}: end of file after {done} bytes",
+                            self.name
+                        ),
+                    ));
+                }
+                _ => {
+                    let e = errno().raw_os_error().unwrap_or(libc::EIO);
+                    if e == libc::EINTR && retries < MAX_RETRIES {
+                        retries += 1;
+                        continue;
+                    }
+                    return Err(self.op_error(IoOp::Read, offset_bytes, len as u64, -e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `pwritev2` (RWF_DSYNC for FUA) until all of `data` is written, on the caller's thread
+    /// (memory-backed files only).
+    fn write_inline(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let len = data.len();
+        let rw_flags = if fua { libc::RWF_DSYNC } else { 0 };
+        let (mut done, mut retries) = (0usize, 0);
+        while done < len {
+            let pos = offset_bytes + done as u64;
+            let iov = libc::iovec { iov_base: data[done..].as_ptr().cast_mut().cast(), iov_len: len - done };
+            // SAFETY: one iovec over the unwritten tail of a live buffer; the kernel only reads it.
+            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, pos as libc::off_t, rw_flags) };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!(
+                            "{}: write of {len} bytes at offset {offset_bytes}: no progress after {done} bytes",
+                            self.name
+                        ),
+                    ));
+                }
+                _ => {
+                    let e = errno().raw_os_error().unwrap_or(libc::EIO);
+                    if (e == libc::EINTR || e == libc::EAGAIN) && retries < MAX_RETRIES {
+                        retries += 1;
+                        continue;
+                    }
+                    return Err(self.op_error(IoOp::Write, offset_bytes, len as u64, -e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `fdatasync` on the caller's thread (memory-backed files only).
+    fn flush_inline(&self) -> io::Result<()> {
+        let mut retries = 0;
+        loop {
+            // SAFETY: fdatasync on the device's own open fd.
+            if unsafe { libc::fdatasync(self.file.as_raw_fd()) } == 0 {
+                return Ok(());
+            }
+            let e = errno().raw_os_error().unwrap_or(libc::EIO);
+            if e == libc::EINTR && retries < MAX_RETRIES {
+                retries += 1;
+                continue;
+            }
+            return Err(self.op_error(IoOp::Flush, 0, 0, -e));
+        }
     }
 
     fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
@@ -1130,6 +1234,11 @@ impl FileDevice {
         if len == 0 {
             return (buf, Ok(()));
         }
+        if s.inline_copy && len <= INLINE_COPY_MAX_BYTES {
+            let mut buf = buf;
+            let r = s.read_inline(offset_bytes, buf.as_mut_slice());
+            return (buf, r);
+        }
         let (mut work, original) =
             if s.misaligned(buf.as_slice().as_ptr()) { (IoBuf::uninit_contents(len), Some(buf)) } else { (buf, None) };
         let mut done = 0usize;
@@ -1190,6 +1299,9 @@ impl FileDevice {
         if len == 0 {
             return if flags.fua { self.do_flush().await } else { Ok(()) };
         }
+        if s.inline_copy && len <= INLINE_COPY_MAX_BYTES {
+            return s.write_inline(offset_bytes, buf.as_slice(), flags.fua);
+        }
         let mut work = if s.misaligned(buf.as_ptr()) { IoBuf::from_slice(buf.as_slice()).freeze() } else { buf };
         let rw_flags = if flags.fua { libc::RWF_DSYNC } else { 0 };
         let mut done = 0usize;
@@ -1233,6 +1345,9 @@ impl FileDevice {
 
     async fn do_flush(&self) -> io::Result<()> {
         let s = &self.shared;
+        if s.inline_copy {
+            return s.flush_inline();
+        }
         let mut retries = 0;
         loop {
             let (res, _) =

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mdkit_io::{
-    BlockDevice, BlockDeviceExt, DirectMode, FileDevice, FileOptions, IoBuf, Rng, SharedBuf, WriteFlags, ZeroFlags,
+    BlockDevice, BlockDeviceExt, DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, IoBuf, Rng, SharedBuf,
+    WriteFlags, ZeroFlags,
 };
 
 const MIB: u64 = 1 << 20;
@@ -177,6 +178,50 @@ fn tmpfs_falls_back_to_buffered_io_with_a_warning() {
     let err = required.err().expect("Require refuses tmpfs");
     assert_eq!(err.kind(), io::ErrorKind::Unsupported);
     assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+}
+
+#[test]
+fn tmpfs_small_io_is_copied_on_the_callers_thread_and_large_io_uses_the_ring() {
+    let path = shm_path("inline");
+    let _cleanup = RemoveOnDrop(path.clone());
+    FileDevice::create_sparse(&path, 4 * MIB).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dev = rt.block_on(async { FileDevice::open(&path, FileOptions::default()) }).unwrap();
+    assert!(!dev.is_direct());
+    let small = INLINE_COPY_MAX_BYTES;
+    rt.block_on(async {
+        // Small reads, writes (FUA or not, odd 512-byte offsets) and flushes: no io_uring
+        // submission at all, and the data round-trips.
+        let a = pattern(11, 512);
+        let b = pattern(12, small);
+        dev.write_slice(512 * 7, &a, WriteFlags::FUA).await.unwrap();
+        dev.write_slice(MIB + 512, &b, WriteFlags::NONE).await.unwrap();
+        dev.flush().await.unwrap();
+        assert_eq!(dev.read_vec(512 * 7, 512).await.unwrap(), a);
+        assert_eq!(dev.read_vec(MIB + 512, small).await.unwrap(), b);
+        // A read across written and never-written bytes.
+        let v = dev.read_vec(MIB, 4096).await.unwrap();
+        assert_eq!(&v[..512], &[0u8; 512][..]);
+        assert_eq!(&v[512..], &b[..4096 - 512]);
+        assert_eq!(dev.submit_stats().enter_calls, 0, "small I/O on tmpfs never enters io_uring");
+        assert_eq!(dev.in_flight(), 0);
+
+        // Above the limit the ring is used (io-wq copies on another core).
+        let c = pattern(13, small + 4096);
+        dev.write_slice(2 * MIB, &c, WriteFlags::NONE).await.unwrap();
+        assert_eq!(dev.read_vec(2 * MIB, c.len()).await.unwrap(), c);
+        assert!(dev.submit_stats().enter_calls >= 2, "{:?}", dev.submit_stats());
+    });
+
+    // The file shrank behind the device's back: the inline read reports the short file clearly.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(3 * MIB).unwrap();
+    let err = rt.block_on(async { dev.read_vec(3 * MIB, 4096).await }).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    drop(dev);
+    let on_shm = std::fs::read(&path).unwrap();
+    assert_eq!(&on_shm[512 * 7..512 * 8], &pattern(11, 512)[..]);
 }
 
 #[tokio::test]
