@@ -18,7 +18,8 @@
 //! ```text
 //! ```
 //! Prints one line per run and a table: median IOPS per side and the median of the per-run
-//! thin/plain ratios (runs alternate plain-thin, thin-plain).
+//! thin/plain ratios (runs alternate plain-thin, thin-plain), and the median CPU time of the whole
+//! process per I/O on each side (user + system, and user alone, from /proc/self/stat).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,7 +96,19 @@ enum Op {
 
 /// `qd` tasks, each issuing one 4 KiB request at a time at random aligned offsets in
 /// `[0, span)`, for `seconds`. Returns IOPS.
-async fn run(dev: DeviceRef, op: Op, span_bytes: u64, qd: usize, seconds: u64, seed: u64) -> f64 {
+/// CPU time the whole process used so far, in µs: (user, user + system), from /proc/self/stat
+/// (clock ticks of USER_HZ = 100 on Linux); 0 where unreadable.
+fn process_cpu_us() -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return (0.0, 0.0) };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return (0.0, 0.0) };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) * 10_000.0, (ticks(11) + ticks(12)) * 10_000.0)
+}
+
+/// One timed run: IOPS and the whole process's CPU µs per I/O (user, user + system).
+async fn run(dev: DeviceRef, op: Op, span_bytes: u64, qd: usize, seconds: u64, seed: u64) -> (f64, (f64, f64)) {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -124,13 +137,16 @@ async fn run(dev: DeviceRef, op: Op, span_bytes: u64, qd: usize, seconds: u64, s
             done.fetch_add(n, Ordering::Relaxed);
         }));
     }
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), process_cpu_us());
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.expect("task");
     }
-    done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+    let ios = done.load(Ordering::Relaxed) as f64;
+    let cpu1 = process_cpu_us();
+    let per_io = |a: f64, b: f64| (b - a) / ios.max(1.0);
+    (ios / t0.elapsed().as_secs_f64(), (per_io(cpu0.0, cpu1.0), per_io(cpu0.1, cpu1.1)))
 }
 
 /// First writes: `blocks` 4 KiB writes, each to a different unprovisioned block (random
@@ -266,22 +282,37 @@ async fn bench(a: Args) {
     let mut rows = Vec::new();
     for (name, op) in workloads {
         let (mut plain, mut thin_iops, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut plain_cpu, mut thin_cpu) = (Vec::new(), Vec::new());
         for rep in 0..a.reps {
             // Interleaved, the order flipping every rep, so drift of the disk hits both sides
             // alike; the ratio reported is the median of the per-rep ratios.
-            let (p, t) = if rep % 2 == 0 {
+            let ((p, pc), (t, tc)) = if rep % 2 == 0 {
                 let p = run(data.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await;
                 (p, run(thin.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await)
             } else {
                 let t = run(thin.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await;
                 (run(data.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await, t)
             };
-            println!("run {name} rep {rep}: plain {p:.0} IOPS, thin {t:.0} IOPS ({:.3})", t / p);
+            println!(
+                "run {name} rep {rep}: plain {p:.0} IOPS {:.2} cpu us/io ({:.2} user), thin {t:.0} IOPS {:.2} cpu us/io ({:.2} user) ({:.3})",
+                pc.1,
+                pc.0,
+                tc.1,
+                tc.0,
+                t / p
+            );
             plain.push(p);
             thin_iops.push(t);
             ratios.push(t / p);
+            plain_cpu.push(pc);
+            thin_cpu.push(tc);
         }
-        rows.push((name, median(&mut plain), median(&mut thin_iops), median(&mut ratios)));
+        let med = |v: &Vec<(f64, f64)>, total: bool| {
+            let mut x: Vec<f64> = v.iter().map(|c| if total { c.1 } else { c.0 }).collect();
+            median(&mut x)
+        };
+        let cpu = (med(&plain_cpu, true), med(&thin_cpu, true), med(&plain_cpu, false), med(&thin_cpu, false));
+        rows.push((name, median(&mut plain), median(&mut thin_iops), median(&mut ratios), cpu));
     }
     let st = pool.status().await.unwrap();
     println!("pool status: {st}");
@@ -313,23 +344,26 @@ async fn bench(a: Args) {
         a.threads
     );
     println!(
-        "{:<24}{:>14}{:>14}{:>10}   {}",
-        "workload", "plain IOPS", "thin IOPS", "thin/plain", "upstream dm-thin/linear"
+        "{:<24}{:>14}{:>14}{:>10}{:>16}{:>14}   {}",
+        "workload", "plain IOPS", "thin IOPS", "thin/plain", "cpu us/io p/t", "user p/t", "upstream dm-thin/linear"
     );
-    for (name, p, t, ratio) in rows {
+    for (name, p, t, ratio, (pc, tc, pu, tu)) in rows {
         let upstream = if name.contains("FUA") {
             "0.45 before (204k/451k), 1.00 after (450k/451k) the O_SYNC fast path"
         } else {
             "-"
         };
-        println!("{name:<24}{p:>14.0}{t:>14.0}{ratio:>10.3}   {upstream}");
+        let (cpu, user) = (format!("{pc:.2}/{tc:.2}"), format!("{pu:.2}/{tu:.2}"));
+        println!("{name:<24}{p:>14.0}{t:>14.0}{ratio:>10.3}{cpu:>16}{user:>14}   {upstream}");
     }
     println!(
-        "{:<24}{:>14.0}{:>14.0}{:>10.3}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
+        "{:<24}{:>14.0}{:>14.0}{:>10.3}{:>16}{:>14}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
         "first-write provisioning",
         prov[0],
         prov[1],
-        prov[0] / prov[1]
+        prov[0] / prov[1],
+        "-",
+        "-"
     );
 }
 
