@@ -816,71 +816,65 @@ impl Shared {
 
     /// `pread` until `buf` is full, on the caller's thread (memory-backed files only).
     fn read_inline(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        let len = buf.len();
-        let (mut done, mut retries) = (0usize, 0);
-        while done < len {
-            let pos = offset_bytes + done as u64;
+        let fd = self.file.as_raw_fd();
+        self.transfer_inline(IoOp::Read, offset_bytes, buf.len(), |done, pos| {
             // SAFETY: pread into the unfilled tail of a live, exclusively borrowed buffer.
-            let n = unsafe {
-                libc::pread(self.file.as_raw_fd(), buf[done..].as_mut_ptr().cast(), len - done, pos as libc::off_t)
-            };
-            match n {
-                n if n > 0 => done += n as usize,
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "{}: read of {len} bytes at offset {offset_bytes}: end of file after {done} bytes",
-                            self.name
-                        ),
-                    ));
-                }
-                _ => {
-                    let e = errno().raw_os_error().unwrap_or(libc::EIO);
-                    if e == libc::EINTR && retries < MAX_RETRIES {
-                        retries += 1;
-                        continue;
-                    }
-                    return Err(self.op_error(IoOp::Read, offset_bytes, len as u64, -e));
-                }
-            }
-        }
-        Ok(())
+            unsafe { libc::pread(fd, buf[done..].as_mut_ptr().cast(), buf.len() - done, pos as libc::off_t) }
+        })
     }
 
     /// `pwritev2` (RWF_DSYNC for FUA) until all of `data` is written, on the caller's thread
     /// (memory-backed files only).
     fn write_inline(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        let len = data.len();
-        let rw_flags = if fua { libc::RWF_DSYNC } else { 0 };
+        let (fd, rw_flags) = (self.file.as_raw_fd(), if fua { libc::RWF_DSYNC } else { 0 });
+        self.transfer_inline(IoOp::Write, offset_bytes, data.len(), |done, pos| {
+            let iov = libc::iovec { iov_base: data[done..].as_ptr().cast_mut().cast(), iov_len: data.len() - done };
+            // SAFETY: one iovec over the unwritten tail of a live buffer; the kernel only reads it.
+            unsafe { libc::pwritev2(fd, &iov, 1, pos as libc::off_t, rw_flags) }
+        })
+    }
+
+    /// Calls `step(done, position)` (one synchronous read or write of the remaining bytes) until
+    /// `len` bytes moved, retrying EINTR/EAGAIN like the ring path.
+    fn transfer_inline(
+        &self,
+        op: IoOp,
+        offset_bytes: u64,
+        len: usize,
+        mut step: impl FnMut(usize, u64) -> isize,
+    ) -> io::Result<()> {
         let (mut done, mut retries) = (0usize, 0);
         while done < len {
-            let pos = offset_bytes + done as u64;
-            let iov = libc::iovec { iov_base: data[done..].as_ptr().cast_mut().cast(), iov_len: len - done };
-            // SAFETY: one iovec over the unwritten tail of a live buffer; the kernel only reads it.
-            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, pos as libc::off_t, rw_flags) };
-            match n {
+            match step(done, offset_bytes + done as u64) {
                 n if n > 0 => done += n as usize,
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        format!(
-                            "{}: write of {len} bytes at offset {offset_bytes}: no progress after {done} bytes",
-                            self.name
-                        ),
-                    ));
-                }
+                0 => return Err(self.no_progress_error(op, offset_bytes, len, done)),
                 _ => {
                     let e = errno().raw_os_error().unwrap_or(libc::EIO);
                     if (e == libc::EINTR || e == libc::EAGAIN) && retries < MAX_RETRIES {
                         retries += 1;
                         continue;
                     }
-                    return Err(self.op_error(IoOp::Write, offset_bytes, len as u64, -e));
+                    return Err(self.op_error(op, offset_bytes, len as u64, -e));
                 }
             }
         }
         Ok(())
+    }
+
+    /// A read that hit the end of the file, or a write that moved nothing, after `done` bytes.
+    fn no_progress_error(&self, op: IoOp, offset_bytes: u64, len: usize, done: usize) -> io::Error {
+        let (kind, what) = match op {
+            IoOp::Read => (io::ErrorKind::UnexpectedEof, "end of file"),
+            _ => (io::ErrorKind::WriteZero, "no progress"),
+        };
+        io::Error::new(
+            kind,
+            format!(
+                "{}: {} of {len} bytes at offset {offset_bytes}: {what} after {done} bytes",
+                self.name,
+                op.as_str()
+            ),
+        )
     }
 
     /// `fdatasync` on the caller's thread (memory-backed files only).
@@ -1265,15 +1259,7 @@ impl FileDevice {
                         break Ok(());
                     }
                 }
-                0 => {
-                    break Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "{}: read of {len} bytes at offset {offset_bytes}: end of file after {done} bytes",
-                            s.name
-                        ),
-                    ));
-                }
+                0 => break Err(s.no_progress_error(IoOp::Read, offset_bytes, len, done)),
                 e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
                 e => break Err(s.op_error(IoOp::Read, offset_bytes, len as u64, e)),
             }
@@ -1328,15 +1314,7 @@ impl FileDevice {
                         return Ok(());
                     }
                 }
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        format!(
-                            "{}: write of {len} bytes at offset {offset_bytes}: no progress after {done} bytes",
-                            s.name
-                        ),
-                    ));
-                }
+                0 => return Err(s.no_progress_error(IoOp::Write, offset_bytes, len, done)),
                 e if (e == -libc::EINTR || e == -libc::EAGAIN) && retries < MAX_RETRIES => retries += 1,
                 e => return Err(s.op_error(IoOp::Write, offset_bytes, len as u64, e)),
             }

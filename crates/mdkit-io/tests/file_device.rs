@@ -130,12 +130,18 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-#[test]
-fn tmpfs_falls_back_to_buffered_io_with_a_warning() {
-    let path = shm_path("fallback");
-    let _cleanup = RemoveOnDrop(path.clone());
+/// A sparse 4 MiB file on /dev/shm (removed when the guard drops) and a current-thread runtime.
+fn shm_member(tag: &str) -> (PathBuf, RemoveOnDrop, tokio::runtime::Runtime) {
+    let path = shm_path(tag);
+    let cleanup = RemoveOnDrop(path.clone());
     FileDevice::create_sparse(&path, 4 * MIB).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    (path, cleanup, rt)
+}
+
+#[test]
+fn tmpfs_falls_back_to_buffered_io_with_a_warning() {
+    let (path, _cleanup, rt) = shm_member("fallback");
     let capture = Capture::default();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -182,10 +188,7 @@ fn tmpfs_falls_back_to_buffered_io_with_a_warning() {
 
 #[test]
 fn tmpfs_small_io_is_copied_on_the_callers_thread_and_large_io_uses_the_ring() {
-    let path = shm_path("inline");
-    let _cleanup = RemoveOnDrop(path.clone());
-    FileDevice::create_sparse(&path, 4 * MIB).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (path, _cleanup, rt) = shm_member("inline");
     let dev = rt.block_on(async { FileDevice::open(&path, FileOptions::default()) }).unwrap();
     assert!(!dev.is_direct());
     let small = INLINE_COPY_MAX_BYTES;
