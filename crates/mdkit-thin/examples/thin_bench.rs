@@ -108,45 +108,102 @@ fn process_cpu_us() -> (f64, f64) {
 }
 
 /// One timed run: IOPS and the whole process's CPU µs per I/O (user, user + system).
-async fn run(dev: DeviceRef, op: Op, span_bytes: u64, qd: usize, seconds: u64, seed: u64) -> (f64, (f64, f64)) {
+///
+/// The load runs the way `mdkit serve` runs its data path (mdkit-nbd's connection threads):
+/// `threads` OS threads, each driving a current-thread runtime with its own io_uring per
+/// member (`enable_thread_rings`), `qd / threads` request loops on each. The pool's commit
+/// timer and metadata worker stay on the main runtime, as in the service.
+async fn run(
+    dev: DeviceRef,
+    op: Op,
+    span_bytes: u64,
+    qd: usize,
+    threads: usize,
+    seconds: u64,
+    seed: u64,
+) -> (f64, (f64, f64)) {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for t in 0..qd {
-        let (dev, stop, done) = (dev.clone(), stop.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut rng = Rng::new(seed ^ (t as u64 * 0x9e37));
-            let data = SharedBuf::from_slice(&vec![0xa5u8 ^ t as u8; IO_BYTES as usize]);
-            let mut buf = IoBuf::zeroed(IO_BYTES as usize);
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let off = rng.below(span_bytes / IO_BYTES) * IO_BYTES;
-                match op {
-                    Op::ReadRandom => {
-                        let (b, r) = dev.read(off, buf).await;
-                        r.expect("read");
-                        buf = b;
-                    }
-                    Op::WriteRandom { fua } => dev.write(off, data.clone(), WriteFlags { fua }).await.expect("write"),
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let mut joins = Vec::new();
+    for k in 0..threads {
+        // Request loops dealt round-robin over the threads.
+        let loops: Vec<usize> = (0..qd).filter(|t| t % threads == k).collect();
+        let (dev, stop, done, ready_tx) = (dev.clone(), stop.clone(), done.clone(), ready_tx.clone());
+        joins.push(std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            mdkit_io::enable_thread_rings();
+            rt.block_on(async move {
+                let mut tasks = Vec::new();
+                for t in loops {
+                    let (dev, stop, done) = (dev.clone(), stop.clone(), done.clone());
+                    tasks.push(tokio::spawn(request_loop(
+                        dev,
+                        op,
+                        span_bytes,
+                        seed ^ (t as u64 * 0x9e37),
+                        t,
+                        stop,
+                        done,
+                    )));
                 }
-                n += 1;
-                // RAM disks complete at once: give the scheduler (and the timer) a turn now
-                // and then, equally on both sides.
-                tokio::task::consume_budget().await;
-            }
-            done.fetch_add(n, Ordering::Relaxed);
+                let _ = ready_tx.send(());
+                for t in tasks {
+                    t.await.expect("request loop");
+                }
+            });
         }));
+    }
+    drop(ready_tx);
+    for _ in 0..threads {
+        ready_rx.recv().expect("data-path thread started");
     }
     let (t0, cpu0) = (Instant::now(), process_cpu_us());
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("task");
-    }
+    tokio::task::spawn_blocking(move || {
+        for j in joins {
+            j.join().expect("data-path thread");
+        }
+    })
+    .await
+    .unwrap();
     let ios = done.load(Ordering::Relaxed) as f64;
     let cpu1 = process_cpu_us();
     let per_io = |a: f64, b: f64| (b - a) / ios.max(1.0);
     (ios / t0.elapsed().as_secs_f64(), (per_io(cpu0.0, cpu1.0), per_io(cpu0.1, cpu1.1)))
+}
+
+/// One request at a time at random aligned offsets in `[0, span)` until `stop`.
+async fn request_loop(
+    dev: DeviceRef,
+    op: Op,
+    span_bytes: u64,
+    seed: u64,
+    t: usize,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) {
+    let mut rng = Rng::new(seed);
+    let data = SharedBuf::from_slice(&vec![0xa5u8 ^ t as u8; IO_BYTES as usize]);
+    let mut buf = IoBuf::zeroed(IO_BYTES as usize);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let off = rng.below(span_bytes / IO_BYTES) * IO_BYTES;
+        match op {
+            Op::ReadRandom => {
+                let (b, r) = dev.read(off, buf).await;
+                r.expect("read");
+                buf = b;
+            }
+            Op::WriteRandom { fua } => dev.write(off, data.clone(), WriteFlags { fua }).await.expect("write"),
+        }
+        n += 1;
+        // RAM disks complete at once: give the scheduler (and the timer) a turn now and then,
+        // equally on both sides.
+        tokio::task::consume_budget().await;
+    }
+    done.fetch_add(n, Ordering::Relaxed);
 }
 
 /// First writes: `blocks` 4 KiB writes, each to a different unprovisioned block (random
@@ -287,11 +344,11 @@ async fn bench(a: Args) {
             // Interleaved, the order flipping every rep, so drift of the disk hits both sides
             // alike; the ratio reported is the median of the per-rep ratios.
             let ((p, pc), (t, tc)) = if rep % 2 == 0 {
-                let p = run(data.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await;
-                (p, run(thin.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await)
+                let p = run(data.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await;
+                (p, run(thin.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await)
             } else {
-                let t = run(thin.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await;
-                (run(data.clone(), op, a.size_bytes, a.qd, a.seconds, rep as u64).await, t)
+                let t = run(thin.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await;
+                (run(data.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await, t)
             };
             println!(
                 "run {name} rep {rep}: plain {p:.0} IOPS {:.2} cpu us/io ({:.2} user), thin {t:.0} IOPS {:.2} cpu us/io ({:.2} user) ({:.3})",
@@ -334,7 +391,7 @@ async fn bench(a: Args) {
         _ => "buffered (O_DIRECT unavailable)",
     };
     println!(
-        "in-process, {} tasks (QD{}), {} s x {} runs (IOPS: medians; thin/plain: median of per-run ratios), {} MiB span, 64 KiB blocks, {io} file {}, {} runtime threads",
+        "in-process, {} tasks (QD{}), {} s x {} runs (IOPS: medians; thin/plain: median of per-run ratios), {} MiB span, 64 KiB blocks, {io} file {}, {} data-path threads (current-thread runtimes, io_uring per thread, as in mdkit serve)",
         a.qd,
         a.qd,
         a.seconds,

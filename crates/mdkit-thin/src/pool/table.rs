@@ -1,37 +1,47 @@
 //! The data path's own view of one thin device's mappings, and the bio-prison equivalent.
 //!
 //! Every thin device that has an open [`ThinVolume`](super::ThinVolume) owns a `MappingTable`:
-//! 64 shards (by virtual block), each a short `parking_lot` mutex over a hash map from virtual
-//! block to an [`Entry`]. An entry is two things at once:
+//! 64 shards (by virtual block), each a short `parking_lot` mutex over
 //!
 //! ```text
-//!   known     Unmapped | Mapped{data block, time, txn} | Unknown   (what the metadata says)
-//!   cell      Some(..) while a slow-path operation owns the block    (dm-thin's bio prison cell)
+//!   sets      cached mappings: Unmapped | Mapped{data block, time, txn}  (what the metadata says)
+//!   cells     blocks a slow-path operation owns now       (dm-thin's bio prison cells)
+//!   inflight  fast-path I/O in flight, counted in two epochs
 //! ```
+//!
+//! **Made for one cache miss per lookup.** The mappings are a 2-way set-associative cache
+//! indexed by the virtual block (`vblock / 64`, so a dense volume fills every set before any
+//! two blocks collide): one 64-byte line holds a set, two 32-byte slots, key and value inline.
+//! The fast path touches two cache lines, the shard's first (its lock, the pointer to the sets
+//! and every counter the fast path changes) and the block's set, where a `HashMap` touched five
+//! (the lock, the map header, the control bytes, the bucket, the freeze flag): with the kernel's
+//! I/O path running between two requests, each of those was a miss (a profile of 4 KiB QD32
+//! requests put 83% of `begin_write`'s samples on the control-byte and bucket loads). A set
+//! that is full loses its older slot (counted as an eviction); the next access reloads that
+//! mapping from the metadata. Sets start small and double up to the configured capacity.
 //!
 //! Fast-path I/O in flight is counted per shard, not per entry, in two epochs (dm-thin's
 //! all_io_ds deferred set, which is pool-wide, in finer grain): an I/O counts in the shard's
-//! current epoch and its end decrements that count — the shard's own cache line, no second
-//! lookup of the entry (which, with the table spread over a MiB of memory, cost a cache miss per
-//! I/O). A slow-path operation that needs the I/O already in flight to finish flips the epoch
-//! and waits for the old one to drain; I/O that starts later counts in the new epoch and cannot
-//! touch the block (its cell is held), so the wait is bounded.
+//! current epoch and its end decrements that count, in the shard's first line. A slow-path
+//! operation that needs the I/O already in flight to finish flips the epoch and waits for the
+//! old one to drain; I/O that starts later counts in the new epoch and cannot touch the block
+//! (its cell is held), so the wait is bounded.
 //!
 //! * Fast path (no cell, mapped, unshared for a write): under the shard lock count the I/O in
 //!   the current epoch, drop the lock, do the data I/O, end it (`end_io`). No metadata lock, no
 //!   worker, no pool-wide state.
-//! * Slow path (provision, break sharing, discard, or a lookup that missed): take the cell
-//!   (creating an `Unknown` entry if needed), wait until the fast-path I/O of the shard that
-//!   started before drains, do the work, then release the cell with the new `known` state;
-//!   waiters queued on the cell retry.
-//! * Every change of a mapping of this device goes through its cell, so a `Mapped` or `Unmapped`
-//!   entry without a cell is always what the metadata says (the invariant that makes the table a
-//!   coherent cache, not a guess). The one thing that changes without cells is *sharing*: a
-//!   snapshot of this device raises `snapshotted_time`; [`MappingTable::freeze`] stops and drains
-//!   writes first (dm-thin requires the origin to be suspended for `create_snap`).
-//! * Bounded: at most `capacity_entries` entries; entries without a cell are evicted and
-//!   reloaded from the metadata on the next access (I/O still in flight on an evicted entry is
-//!   counted by its shard, so a slow path that re-creates the entry still waits for it).
+//! * Slow path (provision, break sharing, discard, or a lookup that missed): take the cell,
+//!   wait until the fast-path I/O of the shard that started before drains, do the work, then
+//!   release the cell with the new state, which goes into the sets; waiters queued on the cell
+//!   retry.
+//! * Every change of a mapping of this device goes through its cell, and a held cell shadows
+//!   whatever the sets hold for its block, so a slot is always what the metadata says (the
+//!   invariant that makes the table a coherent cache, not a guess). The one thing that changes
+//!   without cells is *sharing*: a snapshot of this device raises `snapshotted_time`;
+//!   [`MappingTable::freeze`] stops and drains writes first (dm-thin requires the origin to be
+//!   suspended for `create_snap`).
+//! * Bounded: at most `capacity_entries` cached mappings. I/O still in flight on an evicted
+//!   mapping is counted by its shard, so a slow path that reloads it still waits for that I/O.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -42,6 +52,9 @@ use tokio::sync::{Notify, oneshot};
 
 /// Shards per table (a power of two: sequential blocks land on different shards).
 pub(crate) const SHARDS: usize = 64;
+
+/// Sets a shard starts with (2 slots each); they double as mappings are cached.
+const INITIAL_SETS: usize = 4;
 
 /// A mapping as the data path caches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,22 +82,88 @@ struct Cell {
     waiters: Vec<oneshot::Sender<()>>,
 }
 
-struct Entry {
-    known: Known,
-    cell: Option<Box<Cell>>,
+/// The key of an empty slot (no virtual block is this large).
+const EMPTY: u64 = u64::MAX;
+
+/// One cached mapping, key and value inline.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// Virtual block, or `EMPTY`.
+    vblock: u64,
+    data_block: u64,
+    txn: u64,
+    time: u32,
+    /// False: the block is unmapped (reads as zeroes).
+    mapped: bool,
 }
 
-/// Fast-path I/O in flight in one shard, in two epochs (see the module documentation).
+impl Slot {
+    const EMPTY: Slot = Slot { vblock: EMPTY, data_block: 0, txn: 0, time: 0, mapped: false };
+
+    fn new(vblock: u64, known: Known) -> Slot {
+        match known {
+            Known::Mapped(c) => Slot { vblock, data_block: c.data_block, txn: c.txn, time: c.time, mapped: true },
+            Known::Unmapped | Known::Unknown => Slot { vblock, ..Slot::EMPTY },
+        }
+    }
+
+    fn known(&self) -> Known {
+        if self.mapped {
+            Known::Mapped(Cached { data_block: self.data_block, time: self.time, txn: self.txn })
+        } else {
+            Known::Unmapped
+        }
+    }
+}
+
+/// Two slots in one cache line; way 0 holds the mapping cached last.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+struct Set([Slot; 2]);
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 32);
+const _: () = assert!(std::mem::size_of::<Set>() == 64);
+
+impl Set {
+    const EMPTY: Set = Set([Slot::EMPTY; 2]);
+
+    fn way(&self, vblock: u64) -> Option<usize> {
+        if self.0[0].vblock == vblock {
+            Some(0)
+        } else if self.0[1].vblock == vblock {
+            Some(1)
+        } else {
+            None
+        }
+    }
+}
+
+/// Fast-path I/O in flight in one shard, in two epochs (see the module documentation). Lives
+/// in the shard's first cache line; the drainers waiting on it live in [`Drainers`].
+#[repr(C)]
 #[derive(Default)]
 struct Inflight {
+    active: [u32; 2],
     /// The epoch new fast-path I/O counts in (0 or 1).
     epoch: u8,
-    active: [u32; 2],
+    /// Some drainer is waiting (so `end` only looks at `Drainers` when it must).
+    draining: bool,
+}
+
+/// Slow-path operations waiting for a shard's fast-path I/O to drain.
+#[derive(Default)]
+struct Drainers {
     /// Drainers waiting for `active[e]` to reach zero.
     waiting: [Vec<oneshot::Sender<()>>; 2],
     /// Drainers that came while the other epoch was still draining: the epoch flips for them
     /// once it has drained, and they then wait for the epoch they started in.
     pending_flip: Vec<oneshot::Sender<()>>,
+}
+
+impl Drainers {
+    fn is_empty(&self) -> bool {
+        self.waiting[0].is_empty() && self.waiting[1].is_empty() && self.pending_flip.is_empty()
+    }
 }
 
 impl Inflight {
@@ -93,33 +172,34 @@ impl Inflight {
         self.epoch
     }
 
-    fn end(&mut self, epoch: u8) {
+    fn end(&mut self, epoch: u8, d: &mut Drainers) {
         let e = usize::from(epoch & 1);
         debug_assert!(self.active[e] > 0, "fast-path I/O ended twice (epoch {e})");
         self.active[e] = self.active[e].saturating_sub(1);
-        if self.active[e] != 0 {
+        if self.active[e] != 0 || !self.draining {
             return;
         }
-        for w in self.waiting[e].drain(..) {
+        for w in d.waiting[e].drain(..) {
             let _ = w.send(());
         }
         let cur = usize::from(self.epoch);
-        if e != cur && !self.pending_flip.is_empty() {
+        if e != cur && !d.pending_flip.is_empty() {
             if self.active[cur] == 0 {
-                for w in self.pending_flip.drain(..) {
+                for w in d.pending_flip.drain(..) {
                     let _ = w.send(());
                 }
             } else {
                 self.epoch = e as u8;
-                let pending = std::mem::take(&mut self.pending_flip);
-                self.waiting[cur].extend(pending);
+                let pending = std::mem::take(&mut d.pending_flip);
+                d.waiting[cur].extend(pending);
             }
         }
+        self.draining = !d.is_empty();
     }
 
     /// A receiver that fires once every fast-path I/O begun so far has ended (`None`: none is
     /// in flight).
-    fn drain(&mut self) -> Option<oneshot::Receiver<()>> {
+    fn drain(&mut self, d: &mut Drainers) -> Option<oneshot::Receiver<()>> {
         let cur = usize::from(self.epoch);
         let old = cur ^ 1;
         if self.active[cur] == 0 && self.active[old] == 0 {
@@ -129,10 +209,11 @@ impl Inflight {
         if self.active[old] == 0 {
             // Everything in flight is in `cur`: new I/O goes to the other epoch from now on.
             self.epoch = old as u8;
-            self.waiting[cur].push(tx);
+            d.waiting[cur].push(tx);
         } else {
-            self.pending_flip.push(tx);
+            d.pending_flip.push(tx);
         }
+        self.draining = true;
         Some(rx)
     }
 }
@@ -180,19 +261,142 @@ impl TableCounters {
     }
 }
 
+/// The counters the fast path does not change.
 #[derive(Default)]
+struct SlowCounters {
+    zero_reads: u64,
+    slow_ops: u64,
+    cell_waits: u64,
+    evictions: u64,
+}
+
+/// One shard. `repr(C)`, hot fields first: with the lock byte before it (parking_lot's
+/// `Mutex` puts its state first) they all sit in the shard's first cache line (checked by a
+/// test); the rest is only touched by the slow path.
+#[repr(C)]
 struct Shard {
-    map: BlockMap<Entry>,
+    sets: Box<[Set]>,
+    fast_reads: u64,
+    fast_writes: u64,
     inflight: Inflight,
+    /// Cells held in this shard (`cells.len()`, kept here so the fast path need not read the
+    /// map's header, which is in another cache line).
+    cells_held: u32,
     /// Writes (fast or slow) that passed the freeze gate and have not finished.
     writes: u32,
     frozen: bool,
-    counters: TableCounters,
+    // --- cold ---
+    cells: BlockMap<Cell>,
+    drainers: Drainers,
+    /// Occupied slots.
+    used: usize,
+    /// The most sets this shard grows to (a power of two).
+    max_sets: usize,
+    counters: SlowCounters,
+}
+
+impl Shard {
+    fn new(max_sets: usize) -> Shard {
+        Shard {
+            sets: vec![Set::EMPTY; INITIAL_SETS.min(max_sets)].into_boxed_slice(),
+            fast_reads: 0,
+            fast_writes: 0,
+            inflight: Inflight::default(),
+            cells_held: 0,
+            writes: 0,
+            frozen: false,
+            cells: BlockMap::default(),
+            drainers: Drainers::default(),
+            used: 0,
+            max_sets,
+            counters: SlowCounters::default(),
+        }
+    }
+
+    fn set_index(&self, vblock: u64) -> usize {
+        (vblock / SHARDS as u64) as usize & (self.sets.len() - 1)
+    }
+
+    /// The cached mapping of `vblock` (shadowed by a held cell: check `cell` first).
+    fn lookup(&self, vblock: u64) -> Option<&Slot> {
+        let set = &self.sets[self.set_index(vblock)];
+        set.way(vblock).map(|w| &set.0[w])
+    }
+
+    /// The cell of `vblock`, if one is held.
+    fn cell(&mut self, vblock: u64) -> Option<&mut Cell> {
+        if self.cells_held == 0 {
+            return None;
+        }
+        self.cells.get_mut(&vblock)
+    }
+
+    /// Takes the (free) cell of `vblock`; the receiver fires when the fast-path I/O in flight
+    /// in the shard has drained.
+    fn take_cell(&mut self, vblock: u64) -> Option<oneshot::Receiver<()>> {
+        let old = self.cells.insert(vblock, Cell::default());
+        debug_assert!(old.is_none(), "cell of block {vblock} taken twice");
+        self.cells_held = self.cells.len() as u32;
+        self.inflight.drain(&mut self.drainers)
+    }
+
+    /// Caches what the metadata says about `vblock` (`Unknown`: forget it).
+    fn store(&mut self, vblock: u64, known: Known) {
+        if known == Known::Unknown {
+            let i = self.set_index(vblock);
+            let set = &mut self.sets[i];
+            if let Some(w) = set.way(vblock) {
+                if w == 0 {
+                    set.0[0] = set.0[1];
+                }
+                set.0[1] = Slot::EMPTY;
+                self.used -= 1;
+            }
+            return;
+        }
+        let slot = Slot::new(vblock, known);
+        let i = self.set_index(vblock);
+        if let Some(w) = self.sets[i].way(vblock) {
+            self.sets[i].0[w] = slot;
+            return;
+        }
+        if self.used * 4 >= self.sets.len() * 2 * 3 && self.sets.len() < self.max_sets {
+            self.grow();
+        }
+        let i = self.set_index(vblock);
+        let set = &mut self.sets[i];
+        if set.0[0].vblock == EMPTY {
+            set.0[0] = slot;
+            self.used += 1;
+        } else {
+            if set.0[1].vblock == EMPTY {
+                self.used += 1;
+            } else {
+                self.counters.evictions += 1;
+            }
+            set.0[1] = set.0[0];
+            set.0[0] = slot;
+        }
+    }
+
+    /// Doubles the sets. Set `i` splits into `i` and `i + n`, so nothing is lost.
+    fn grow(&mut self) {
+        let n = self.sets.len();
+        let mut sets = vec![Set::EMPTY; n * 2].into_boxed_slice();
+        let mut fill = vec![0u8; n * 2];
+        for set in self.sets.iter() {
+            for slot in set.0.iter().filter(|s| s.vblock != EMPTY) {
+                let i = (slot.vblock / SHARDS as u64) as usize & (n * 2 - 1);
+                sets[i].0[usize::from(fill[i])] = *slot;
+                fill[i] += 1;
+            }
+        }
+        self.sets = sets;
+    }
 }
 
 /// One cache line per shard so shards do not share lines.
-#[repr(align(128))]
-#[derive(Default)]
+#[repr(align(64))]
 struct PaddedShard(Mutex<Shard>);
 
 /// Decision for a read of one virtual block.
@@ -232,11 +436,13 @@ pub(crate) enum AcquireDecision {
     Wait(oneshot::Receiver<()>),
 }
 
+/// `repr(align(64))`: the fields every lookup reads do not share a line with the reference
+/// count of the `Arc<ThinDev>` that holds the table (changed by every request).
+#[repr(align(64))]
 pub(crate) struct MappingTable {
     shards: Box<[PaddedShard]>,
     /// The device's snapshotted time: a mapping is shared iff this is greater than its time.
     snapshotted_time: AtomicU32,
-    capacity_per_shard: usize,
     /// Set while a freeze is in progress (mirrors the shards' flags, for a cheap check).
     freezing: AtomicBool,
     thawed: Notify,
@@ -245,10 +451,12 @@ pub(crate) struct MappingTable {
 
 impl MappingTable {
     pub fn new(snapshotted_time: u32, capacity_entries: usize) -> MappingTable {
+        let per_shard = (capacity_entries / SHARDS).max(16);
+        // The largest power of two of sets whose slots fit in the capacity.
+        let max_sets = 1usize << (per_shard / 2).ilog2();
         MappingTable {
-            shards: (0..SHARDS).map(|_| PaddedShard::default()).collect(),
+            shards: (0..SHARDS).map(|_| PaddedShard(Mutex::new(Shard::new(max_sets)))).collect(),
             snapshotted_time: AtomicU32::new(snapshotted_time),
-            capacity_per_shard: (capacity_entries / SHARDS).max(16),
             freezing: AtomicBool::new(false),
             thawed: Notify::new(),
             drained: Notify::new(),
@@ -268,32 +476,26 @@ impl MappingTable {
     pub fn begin_read(&self, vblock: u64, max_valid_txn: u64) -> ReadDecision {
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
-        match s.map.get_mut(&vblock) {
-            Some(e) if e.cell.is_some() => {
-                s.counters.cell_waits += 1;
-                ReadDecision::Wait(queue_on(e))
-            }
-            Some(Entry { known: Known::Unmapped, .. }) => {
+        if let Some(c) = s.cell(vblock) {
+            let rx = queue_on(c);
+            s.counters.cell_waits += 1;
+            return ReadDecision::Wait(rx);
+        }
+        match s.lookup(vblock) {
+            Some(slot) if !slot.mapped => {
                 s.counters.zero_reads += 1;
                 ReadDecision::Zeroes
             }
-            Some(e) if matches!(e.known, Known::Mapped(c) if c.txn <= max_valid_txn) => {
-                let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
-                s.counters.fast_reads += 1;
-                ReadDecision::Mapped { data_block: c.data_block, epoch: s.inflight.begin() }
+            Some(slot) if slot.txn <= max_valid_txn => {
+                let data_block = slot.data_block;
+                s.fast_reads += 1;
+                ReadDecision::Mapped { data_block, epoch: s.inflight.begin() }
             }
-            Some(e) => {
-                // Unknown without a cell, or an untrusted mapping: resolve again.
-                e.known = Known::Unknown;
-                let drained = take_cell(e, &mut s.inflight);
+            // Not cached, or an untrusted mapping: resolve (again). An evicted mapping may
+            // still have fast-path I/O in flight: the cell drains it like any other.
+            _ => {
                 s.counters.slow_ops += 1;
-                ReadDecision::Resolve { drained }
-            }
-            None => {
-                // An evicted entry may still have fast-path I/O in flight: drain like any cell.
-                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
-                s.counters.slow_ops += 1;
-                ReadDecision::Resolve { drained: s.inflight.drain() }
+                ReadDecision::Resolve { drained: s.take_cell(vblock) }
             }
         }
     }
@@ -308,60 +510,46 @@ impl MappingTable {
         // Read under the shard lock: `thaw` stores the new time before it unfreezes the shards
         // (under their locks), so a writer that passes the gate after a snapshot sees it.
         let snap_time = self.snapshotted_time.load(Ordering::Acquire);
-        match s.map.get_mut(&vblock) {
-            Some(e) if e.cell.is_some() => {
-                s.counters.cell_waits += 1;
-                WriteDecision::Wait(queue_on(e))
-            }
-            Some(e) if matches!(e.known, Known::Mapped(c) if snap_time <= c.time) => {
-                let Known::Mapped(c) = e.known else { unreachable!("matched Mapped above") };
-                s.writes += 1;
-                s.counters.fast_writes += 1;
-                WriteDecision::InPlace { data_block: c.data_block, txn: c.txn, epoch: s.inflight.begin() }
-            }
-            Some(e) => {
-                let known = e.known;
-                let drained = take_cell(e, &mut s.inflight);
-                s.writes += 1;
-                s.counters.slow_ops += 1;
-                WriteDecision::Slow { known, drained }
-            }
-            None => {
-                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
-                s.writes += 1;
-                s.counters.slow_ops += 1;
-                WriteDecision::Slow { known: Known::Unknown, drained: s.inflight.drain() }
-            }
+        if let Some(c) = s.cell(vblock) {
+            let rx = queue_on(c);
+            s.counters.cell_waits += 1;
+            return WriteDecision::Wait(rx);
         }
+        let known = match s.lookup(vblock) {
+            Some(slot) if slot.mapped && snap_time <= slot.time => {
+                let (data_block, txn) = (slot.data_block, slot.txn);
+                s.writes += 1;
+                s.fast_writes += 1;
+                return WriteDecision::InPlace { data_block, txn, epoch: s.inflight.begin() };
+            }
+            Some(slot) => slot.known(),
+            None => Known::Unknown,
+        };
+        s.writes += 1;
+        s.counters.slow_ops += 1;
+        WriteDecision::Slow { known, drained: s.take_cell(vblock) }
     }
 
     /// Takes the cell of `vblock` for a slow-path operation that is not a write.
     pub fn acquire(&self, vblock: u64) -> AcquireDecision {
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
-        match s.map.get_mut(&vblock) {
-            Some(e) if e.cell.is_some() => {
-                s.counters.cell_waits += 1;
-                AcquireDecision::Wait(queue_on(e))
-            }
-            Some(e) => {
-                let known = e.known;
-                let drained = take_cell(e, &mut s.inflight);
-                AcquireDecision::Acquired { known, drained }
-            }
-            None => {
-                s.map.insert(vblock, Entry { known: Known::Unknown, cell: Some(Box::default()) });
-                AcquireDecision::Acquired { known: Known::Unknown, drained: s.inflight.drain() }
-            }
+        if let Some(c) = s.cell(vblock) {
+            let rx = queue_on(c);
+            s.counters.cell_waits += 1;
+            return AcquireDecision::Wait(rx);
         }
+        let known = s.lookup(vblock).map_or(Known::Unknown, Slot::known);
+        AcquireDecision::Acquired { known, drained: s.take_cell(vblock) }
     }
 
     /// Ends a fast-path I/O started by `begin_read` (`write = false`) or `begin_write`, with the
-    /// epoch its decision carried. Touches only the shard, not the entry.
+    /// epoch its decision carried. Touches only the shard's first line (and its drainers when
+    /// one waits).
     pub fn end_io(&self, vblock: u64, epoch: u8, write: bool) {
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
-        s.inflight.end(epoch);
+        s.inflight.end(epoch, &mut s.drainers);
         if write {
             end_write(s, &self.drained);
         }
@@ -372,26 +560,18 @@ impl MappingTable {
     pub fn release(&self, vblock: u64, known: Known, write: bool) {
         let mut s = self.shard(vblock).lock();
         let s = &mut *s;
-        let mut remove = false;
-        if let Some(e) = s.map.get_mut(&vblock) {
-            e.known = known;
-            if let Some(c) = e.cell.take() {
+        match s.cells.remove(&vblock) {
+            Some(c) => {
+                s.cells_held = s.cells.len() as u32;
                 for w in c.waiters {
                     let _ = w.send(());
                 }
             }
-            remove = known == Known::Unknown;
-        } else {
-            debug_assert!(false, "release of block {vblock} that has no entry");
+            None => debug_assert!(false, "release of block {vblock} whose cell is not held"),
         }
-        if remove {
-            s.map.remove(&vblock);
-        }
+        s.store(vblock, known);
         if write {
             end_write(s, &self.drained);
-        }
-        if s.map.len() > self.capacity_per_shard {
-            evict(s, self.capacity_per_shard);
         }
     }
 
@@ -436,32 +616,32 @@ impl MappingTable {
         notified.await;
     }
 
+    /// Mappings cached now.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.0.lock().used).sum()
     }
 
     pub fn counters(&self) -> TableCounters {
         let mut c = TableCounters::default();
         for s in self.shards.iter() {
             let g = s.0.lock();
-            c.add(&g.counters);
+            c.add(&TableCounters {
+                fast_reads: g.fast_reads,
+                fast_writes: g.fast_writes,
+                zero_reads: g.counters.zero_reads,
+                slow_ops: g.counters.slow_ops,
+                cell_waits: g.counters.cell_waits,
+                evictions: g.counters.evictions,
+            });
         }
         c
     }
 }
 
-fn queue_on(e: &mut Entry) -> oneshot::Receiver<()> {
+fn queue_on(c: &mut Cell) -> oneshot::Receiver<()> {
     let (tx, rx) = oneshot::channel();
-    e.cell.as_mut().expect("caller checked the cell is held").waiters.push(tx);
+    c.waiters.push(tx);
     rx
-}
-
-/// Takes the (free) cell of an entry; the receiver fires when the fast-path I/O in flight in
-/// the shard has drained.
-fn take_cell(e: &mut Entry, inflight: &mut Inflight) -> Option<oneshot::Receiver<()>> {
-    debug_assert!(e.cell.is_none());
-    e.cell = Some(Box::<Cell>::default());
-    inflight.drain()
 }
 
 fn end_write(s: &mut Shard, drained: &Notify) {
@@ -472,28 +652,31 @@ fn end_write(s: &mut Shard, drained: &Notify) {
     }
 }
 
-/// Drops idle entries until the shard is at 7/8 of its capacity.
-fn evict(s: &mut Shard, capacity: usize) {
-    let target = capacity - capacity / 8;
-    let mut excess = s.map.len().saturating_sub(target);
-    let before = s.map.len();
-    s.map.retain(|_, e| {
-        if excess > 0 && e.cell.is_none() {
-            excess -= 1;
-            false
-        } else {
-            true
-        }
-    });
-    s.counters.evictions += (before - s.map.len()) as u64;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn mapped(b: u64, time: u32) -> Known {
         Known::Mapped(Cached { data_block: b, time, txn: 0 })
+    }
+
+    /// An `Inflight` with its drainers, for the epoch tests.
+    #[derive(Default)]
+    struct Both {
+        f: Inflight,
+        d: Drainers,
+    }
+
+    impl Both {
+        fn begin(&mut self) -> u8 {
+            self.f.begin()
+        }
+        fn end(&mut self, epoch: u8) {
+            self.f.end(epoch, &mut self.d)
+        }
+        fn drain(&mut self) -> Option<oneshot::Receiver<()>> {
+            self.f.drain(&mut self.d)
+        }
     }
 
     #[test]
@@ -536,7 +719,7 @@ mod tests {
     /// I/O begun later counts in the other epoch.
     #[test]
     fn drain_waits_for_earlier_io_only() {
-        let mut f = Inflight::default();
+        let mut f = Both::default();
         assert!(f.drain().is_none(), "nothing in flight");
         let a = f.begin();
         let mut d1 = f.drain().expect("a is in flight");
@@ -560,7 +743,7 @@ mod tests {
     /// epoch first, then (after the flip) the one it started in.
     #[test]
     fn drain_during_a_drain_waits_for_both_epochs() {
-        let mut f = Inflight::default();
+        let mut f = Both::default();
         let a = f.begin();
         let mut d1 = f.drain().unwrap(); // flips: a is in the old epoch
         let b = f.begin(); // new epoch
@@ -576,7 +759,8 @@ mod tests {
         assert!(d2.try_recv().is_ok());
         f.end(late);
         assert!(f.drain().is_none());
-        assert_eq!(f.active, [0, 0]);
+        assert_eq!(f.f.active, [0, 0]);
+        assert!(!f.f.draining && f.d.is_empty());
     }
 
     /// An entry evicted while its I/O is in flight: the slow path that re-creates it still
@@ -641,5 +825,73 @@ mod tests {
         }
         assert!(t.len() <= 16 * SHARDS, "{}", t.len());
         assert!(t.counters().evictions > 0);
+    }
+
+    /// The fast path's fields share the lock's cache line: one line per shard per request.
+    #[test]
+    fn hot_fields_share_the_lock_cache_line() {
+        let sh = PaddedShard(Mutex::new(Shard::new(8)));
+        let base = &sh as *const PaddedShard as usize;
+        assert_eq!(base % 64, 0);
+        let g = sh.0.lock();
+        let end = |p: usize, size: usize| p + size - base;
+        let fields = [
+            end(&g.sets as *const _ as usize, std::mem::size_of_val(&g.sets)),
+            end(&g.fast_reads as *const _ as usize, 8),
+            end(&g.fast_writes as *const _ as usize, 8),
+            end(&g.inflight as *const _ as usize, std::mem::size_of::<Inflight>()),
+            end(&g.cells_held as *const _ as usize, 4),
+            end(&g.writes as *const _ as usize, 4),
+            end(&g.frozen as *const _ as usize, 1),
+        ];
+        for (i, e) in fields.iter().enumerate() {
+            assert!(*e <= 64, "hot field {i} ends at byte {e} of the shard");
+        }
+        // And the lock itself: its state byte is before the data, in the same line.
+        assert!((&*g as *const Shard as usize) - base < 64);
+    }
+
+    /// A dense volume up to the capacity is cached without a single eviction, across the
+    /// growth of the sets, and every mapping reads back.
+    #[test]
+    fn dense_blocks_fill_the_sets_without_evictions() {
+        let cap = 4096 * SHARDS;
+        let t = MappingTable::new(0, cap);
+        for vb in 0..cap as u64 {
+            let AcquireDecision::Acquired { known: Known::Unknown, .. } = t.acquire(vb) else { panic!() };
+            t.release(vb, mapped(vb + 7, 0), false);
+        }
+        assert_eq!(t.len(), cap);
+        assert_eq!(t.counters().evictions, 0);
+        for vb in 0..cap as u64 {
+            match t.begin_read(vb, u64::MAX) {
+                ReadDecision::Mapped { data_block, epoch } => {
+                    assert_eq!(data_block, vb + 7);
+                    t.end_io(vb, epoch, false);
+                }
+                _ => panic!("block {vb} is not cached"),
+            }
+        }
+        // One more block per set than fits: each evicts the older slot of its set.
+        let AcquireDecision::Acquired { .. } = t.acquire(cap as u64) else { panic!() };
+        t.release(cap as u64, Known::Unmapped, false);
+        assert_eq!(t.counters().evictions, 1);
+        assert_eq!(t.len(), cap);
+        assert!(matches!(t.begin_read(cap as u64, u64::MAX), ReadDecision::Zeroes));
+    }
+
+    /// Releasing a cell with `Unknown` forgets the mapping; a held cell shadows the slot.
+    #[test]
+    fn a_held_cell_shadows_the_cached_mapping_and_unknown_forgets_it() {
+        let t = MappingTable::new(0, 1 << 16);
+        let AcquireDecision::Acquired { .. } = t.acquire(70) else { panic!() };
+        t.release(70, mapped(3, 0), false);
+        let AcquireDecision::Acquired { known, drained: None } = t.acquire(70) else { panic!() };
+        assert_eq!(known, mapped(3, 0));
+        assert!(matches!(t.begin_read(70, u64::MAX), ReadDecision::Wait(_)));
+        assert!(matches!(t.begin_write(70), WriteDecision::Wait(_)));
+        t.release(70, Known::Unknown, false);
+        assert_eq!(t.len(), 0);
+        assert!(matches!(t.begin_read(70, u64::MAX), ReadDecision::Resolve { .. }));
     }
 }

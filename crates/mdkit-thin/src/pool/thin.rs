@@ -121,18 +121,22 @@ impl BlockDevice for ThinVolume {
         if len == 0 {
             return Box::pin(std::future::ready((buf, Ok(()))));
         }
+        // Reads are not detached (no `'static` future, no reference taken on the device): a
+        // read dropped before its data arrived ends its in-flight count early, so a slow path
+        // may reuse the data block while the device still reads it, into a buffer nobody
+        // will look at. Writes must not end early (see `write`).
         let bs = self.dev.pool.state.block_bytes;
         let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
         if off + len <= bs {
-            return self.detached(self.dev.clone().read_block(vb, off, buf));
+            return Box::pin(self.dev.read_block(vb, off, buf));
         }
         let pieces = self.pieces(offset_bytes, len);
-        let mut futs: Vec<Pin<Box<dyn Future<Output = ReadResult> + Send>>> = Vec::with_capacity(pieces.len());
+        let mut futs: Vec<Pin<Box<dyn Future<Output = ReadResult> + Send + '_>>> = Vec::with_capacity(pieces.len());
         for (vb, off, n) in pieces {
             let part = buf.split_to(n as usize);
-            futs.push(Box::pin(self.dev.clone().read_block(vb, off, part)));
+            futs.push(Box::pin(self.dev.read_block(vb, off, part)));
         }
-        self.detached(async move { join_read_parts(buf, join_all(futs).await) })
+        Box::pin(async move { join_read_parts(buf, join_all(futs).await) })
     }
 
     fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
@@ -301,13 +305,13 @@ impl ThinDev {
         )
     }
 
-    async fn read_block(self: Arc<Self>, vblock: u64, off: u64, mut buf: IoBuf) -> ReadResult {
+    async fn read_block(&self, vblock: u64, off: u64, mut buf: IoBuf) -> ReadResult {
         let bs = self.block_bytes();
         loop {
             let max_txn = self.pool.state.max_valid_txn();
             match self.table.begin_read(vblock, max_txn) {
                 ReadDecision::Mapped { data_block, epoch } => {
-                    let guard = IoRef { dev: &self, vblock, epoch, write: false };
+                    let guard = IoRef { dev: self, vblock, epoch, write: false };
                     let (b, r) = self.pool.data.read(data_block * bs + off, buf).await;
                     drop(guard);
                     return (b, r.map_err(|e| self.data_error(e, "read", vblock, data_block)));
@@ -318,11 +322,11 @@ impl ThinDev {
                 }
                 ReadDecision::Wait(rx) => wait(Some(rx)).await,
                 ReadDecision::Resolve { drained } => {
-                    let dev = self.clone();
+                    // Boxed: the fast path's future stays small (no slow-path state inline).
                     let r: io::Result<()> = Box::pin(async move {
-                        let cell = CellRef::new(&dev, vblock, false);
+                        let cell = CellRef::new(self, vblock, false);
                         wait(drained).await;
-                        cell.release(dev.resolve(vblock).await?);
+                        cell.release(self.resolve(vblock).await?);
                         Ok(())
                     })
                     .await;

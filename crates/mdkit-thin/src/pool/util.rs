@@ -51,8 +51,8 @@ impl<T: Send + 'static> Drop for Detached<T> {
 }
 
 /// Polls every future until all are done; results in input order.
-pub(crate) async fn join_all<T>(futs: Vec<Pin<Box<dyn Future<Output = T> + Send>>>) -> Vec<T> {
-    let mut futs: Vec<Option<Pin<Box<dyn Future<Output = T> + Send>>>> = futs.into_iter().map(Some).collect();
+pub(crate) async fn join_all<'a, T>(futs: Vec<Pin<Box<dyn Future<Output = T> + Send + 'a>>>) -> Vec<T> {
+    let mut futs: Vec<Option<Pin<Box<dyn Future<Output = T> + Send + 'a>>>> = futs.into_iter().map(Some).collect();
     let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
