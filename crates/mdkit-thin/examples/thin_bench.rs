@@ -11,10 +11,13 @@
 //! ```text
 //! cargo run --release -p mdkit-thin --example thin_bench -- \
 //!     [--dir /var/tmp/mdkit-bench-thin] [--size-mib 1024] [--seconds 10] [--qd 32] \
-//!     [--reps 2] [--threads 2] [--provision-blocks 4096] [--direct auto|require|off] [--ram]
+//!     [--reps 2] [--threads 2] [--provision-blocks 4096] [--direct auto|require|off] [--ram] \\
+//!     [--workloads fua,write,read,provision] [--profile thin|plain]
 //! ```
 //! `--ram` puts both devices on `MemDevice` RAM disks: no device cost, so the difference is the
-//! thin layer's CPU cost per request.
+//! thin layer's CPU cost per request. `--workloads fua,write,read,provision` picks workloads and `--profile
+//! thin|plain` runs one side only (for `perf record`; no ratios). `--threads` data-path threads carry the load the way
+//! `mdkit serve` does: one current-thread runtime each, with an io_uring per thread and member.
 //! ```text
 //! ```
 //! Prints one line per run and a table: median IOPS per side and the median of the per-run
@@ -43,6 +46,10 @@ struct Args {
     direct: DirectMode,
     /// RAM disks instead of files: the CPU cost of the thin layer alone.
     ram: bool,
+    /// Workloads to run (names as in `Op::key`).
+    workloads: Vec<String>,
+    /// Run only this side ("thin" or "plain"), for profiling.
+    profile: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -56,6 +63,8 @@ fn parse_args() -> Result<Args, String> {
         provision_blocks: 4096,
         direct: DirectMode::Auto,
         ram: false,
+        workloads: ["fua", "write", "read", "provision"].map(String::from).to_vec(),
+        profile: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -70,6 +79,14 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => a.threads = num(v()?)? as usize,
             "--provision-blocks" => a.provision_blocks = num(v()?)?,
             "--ram" => a.ram = true,
+            "--workloads" => a.workloads = v()?.split(',').map(str::to_string).collect(),
+            "--profile" => {
+                let side = v()?;
+                if side != "thin" && side != "plain" {
+                    return Err(format!("--profile {side}: thin or plain"));
+                }
+                a.profile = Some(side);
+            }
             "--direct" => {
                 a.direct = match v()?.as_str() {
                     "auto" => DirectMode::Auto,
@@ -78,7 +95,7 @@ fn parse_args() -> Result<Args, String> {
                     o => return Err(format!("--direct {o}: auto, require or off")),
                 }
             }
-            "-h" | "--help" => return Err("usage: thin_bench [--dir D] [--size-mib N] [--seconds S] [--qd N] [--reps N] [--threads N] [--provision-blocks N] [--direct auto|require|off] [--ram]".into()),
+            "-h" | "--help" => return Err("usage: thin_bench [--dir D] [--size-mib N] [--seconds S] [--qd N] [--reps N] [--threads N] [--provision-blocks N] [--direct auto|require|off] [--ram] [--workloads fua,write,read,provision] [--profile thin|plain]".into()),
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -296,7 +313,8 @@ async fn bench(a: Args) {
 
     // First-write provisioning, with and without zeroing.
     let mut prov = Vec::new();
-    for zero in [true, false] {
+    let provision = a.workloads.iter().any(|w| w == "provision");
+    for zero in [true, false].into_iter().filter(|_| provision) {
         let opts = PoolOptions { zero_new_blocks: zero, ..quiet };
         let pool = Pool::create("prov", meta_dev(&a.dir.join("thin-bench-prov.meta")), data.clone(), BLOCK_BYTES, opts)
             .await
@@ -332,23 +350,32 @@ async fn bench(a: Args) {
     );
 
     let workloads = [
-        ("randwrite 4k QD32 FUA", Op::WriteRandom { fua: true }),
-        ("randwrite 4k QD32", Op::WriteRandom { fua: false }),
-        ("randread 4k QD32", Op::ReadRandom),
+        ("fua", "randwrite 4k QD32 FUA", Op::WriteRandom { fua: true }),
+        ("write", "randwrite 4k QD32", Op::WriteRandom { fua: false }),
+        ("read", "randread 4k QD32", Op::ReadRandom),
     ];
+    // One side only when profiling: the other's runs are skipped (reported as 0).
+    let side = |dev: &DeviceRef, which: &str, op: Op, rep: usize| {
+        let skip = a.profile.as_deref().is_some_and(|p| p != which);
+        let (dev, span, qd, threads, seconds) = (dev.clone(), a.size_bytes, a.qd, a.threads, a.seconds);
+        async move { if skip { (0.0, (0.0, 0.0)) } else { run(dev, op, span, qd, threads, seconds, rep as u64).await } }
+    };
     let mut rows = Vec::new();
-    for (name, op) in workloads {
+    for (key, name, op) in workloads {
+        if !a.workloads.iter().any(|w| w == key) {
+            continue;
+        }
         let (mut plain, mut thin_iops, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut plain_cpu, mut thin_cpu) = (Vec::new(), Vec::new());
         for rep in 0..a.reps {
             // Interleaved, the order flipping every rep, so drift of the disk hits both sides
             // alike; the ratio reported is the median of the per-rep ratios.
             let ((p, pc), (t, tc)) = if rep % 2 == 0 {
-                let p = run(data.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await;
-                (p, run(thin.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await)
+                let p = side(&data, "plain", op, rep).await;
+                (p, side(&thin, "thin", op, rep).await)
             } else {
-                let t = run(thin.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await;
-                (run(data.clone(), op, a.size_bytes, a.qd, a.threads, a.seconds, rep as u64).await, t)
+                let t = side(&thin, "thin", op, rep).await;
+                (side(&data, "plain", op, rep).await, t)
             };
             println!(
                 "run {name} rep {rep}: plain {p:.0} IOPS {:.2} cpu us/io ({:.2} user), thin {t:.0} IOPS {:.2} cpu us/io ({:.2} user) ({:.3})",
@@ -413,15 +440,17 @@ async fn bench(a: Args) {
         let (cpu, user) = (format!("{pc:.2}/{tc:.2}"), format!("{pu:.2}/{tu:.2}"));
         println!("{name:<24}{p:>14.0}{t:>14.0}{ratio:>10.3}{cpu:>16}{user:>14}   {upstream}");
     }
-    println!(
-        "{:<24}{:>14.0}{:>14.0}{:>10.3}{:>16}{:>14}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
-        "first-write provisioning",
-        prov[0],
-        prov[1],
-        prov[0] / prov[1],
-        "-",
-        "-"
-    );
+    if provision {
+        println!(
+            "{:<24}{:>14.0}{:>14.0}{:>10.3}{:>16}{:>14}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
+            "first-write provisioning",
+            prov[0],
+            prov[1],
+            prov[0] / prov[1],
+            "-",
+            "-"
+        );
+    }
 }
 
 fn main() {

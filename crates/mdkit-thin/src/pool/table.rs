@@ -45,7 +45,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
@@ -313,6 +313,11 @@ impl Shard {
         }
     }
 
+    /// See `MappingTable::set_hints`.
+    fn set_hint(&self) -> usize {
+        self.sets.as_ptr() as usize | self.sets.len().trailing_zeros() as usize
+    }
+
     fn set_index(&self, vblock: u64) -> usize {
         (vblock / SHARDS as u64) as usize & (self.sets.len() - 1)
     }
@@ -441,6 +446,10 @@ pub(crate) enum AcquireDecision {
 #[repr(align(64))]
 pub(crate) struct MappingTable {
     shards: Box<[PaddedShard]>,
+    /// Per shard: the address of its sets with log2 of their number in the low 6 bits (sets
+    /// are 64-byte aligned). Only a hint for `prefetch`, written under the shard lock whenever
+    /// the sets move; never dereferenced.
+    set_hints: Box<[AtomicUsize]>,
     /// The device's snapshotted time: a mapping is shared iff this is greater than its time.
     snapshotted_time: AtomicU32,
     /// Set while a freeze is in progress (mirrors the shards' flags, for a cheap check).
@@ -454,8 +463,10 @@ impl MappingTable {
         let per_shard = (capacity_entries / SHARDS).max(16);
         // The largest power of two of sets whose slots fit in the capacity.
         let max_sets = 1usize << (per_shard / 2).ilog2();
+        let shards: Box<[PaddedShard]> = (0..SHARDS).map(|_| PaddedShard(Mutex::new(Shard::new(max_sets)))).collect();
         MappingTable {
-            shards: (0..SHARDS).map(|_| PaddedShard(Mutex::new(Shard::new(max_sets)))).collect(),
+            set_hints: shards.iter().map(|sh| AtomicUsize::new(sh.0.lock().set_hint())).collect(),
+            shards,
             snapshotted_time: AtomicU32::new(snapshotted_time),
             freezing: AtomicBool::new(false),
             thawed: Notify::new(),
@@ -465,6 +476,32 @@ impl MappingTable {
 
     fn shard(&self, vblock: u64) -> &Mutex<Shard> {
         &self.shards[(vblock % SHARDS as u64) as usize].0
+    }
+
+    /// Starts loading the two cache lines `begin_read`/`begin_write` of `vblock` will touch
+    /// (its shard's first line and its set), so their misses overlap each other and whatever
+    /// the caller does before the lookup, instead of the set's waiting for the shard's lock.
+    #[inline]
+    pub fn prefetch(&self, vblock: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let i = (vblock % SHARDS as u64) as usize;
+            let hint = self.set_hints[i].load(Ordering::Relaxed);
+            let (base, log2) = (hint & !63, hint & 63);
+            let index = (vblock / SHARDS as u64) as usize & ((1usize << log2) - 1);
+            let shard = &self.shards[i] as *const PaddedShard as *const i8;
+            let set = (base as *const i8).wrapping_add(index * std::mem::size_of::<Set>());
+            // SAFETY: SSE is part of the x86_64 baseline, and PREFETCHT0 is only a hint: it
+            // never faults and reads nothing the program sees (an address of sets already
+            // freed by a growth is harmless).
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(shard);
+                _mm_prefetch::<_MM_HINT_T0>(set);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = vblock;
     }
 
     pub fn is_shared(&self, c: &Cached) -> bool {
@@ -570,6 +607,7 @@ impl MappingTable {
             None => debug_assert!(false, "release of block {vblock} whose cell is not held"),
         }
         s.store(vblock, known);
+        self.set_hints[(vblock % SHARDS as u64) as usize].store(s.set_hint(), Ordering::Relaxed);
         if write {
             end_write(s, &self.drained);
         }
@@ -863,6 +901,12 @@ mod tests {
         }
         assert_eq!(t.len(), cap);
         assert_eq!(t.counters().evictions, 0);
+        // The prefetch hints followed the sets through every growth.
+        for (sh, hint) in t.shards.iter().zip(t.set_hints.iter()) {
+            let g = sh.0.lock();
+            assert_eq!(g.sets.len(), 2048);
+            assert_eq!(hint.load(Ordering::Relaxed), g.set_hint());
+        }
         for vb in 0..cap as u64 {
             match t.begin_read(vb, u64::MAX) {
                 ReadDecision::Mapped { data_block, epoch } => {

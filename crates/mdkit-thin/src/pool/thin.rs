@@ -112,6 +112,7 @@ impl BlockDevice for ThinVolume {
     }
 
     fn read(&self, offset_bytes: u64, mut buf: IoBuf) -> IoFuture<'_, ReadResult> {
+        self.dev.table.prefetch(offset_bytes / self.dev.pool.state.block_bytes);
         let len = buf.len() as u64;
         if let Err(e) = check_io(&self.name, &self.topology, IoOp::Read, offset_bytes, len)
             .and_then(|()| self.dev.pool.state.check_open())
@@ -140,6 +141,7 @@ impl BlockDevice for ThinVolume {
     }
 
     fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
+        self.dev.table.prefetch(offset_bytes / self.dev.pool.state.block_bytes);
         let len = buf.len() as u64;
         let ok = check_io(&self.name, &self.topology, IoOp::Write, offset_bytes, len)
             .and_then(|()| self.dev.pool.state.check_writable());
