@@ -13,6 +13,10 @@
 //! every snapshot holds, per chunk, a value that was current while it was being taken;
 //! region C holds zeroes or a value written there; the two volumes share no data block (no
 //! double allocation); the metadata passes `check` and thin_check.
+//!
+//! A second test runs owned-block writes, read-backs, discards and scans of unmapped blocks
+//! over a volume far larger than a tiny mapping cache, so mappings are evicted and reloaded
+//! from the metadata while I/O on them is in flight.
 
 mod common;
 mod pool_util;
@@ -453,4 +457,107 @@ fn discard_waits_for_in_flight_writes_before_the_block_is_reused() {
         assert!(got[4096..].iter().all(|&b| b == 0), "volume 1's new block was overwritten by volume 0's late write");
         pool.close().await.unwrap();
     });
+}
+
+/// A mapping cache far smaller than what the tasks touch (`mapping_cache_entries` 1024: 16
+/// slots per shard, and a virtual range of 8192 blocks): mappings are evicted and reloaded
+/// from the metadata all the time while writes, read-backs, discards and scans of unmapped
+/// blocks run on two threads, with writes still in flight when their mapping is evicted.
+/// Every read must see the last write (or zeroes after a discard): a stale or lost mapping
+/// shows up at once.
+#[test]
+fn a_tiny_mapping_cache_evicts_and_reloads_under_concurrent_io() {
+    const VIRTUAL_BLOCKS: u64 = 8192;
+    const TASKS: u64 = 8;
+    const OWNED: u64 = 8;
+    const OPS: u64 = 300;
+    // Block k of the owned ones: spread over the whole range (97 is odd, so this is a
+    // bijection modulo 8192), so owned blocks share sets with each other and with the scans.
+    let owned = |t: u64, i: u64| ((t * OWNED + i) * 97) % VIRTUAL_BLOCKS;
+    let is_owned = |b: u64| (0..TASKS * OWNED).any(|k| (k * 97) % VIRTUAL_BLOCKS == b);
+    let seed = std::env::var("MDKIT_CONCURRENT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x7a1e_u64);
+    eprintln!("seed {seed:#x}");
+    let meta = Arc::new(MemDevice::new("meta", 8 << 20));
+    let rt = rt();
+    rt.block_on(async {
+        let m: DeviceRef = meta.clone();
+        let d: DeviceRef = Arc::new(LateWrites(MemDevice::new("data", 160 * BLOCK_BYTES), 1, 1));
+        let opts = mdkit_thin::pool::PoolOptions { mapping_cache_entries: 1024, ..Default::default() };
+        let pool = Pool::create("tiny", m, d, BLOCK_BYTES, opts).await.unwrap();
+        pool.create_thin(0).await.unwrap();
+        let vol = pool.thin(0, VIRTUAL_BLOCKS * BLOCK_BYTES).await.unwrap();
+        let tags = Arc::new(AtomicU64::new(1));
+        let tag_of = |buf: &[u8], c: u64, what: &str| {
+            if buf.iter().all(|&b| b == 0) { 0 } else { read_tag(buf, c, what) }
+        };
+        let mut tasks = Vec::new();
+        for t in 0..TASKS {
+            let (vol, tags) = (vol.clone(), tags.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(seed ^ (t + 1));
+                // What each owned chunk holds: (block index, chunk) -> tag (0 = zeroes).
+                let mut model: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+                for op in 0..OPS {
+                    let i = rng.below(OWNED);
+                    let b = owned(t, i);
+                    let c = rng.below(CHUNKS_PER_BLOCK);
+                    let off = b * BLOCK_BYTES + c * CHUNK;
+                    match rng.below(10) {
+                        0 => {
+                            vol.discard(b * BLOCK_BYTES, BLOCK_BYTES).await.unwrap();
+                            model.retain(|&(bi, _), _| bi != i);
+                        }
+                        1 | 2 => {
+                            let got = vol.read_vec(off, CHUNK as usize).await.unwrap();
+                            let want = model.get(&(i, c)).copied().unwrap_or(0);
+                            assert_eq!(tag_of(&got, c, "read"), want, "task {t} op {op}: block {b} chunk {c}");
+                        }
+                        _ => {
+                            let tag = tags.fetch_add(1, Ordering::Relaxed);
+                            vol.write(off, chunk_data(tag, c), WriteFlags::NONE).await.unwrap();
+                            model.insert((i, c), tag);
+                            let got = vol.read_vec(off, CHUNK as usize).await.unwrap();
+                            assert_eq!(tag_of(&got, c, "read-back"), tag, "task {t} op {op}: block {b} chunk {c}");
+                        }
+                    }
+                }
+                (t, model)
+            }));
+        }
+        for s in 0..4u64 {
+            let vol = vol.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(seed ^ (0x5ca7 + s));
+                for _ in 0..OPS {
+                    let b = rng.below(VIRTUAL_BLOCKS);
+                    if is_owned(b) {
+                        continue;
+                    }
+                    let got = vol.read_vec(b * BLOCK_BYTES + rng.below(CHUNKS_PER_BLOCK) * CHUNK, CHUNK as usize).await;
+                    assert!(got.unwrap().iter().all(|&x| x == 0), "unwritten block {b} is not zeroes");
+                }
+                (u64::MAX, BTreeMap::new())
+            }));
+        }
+        for task in tasks {
+            let (t, model) = task.await.unwrap();
+            for i in (0..OWNED).filter(|_| t != u64::MAX) {
+                let b = owned(t, i);
+                let got = vol.read_vec(b * BLOCK_BYTES, BLOCK_BYTES as usize).await.unwrap();
+                for c in 0..CHUNKS_PER_BLOCK {
+                    let part = &got[(c * CHUNK) as usize..((c + 1) * CHUNK) as usize];
+                    let want = model.get(&(i, c)).copied().unwrap_or(0);
+                    assert_eq!(tag_of(part, c, "final"), want, "task {t}: block {b} chunk {c} at the end");
+                }
+            }
+        }
+        let counters = vol.counters();
+        eprintln!("counters {counters:?}, {} mappings cached", vol.cached_mappings());
+        assert!(counters.evictions > 100, "the cache was too big to evict: {counters:?}");
+        assert!(vol.cached_mappings() <= 1024);
+        drop(vol);
+        pool.close().await.unwrap();
+    });
+    let r = check(&MemMetaIo::from_image("tiny", &meta.to_image()), &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
 }
