@@ -122,7 +122,9 @@ pub struct PoolOptions {
     pub check_on_open: bool,
     /// Clean metadata blocks cached by the engine.
     pub metadata_cache_blocks: usize,
-    /// Mappings each open thin device keeps in its table (idle ones beyond are evicted).
+    /// Mappings each open thin device caches in its table at most (per shard rounded down to a
+    /// power of two; a mapping pushed out of its set is reloaded from the metadata when next
+    /// used).
     pub mapping_cache_entries: usize,
     /// Commands queued for the metadata worker at most.
     pub worker_queue_depth: usize,
