@@ -100,10 +100,11 @@ struct Slot {
 impl Slot {
     const EMPTY: Slot = Slot { vblock: EMPTY, data_block: 0, txn: 0, time: 0, mapped: false };
 
-    fn new(vblock: u64, known: Known) -> Slot {
-        match known {
-            Known::Mapped(c) => Slot { vblock, data_block: c.data_block, txn: c.txn, time: c.time, mapped: true },
-            Known::Unmapped | Known::Unknown => Slot { vblock, ..Slot::EMPTY },
+    /// A slot for `vblock`: mapped to `mapping`, or unmapped.
+    fn new(vblock: u64, mapping: Option<Cached>) -> Slot {
+        match mapping {
+            Some(c) => Slot { vblock, data_block: c.data_block, txn: c.txn, time: c.time, mapped: true },
+            None => Slot { vblock, ..Slot::EMPTY },
         }
     }
 
@@ -347,19 +348,12 @@ impl Shard {
 
     /// Caches what the metadata says about `vblock` (`Unknown`: forget it).
     fn store(&mut self, vblock: u64, known: Known) {
-        if known == Known::Unknown {
-            let i = self.set_index(vblock);
-            let set = &mut self.sets[i];
-            if let Some(w) = set.way(vblock) {
-                if w == 0 {
-                    set.0[0] = set.0[1];
-                }
-                set.0[1] = Slot::EMPTY;
-                self.used -= 1;
-            }
-            return;
-        }
-        let slot = Slot::new(vblock, known);
+        let mapping = match known {
+            Known::Mapped(c) => Some(c),
+            Known::Unmapped => None,
+            Known::Unknown => return self.forget(vblock),
+        };
+        let slot = Slot::new(vblock, mapping);
         let i = self.set_index(vblock);
         if let Some(w) = self.sets[i].way(vblock) {
             self.sets[i].0[w] = slot;
@@ -381,6 +375,19 @@ impl Shard {
             }
             set.0[1] = set.0[0];
             set.0[0] = slot;
+        }
+    }
+
+    /// Drops the cached mapping of `vblock`, if any.
+    fn forget(&mut self, vblock: u64) {
+        let i = self.set_index(vblock);
+        let set = &mut self.sets[i];
+        if let Some(w) = set.way(vblock) {
+            if w == 0 {
+                set.0[0] = set.0[1];
+            }
+            set.0[1] = Slot::EMPTY;
+            self.used -= 1;
         }
     }
 

@@ -112,7 +112,9 @@ impl BlockDevice for ThinVolume {
     }
 
     fn read(&self, offset_bytes: u64, mut buf: IoBuf) -> IoFuture<'_, ReadResult> {
-        self.dev.table.prefetch(offset_bytes / self.dev.pool.state.block_bytes);
+        let bs = self.dev.pool.state.block_bytes;
+        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
+        self.dev.table.prefetch(vb);
         let len = buf.len() as u64;
         if let Err(e) = check_io(&self.name, &self.topology, IoOp::Read, offset_bytes, len)
             .and_then(|()| self.dev.pool.state.check_open())
@@ -126,8 +128,6 @@ impl BlockDevice for ThinVolume {
         // read dropped before its data arrived ends its in-flight count early, so a slow path
         // may reuse the data block while the device still reads it, into a buffer nobody
         // will look at. Writes must not end early (see `write`).
-        let bs = self.dev.pool.state.block_bytes;
-        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
         if off + len <= bs {
             return Box::pin(self.dev.read_block(vb, off, buf));
         }
@@ -141,7 +141,9 @@ impl BlockDevice for ThinVolume {
     }
 
     fn write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> IoFuture<'_, io::Result<()>> {
-        self.dev.table.prefetch(offset_bytes / self.dev.pool.state.block_bytes);
+        let bs = self.dev.pool.state.block_bytes;
+        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
+        self.dev.table.prefetch(vb);
         let len = buf.len() as u64;
         let ok = check_io(&self.name, &self.topology, IoOp::Write, offset_bytes, len)
             .and_then(|()| self.dev.pool.state.check_writable());
@@ -151,8 +153,6 @@ impl BlockDevice for ThinVolume {
         if len == 0 {
             return Box::pin(std::future::ready(Ok(())));
         }
-        let bs = self.dev.pool.state.block_bytes;
-        let (vb, off) = (offset_bytes / bs, offset_bytes % bs);
         if off + len <= bs {
             return self.detached(self.dev.clone().write_block(vb, off, buf, flags.fua));
         }
