@@ -11,6 +11,8 @@
 #    FUA on every write (the O_SYNC case), without FUA, 4 KiB random reads, QD 32; and the
 #    first-write provisioning rate with and without zeroing of new blocks. REPS runs per side,
 #    alternating (plain-thin, thin-plain, ...); the ratio is the median of the per-run ratios.
+#    The load runs on two data-path threads as in `mdkit serve` (a current-thread runtime and an
+#    io_uring per thread). For a profile of one side: thin_bench --workloads read --profile thin.
 # 2. Over NBD: one `mdkit serve` exports `thin` (a thin volume of a pool whose data device is
 #    thin-data.img, fully provisioned by writing it once before measuring) and `plain` (kind =
 #    "file" over that same thin-data.img: the raw data device, so both sides hit the same file,
