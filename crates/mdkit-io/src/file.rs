@@ -1088,10 +1088,12 @@ impl Ring {
             // each CQE is seen exactly once.
             let record = unsafe { Box::from_raw(cqe.user_data() as *mut InFlight) };
             let InFlight { keep, reply, _permit } = *record;
+            // Count the request done and free its queue slot before waking the waiter: whoever
+            // sees the completion must also see `in_flight()` without it.
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            drop(_permit);
             // A dropped waiter drops the buffer here, after the kernel is done with it.
             let _ = reply.send((cqe.result(), keep));
-            drop(_permit);
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
         }
         n
     }
