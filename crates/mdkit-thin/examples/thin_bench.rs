@@ -12,10 +12,10 @@
 //! cargo run --release -p mdkit-thin --example thin_bench -- \
 //!     [--dir /var/tmp/mdkit-bench-thin] [--size-mib 1024] [--seconds 10] [--qd 32] \
 //!     [--reps 2] [--threads 2] [--provision-blocks 4096] [--direct auto|require|off] [--ram] \\
-//!     [--workloads fua,write,read,provision] [--profile thin|plain]
+//!     [--workloads fua,write,flush,read,provision] [--profile thin|plain]
 //! ```
 //! `--ram` puts both devices on `MemDevice` RAM disks: no device cost, so the difference is the
-//! thin layer's CPU cost per request. `--workloads fua,write,read,provision` picks workloads and `--profile
+//! thin layer's CPU cost per request. `--workloads fua,write,flush,read,provision` picks workloads and `--profile
 //! thin|plain` runs one side only (for `perf record`; no ratios). `--threads` data-path threads carry the load the way
 //! `mdkit serve` does: one current-thread runtime each, with an io_uring per thread and member.
 //! ```text
@@ -95,7 +95,7 @@ fn parse_args() -> Result<Args, String> {
                     o => return Err(format!("--direct {o}: auto, require or off")),
                 }
             }
-            "-h" | "--help" => return Err("usage: thin_bench [--dir D] [--size-mib N] [--seconds S] [--qd N] [--reps N] [--threads N] [--provision-blocks N] [--direct auto|require|off] [--ram] [--workloads fua,write,read,provision] [--profile thin|plain]".into()),
+            "-h" | "--help" => return Err("usage: thin_bench [--dir D] [--size-mib N] [--seconds S] [--qd N] [--reps N] [--threads N] [--provision-blocks N] [--direct auto|require|off] [--ram] [--workloads fua,write,flush,read,provision] [--profile thin|plain]".into()),
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -109,6 +109,8 @@ fn parse_args() -> Result<Args, String> {
 enum Op {
     ReadRandom,
     WriteRandom { fua: bool },
+    /// A write, then a flush once it completed (fio's `--fsync=1`, the O_SYNC case over NBD).
+    WriteFlush,
 }
 
 /// `qd` tasks, each issuing one 4 KiB request at a time at random aligned offsets in
@@ -214,6 +216,10 @@ async fn request_loop(
                 buf = b;
             }
             Op::WriteRandom { fua } => dev.write(off, data.clone(), WriteFlags { fua }).await.expect("write"),
+            Op::WriteFlush => {
+                dev.write(off, data.clone(), WriteFlags::NONE).await.expect("write");
+                dev.flush().await.expect("flush");
+            }
         }
         n += 1;
         // RAM disks complete at once: give the scheduler (and the timer) a turn now and then,
@@ -352,6 +358,7 @@ async fn bench(a: Args) {
     let workloads = [
         ("fua", "randwrite 4k QD32 FUA", Op::WriteRandom { fua: true }),
         ("write", "randwrite 4k QD32", Op::WriteRandom { fua: false }),
+        ("flush", "randwrite 4k QD32 + flush each", Op::WriteFlush),
         ("read", "randread 4k QD32", Op::ReadRandom),
     ];
     // One side only when profiling: the other's runs are skipped (reported as 0).
