@@ -79,6 +79,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+use crate::flush::{FlushBatcher, FlushStats};
 use crate::plug::{self, PlugTarget};
 
 /// Default number of requests in flight per device.
@@ -173,11 +174,22 @@ pub struct FileOptions {
     pub direct: DirectMode,
     /// Requests in flight at most (1..=[`MAX_QUEUE_DEPTH`]).
     pub queue_depth: u32,
+    /// Flush batching ([`FlushBatcher`]): one `fdatasync` serves every flush that arrived
+    /// before it started, instead of one per request. For a device whose flushes come from
+    /// many clients at once (a volume served over NBD); md members leave it off, the array
+    /// batches above them (and its `flush_batching = 0` comparison must reach the members
+    /// unbatched).
+    pub flush_batching: bool,
 }
 
 impl Default for FileOptions {
     fn default() -> FileOptions {
-        FileOptions { read_only: false, direct: DirectMode::Auto, queue_depth: DEFAULT_QUEUE_DEPTH }
+        FileOptions {
+            read_only: false,
+            direct: DirectMode::Auto,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            flush_batching: false,
+        }
     }
 }
 
@@ -244,6 +256,8 @@ struct Shared {
     /// Rings of threads that enabled thread rings (kept alive by their reapers).
     thread_rings: Mutex<Vec<Weak<Ring>>>,
     counters: Arc<Counters>,
+    /// Present when opened with `flush_batching`.
+    flusher: Option<FlushBatcher>,
 }
 
 /// One io_uring with the device's file registered, its completion reaper and eventfd.
@@ -343,6 +357,7 @@ impl FileDevice {
             default_ring,
             thread_rings: Mutex::new(Vec::new()),
             counters,
+            flusher: options.flush_batching.then(FlushBatcher::new),
         });
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
     }
@@ -392,6 +407,17 @@ impl FileDevice {
     /// Requests currently submitted to the kernel and not yet completed (all rings).
     pub fn in_flight(&self) -> usize {
         self.shared.rings().iter().map(|r| r.inflight.load(Ordering::Acquire)).sum()
+    }
+
+    /// Flush batching counters (requests and `fdatasync` rounds); `None` when opened without
+    /// `flush_batching`.
+    pub fn flush_stats(&self) -> Option<FlushStats> {
+        self.shared.flusher.as_ref().map(FlushBatcher::stats)
+    }
+
+    /// The flush batcher, when opened with `flush_batching` (its switch and attributes).
+    pub fn flush_batcher(&self) -> Option<&FlushBatcher> {
+        self.shared.flusher.as_ref()
     }
 
     /// Submission statistics (batching: `sqes_submitted / enter_calls`).
@@ -1324,6 +1350,14 @@ impl FileDevice {
     }
 
     async fn do_flush(&self) -> io::Result<()> {
+        match &self.shared.flusher {
+            Some(b) => b.flush(|| self.flush_once()).await,
+            None => self.flush_once().await,
+        }
+    }
+
+    /// One `fdatasync` of the file (or a block device's cache flush).
+    async fn flush_once(&self) -> io::Result<()> {
         let s = &self.shared;
         if s.inline_copy {
             return s.flush_inline();

@@ -9,6 +9,7 @@
 //! | [`buf`]    | [`IoBuf`] / [`SharedBuf`]: owned 4 KiB-aligned buffers                  |
 //! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
+//! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
@@ -26,6 +27,7 @@ pub mod device;
 pub mod fault;
 pub mod file;
 pub mod flash;
+pub mod flush;
 pub mod mem;
 pub mod plug;
 pub mod rng;
@@ -45,6 +47,7 @@ pub use fault::{
 };
 pub use file::{DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, SubmitStats, enable_thread_rings};
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
+pub use flush::{FlushBatcher, FlushStats};
 pub use mem::MemDevice;
 pub use plug::{Plug, Plugged, is_plugged, plugged};
 pub use rng::Rng;

@@ -639,3 +639,46 @@ async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -
     out.extend(results.into_iter().map(Option::unwrap));
     out
 }
+
+/// `flush_batching`: flushes issued together share `fdatasync` rounds (one round serves every
+/// flush that arrived before it started; the rule itself is unit-tested in `mdkit_io::flush`),
+/// and each round is exactly one fsync SQE. Switched off, every flush is its own round. Without
+/// the option there is no batcher at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_batching_serves_concurrent_flushes_with_few_fdatasyncs() {
+    let dir = target_tmp();
+    let path = dir.path().join("batched");
+    FileDevice::create_sparse(&path, 8 * MIB).unwrap();
+    assert!(open_direct(&path).flush_stats().is_none(), "off by default");
+    let dev = Arc::new(FileDevice::open(&path, FileOptions { flush_batching: true, ..direct_options() }).unwrap());
+    const N: u64 = 64;
+    let barrier = Arc::new(tokio::sync::Barrier::new(N as usize));
+    let sqes_before = dev.submit_stats().sqes_submitted;
+    let tasks: Vec<_> = (0..N)
+        .map(|k| {
+            let (dev, barrier) = (dev.clone(), barrier.clone());
+            tokio::spawn(async move {
+                dev.write(k * 4096, SharedBuf::from_slice(&pattern(k, 4096)), WriteFlags::NONE).await.unwrap();
+                // Every write completed before any flush is issued: the flushes arrive together.
+                barrier.wait().await;
+                dev.flush().await.unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let st = dev.flush_stats().unwrap();
+    assert_eq!(st.requests, N);
+    assert!(st.rounds >= 1 && st.rounds <= N / 4, "{N} flushes issued together must share rounds: {st:?}");
+    assert_eq!(dev.submit_stats().sqes_submitted - sqes_before, N + st.rounds, "one fdatasync per round: {st:?}");
+    dev.flush_batcher().unwrap().set_batching(false);
+    for _ in 0..8 {
+        dev.flush().await.unwrap();
+    }
+    let off = dev.flush_stats().unwrap();
+    assert_eq!((off.requests, off.rounds), (st.requests + 8, st.rounds + 8), "unbatched: a round per flush");
+    for k in 0..N {
+        assert_eq!(dev.read_vec(k * 4096, 4096).await.unwrap(), pattern(k, 4096));
+    }
+}

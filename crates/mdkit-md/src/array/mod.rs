@@ -33,7 +33,8 @@ pub mod barrier;
 pub mod bitmap;
 pub mod core;
 pub mod create;
-pub mod flush;
+/// Flush batching lives in the member I/O layer (file volumes use it too).
+pub use mdkit_io::flush;
 pub mod gate;
 pub mod io;
 pub mod member;

@@ -14,6 +14,10 @@
 //!
 //! With batching switched off (`flush_batching = false`) every request runs its own round, for
 //! comparison.
+//!
+//! Used by md arrays (a round flushes every member) and by a [`FileDevice`](crate::FileDevice)
+//! opened with `flush_batching` (a round is one `fdatasync` of the file: the volumes of
+//! `mdkit serve` that sit directly on a file, plain and thin-pool devices alike).
 
 use std::future::Future;
 use std::io;
