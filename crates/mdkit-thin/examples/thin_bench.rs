@@ -108,7 +108,9 @@ fn parse_args() -> Result<Args, String> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
     ReadRandom,
-    WriteRandom { fua: bool },
+    WriteRandom {
+        fua: bool,
+    },
     /// A write, then a flush once it completed (fio's `--fsync=1`, the O_SYNC case over NBD).
     WriteFlush,
 }
@@ -261,7 +263,8 @@ async fn provision_rate(vol: DeviceRef, blocks: u64, qd: usize) -> f64 {
 }
 
 fn open(path: &Path, direct: DirectMode) -> DeviceRef {
-    let opts = FileOptions { direct, queue_depth: 256, ..FileOptions::default() };
+    // Flush batching on, as `mdkit serve` opens file volumes and pool devices.
+    let opts = FileOptions { direct, queue_depth: 256, flush_batching: true, ..FileOptions::default() };
     let d = FileDevice::open(path, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if let Some(why) = d.direct_fallback_reason() {
         eprintln!("{}: buffered I/O ({why})", path.display());
@@ -301,9 +304,9 @@ async fn bench(a: Args) {
         m.write_bytes(0, &vec![1u8; data_bytes as usize]);
         (Arc::new(m), false)
     } else {
-        let f =
-            FileDevice::open(&data_path, FileOptions { direct: a.direct, queue_depth: 256, ..FileOptions::default() })
-                .unwrap();
+        // The plain side and the pool's data device; flush batching on, as in `mdkit serve`.
+        let opts = FileOptions { direct: a.direct, queue_depth: 256, flush_batching: true, ..FileOptions::default() };
+        let f = FileDevice::open(&data_path, opts).unwrap();
         let direct = f.is_direct();
         (Arc::new(f), direct)
     };

@@ -34,6 +34,8 @@ struct FileParams {
     queue_depth: Option<u32>,
     #[serde(default)]
     read_only: bool,
+    /// One `fdatasync` serves every flush that arrived before it started (default on).
+    flush_batching: Option<bool>,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -65,7 +67,11 @@ impl VolumeKind for FileKind {
                 FileDevice::create_sparse(&path, size)?;
                 tracing::info!(volume = %spec.name, path = %path.display(), size_bytes = size, "created sparse member file");
             }
-            let mut opts = FileOptions { read_only: p.read_only, ..FileOptions::default() };
+            let mut opts = FileOptions {
+                read_only: p.read_only,
+                flush_batching: p.flush_batching.unwrap_or(true),
+                ..FileOptions::default()
+            };
             opts.direct = match p.direct {
                 Direct::Auto => DirectMode::Auto,
                 Direct::Require => DirectMode::Require,
@@ -117,6 +123,9 @@ impl Volume for FileVolume {
             "block_device": self.dev.is_block_device(),
             "queue_depth": self.dev.queue_depth(),
             "member_in_flight": self.dev.in_flight(),
+            "flush_batching": self.dev.flush_batcher().is_some_and(|b| b.batching()),
+            "flush_requests": self.dev.flush_stats().map_or(0, |s| s.requests),
+            "flush_rounds": self.dev.flush_stats().map_or(0, |s| s.rounds),
         })
     }
     fn as_any(&self) -> &dyn Any {

@@ -88,6 +88,9 @@ pub struct PoolParams {
     #[serde(default)]
     pub direct: Direct,
     pub queue_depth: Option<u32>,
+    /// Flush batching on the pool's own device files (default on): one `fdatasync` of the data
+    /// file serves every volume flush that arrived before it started.
+    pub flush_batching: Option<bool>,
 }
 
 /// dm-thin feature words accepted in `options`.
@@ -211,11 +214,11 @@ fn open_device(
     p: &PoolParams,
     data_dir: &Path,
     volumes: &Volumes,
-) -> Result<(DeviceRef, String)> {
+) -> Result<(DeviceRef, String, Option<Arc<FileDevice>>)> {
     if let Some(v) = spec.strip_prefix("volume:") {
         let vol =
             volumes.get(v).ok_or_else(|| anyhow!("{spec:?}: no volume named {v:?} (volumes open in config order)"))?;
-        return Ok((vol.device(), spec.to_string()));
+        return Ok((vol.device(), spec.to_string(), None));
     }
     let path = Path::new(spec);
     let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };
@@ -234,7 +237,7 @@ fn open_device(
         Direct::Require => DirectMode::Require,
         Direct::Off => DirectMode::Off,
     };
-    let mut opts = FileOptions { direct, ..FileOptions::default() };
+    let mut opts = FileOptions { direct, flush_batching: p.flush_batching.unwrap_or(true), ..FileOptions::default() };
     if let Some(qd) = p.queue_depth {
         opts.queue_depth = qd;
     }
@@ -242,7 +245,8 @@ fn open_device(
     if let Some(why) = dev.direct_fallback_reason() {
         tracing::warn!(path = %path.display(), "not using O_DIRECT: {why}");
     }
-    Ok((Arc::new(dev), path.display().to_string()))
+    let dev = Arc::new(dev);
+    Ok((dev.clone(), path.display().to_string(), Some(dev)))
 }
 
 /// Opens (or, with `create`, formats) a pool and wraps it as a volume.
@@ -254,8 +258,8 @@ pub async fn open_pool(
     volumes: &Volumes,
 ) -> Result<Arc<ThinPoolVolume>> {
     let opts = p.pool_options()?;
-    let (meta, meta_src) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
-    let (data, data_src) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
+    let (meta, meta_src, _) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
+    let (data, data_src, data_file) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
     let mode = if create {
         OpenMode::Create { data_block_bytes: p.block_bytes().unwrap_or(DEFAULT_BLOCK_BYTES) }
     } else if let Some(bs) = p.block_bytes() {
@@ -270,7 +274,7 @@ pub async fn open_pool(
         tracing::warn!(pool = name, "thin pool is {:?}: {}", pool.mode(), pool.mode_reason());
     }
     let placeholder: DeviceRef = Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") });
-    Ok(Arc::new(ThinPoolVolume { name: name.to_string(), pool, meta_src, data_src, placeholder }))
+    Ok(Arc::new(ThinPoolVolume { name: name.to_string(), pool, meta_src, data_src, data_file, placeholder }))
 }
 
 async fn metadata_is_blank(meta: &DeviceRef) -> Result<bool> {
@@ -298,6 +302,8 @@ pub struct ThinPoolVolume {
     pool: Pool,
     meta_src: String,
     data_src: String,
+    /// The data device when the pool opened it as a file (its flush counters).
+    data_file: Option<Arc<FileDevice>>,
     placeholder: DeviceRef,
 }
 
@@ -335,6 +341,8 @@ impl Volume for ThinPoolVolume {
             "data": self.data_src,
             "data_block_bytes": self.pool.data_block_bytes(),
             "mode_reason": self.pool.mode_reason(),
+            "data_flush_requests": self.data_file.as_ref().and_then(|f| f.flush_stats()).map(|s| s.requests),
+            "data_flush_rounds": self.data_file.as_ref().and_then(|f| f.flush_stats()).map(|s| s.rounds),
         })
     }
     fn as_any(&self) -> &dyn Any {
