@@ -16,17 +16,32 @@ MDKIT_APT_PACKAGES=(
 
 log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 
-ensure_packages() {
-    local missing=() p
-    for p in "${MDKIT_APT_PACKAGES[@]}" "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+missing_packages() {
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || printf '%s\n' "$p"
     done
+}
+
+ensure_packages() {
+    local wanted=("${MDKIT_APT_PACKAGES[@]}" "$@") missing pass
+    mapfile -t missing < <(missing_packages "${wanted[@]}")
     ((${#missing[@]})) || return 0
     local sudo=()
     [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-    log "installing apt packages: ${missing[*]}"
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Two passes: installing one package can remove another that conflicts with it (Debian's
+    # qemu-system-x86 removes a backported qemu-utils), which the second pass puts back at the
+    # version that fits.
+    for pass in 1 2; do
+        log "installing apt packages: ${missing[*]}"
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
+        mapfile -t missing < <(missing_packages "${wanted[@]}")
+        ((${#missing[@]})) || return 0
+    done
+    log "still missing after installing: ${missing[*]}"
+    return 1
 }
 
 ensure_rust() {
