@@ -45,7 +45,9 @@ pub use device::{
 pub use fault::{
     FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,
 };
-pub use file::{DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, SubmitStats, enable_thread_rings};
+pub use file::{
+    DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, SubmitStats, enable_thread_rings, poll_thread_rings,
+};
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use flush::{FlushBatcher, FlushStats};
 pub use mem::MemDevice;

@@ -614,6 +614,54 @@ fn thread_rings_serve_their_threads_and_agree_with_the_shared_ring() {
     });
 }
 
+/// `poll_thread_rings` (the data-path threads' idle poll) answers a completion waiting on the
+/// calling thread's own ring by itself: the request's future is ready although the ring's reaper
+/// task never ran, the data is right, and nothing is left to answer afterwards. Rings of other
+/// threads and idle rings are left alone (0 answered, no error).
+#[test]
+fn poll_thread_rings_answers_this_threads_completions_without_the_reaper() {
+    let dir = target_tmp();
+    let path = dir.path().join("idle-poll");
+    FileDevice::create_sparse(&path, 8 * MIB).unwrap();
+    // Not a ring thread: nothing to answer.
+    assert_eq!(mdkit_io::poll_thread_rings(), 0);
+    let path2 = path.clone();
+    std::thread::spawn(move || {
+        mdkit_io::enable_thread_rings();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let dev = open_direct(&path2);
+            let data = pattern(7, 64 * 1024);
+            dev.write_slice(MIB, &data, WriteFlags::NONE).await.unwrap();
+            assert!(dev.submit_stats().rings >= 2, "this thread has a ring of its own");
+            assert_eq!(mdkit_io::poll_thread_rings(), 0, "nothing in flight");
+            // Submit a read and, without ever yielding to the runtime (so the reaper task cannot
+            // run), answer it through poll_thread_rings.
+            let mut read = dev.read_vec(MIB, data.len());
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(read.as_mut().poll(&mut cx).is_pending(), "the read is in flight");
+            assert_eq!(dev.in_flight(), 1);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut answered = 0;
+            while answered == 0 {
+                assert!(std::time::Instant::now() < deadline, "the completion never showed up");
+                answered += mdkit_io::poll_thread_rings();
+                std::hint::spin_loop();
+            }
+            assert_eq!(answered, 1);
+            assert_eq!(dev.in_flight(), 0);
+            match read.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(r) => assert!(r.unwrap() == data, "read back through the idle poll"),
+                std::task::Poll::Pending => panic!("answered but not ready"),
+            }
+            assert_eq!(mdkit_io::poll_thread_rings(), 0, "nothing left");
+        });
+    })
+    .join()
+    .expect("ring thread");
+}
+
 async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
     let handles: Vec<_> = fs.map(Box::pin).collect();
     let mut out = Vec::with_capacity(handles.len());
