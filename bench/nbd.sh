@@ -5,6 +5,7 @@
 #   bench/nbd.sh                    # defaults below; prints a table with ratios
 #   RUNTIME_S=20 SIZE=4G WORKDIR=/srv/bench bench/nbd.sh
 #   REPS=5 WORKLOADS="randwrite 4k 1;randread 4k 1" bench/nbd.sh   # chosen cases, median of 5
+#   IDLE_POLL_US=0 bench/nbd.sh     # mdkit's data-path threads sleep at once (nbd.idle_poll_us)
 #
 # Fairness:
 # - One file on a real filesystem (not tmpfs), fully written once (no unwritten extents, no
@@ -38,6 +39,7 @@ MDKIT_BUFFERED_PORT=${MDKIT_BUFFERED_PORT:-10874}
 NBDKIT_MEM_PORT=${NBDKIT_MEM_PORT:-10875}
 NBDKIT_THREADS=${NBDKIT_THREADS:-16}
 REPS=${REPS:-1}
+IDLE_POLL_US=${IDLE_POLL_US:-100}
 WORKLOADS=${WORKLOADS:-randread 4k 1;randread 4k 32;randwrite 4k 1;randwrite 4k 32;write 1m 8}
 
 cargo build --release -p mdkit >&2
@@ -62,6 +64,7 @@ cat > "$WORKDIR/mdkit.toml" <<TOML
 data_dir = "$WORKDIR/mdkit"
 [nbd]
 listen = ["127.0.0.1:$MDKIT_PORT"]
+idle_poll_us = $IDLE_POLL_US
 [[volume]]
 name = "bench"
 kind = "file"
@@ -138,7 +141,7 @@ for w in "${workloads[@]}"; do
     done
 done
 
-python3 - "$results" "$RUNTIME_S" "$NBDKIT_THREADS" <<'PY'
+python3 - "$results" "$RUNTIME_S" "$NBDKIT_THREADS" "$IDLE_POLL_US" <<'PY'
 import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
@@ -149,7 +152,7 @@ for line in open(sys.argv[1]):
 rows = {w: {t: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for t, v in r.items()}
         for w, r in runs.items()}
 reps = max(len(v) for r in runs.values() for v in r.values())
-print(f"\nfio {sys.argv[2]} s per run, median of {reps} round(s), 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}")
+print(f"\nfio {sys.argv[2]} s per run, median of {reps} round(s), 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}; mdkit nbd.idle_poll_us = {sys.argv[4]}")
 hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
 print(hdr)
 print("-" * len(hdr))

@@ -36,4 +36,4 @@ pub mod threads;
 
 pub use export::{BlockSizes, Export, ExportStats, ExportStatsSnapshot};
 pub use server::{ListenAddr, NbdServer, ServerOptions, ShutdownReport};
-pub use threads::ConnectionThreads;
+pub use threads::{ConnectionThreads, idle_poll};

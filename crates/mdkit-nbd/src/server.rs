@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -295,7 +296,7 @@ impl NbdServer {
 
 /// A stream that can be split into independently owned halves without a lock, and moved to
 /// another runtime (detached from this runtime's reactor, attached to the other's).
-trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
+trait Transport: AsyncRead + AsyncWrite + AsRawFd + Unpin + Send + Sized + 'static {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
     type Std: Send + 'static;
@@ -396,7 +397,10 @@ fn spawn_connection<S: Transport>(stream: S, peer: String, shared: &Arc<Shared>)
             rt.spawn(async move {
                 let _guard = ConnectionGuard { shared: s2.clone(), id };
                 match S::attach(detached) {
-                    Ok(stream) => run_connection(stream, &peer, &s2).await,
+                    Ok(stream) => {
+                        let _watch = crate::threads::watch_socket(stream.as_raw_fd());
+                        run_connection(stream, &peer, &s2).await
+                    }
                     Err(e) => tracing::warn!(%peer, "attaching the connection to its thread: {e}"),
                 }
             })

@@ -37,6 +37,11 @@ pub const DEFAULT_DATA_DIR: &str = "./mdkit-data";
 pub const DATA_DIR_ENV: &str = "MDKIT_DATA_DIR";
 /// Control socket file name inside the data directory.
 pub const CONTROL_SOCKET_NAME: &str = "mdkit.sock";
+/// `nbd.idle_poll_us` default: covers a QD1 client's turn-around on the 2-vCPU dev VM (see
+/// `mdkit_nbd::idle_poll` and docs/BENCHMARKS.md).
+pub const IDLE_POLL_US_DEFAULT: u64 = 100;
+/// `nbd.idle_poll_us` upper bound.
+pub const IDLE_POLL_US_MAX: u64 = 10_000;
 
 /// The file as written by the user.
 #[derive(Debug, Deserialize)]
@@ -63,6 +68,7 @@ struct RawNbd {
     max_connections: Option<usize>,
     handshake_timeout_ms: Option<u64>,
     shutdown_grace_ms: Option<u64>,
+    idle_poll_us: Option<u64>,
 }
 
 /// A byte count: an integer, or a string with a binary suffix ("512", "4KiB", "1G", "2TiB").
@@ -143,6 +149,9 @@ pub struct NbdConfig {
     pub default_export: Option<String>,
     pub server: ServerOptions,
     pub shutdown_grace: Duration,
+    /// How long a data-path thread polls its sockets and member rings before it sleeps
+    /// (`mdkit_nbd::idle_poll`); zero sleeps at once.
+    pub idle_poll: Duration,
 }
 
 /// A loaded, validated configuration with every path made absolute.
@@ -292,6 +301,10 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
             b as u32
         }
     };
+    let idle_poll_us = raw.idle_poll_us.unwrap_or(IDLE_POLL_US_DEFAULT);
+    if idle_poll_us > IDLE_POLL_US_MAX {
+        bail!("nbd.idle_poll_us {idle_poll_us}: at most {IDLE_POLL_US_MAX} (a longer spin only burns CPU)");
+    }
     let server = ServerOptions {
         max_in_flight_requests: positive(
             raw.max_in_flight_requests,
@@ -311,6 +324,7 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
         default_export: raw.default_export,
         server,
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(10_000)),
+        idle_poll: Duration::from_micros(idle_poll_us),
     })
 }
 
@@ -407,6 +421,7 @@ mod tests {
             ("[nbd]\nlisten = [\"nonsense\"]", "HOST:PORT"),
             ("[nbd]\ndefault_export = \"x\"", "not an export"),
             ("[nbd]\nmax_in_flight_requests = 0", "at least 1"),
+            ("[nbd]\nidle_poll_us = 20000", "idle_poll_us 20000: at most 10000"),
         ];
         for (text, want) in cases {
             let e = format!("{:#}", parse(text).unwrap_err());

@@ -63,7 +63,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         .worker_threads(cpus.min(2))
         .build()
         .context("starting the tokio runtime")?;
-    let data_path = mdkit_nbd::ConnectionThreads::start(args.threads.unwrap_or(cpus).max(1))
+    let data_path = mdkit_nbd::ConnectionThreads::start_with(args.threads.unwrap_or(cpus).max(1), config.nbd.idle_poll)
         .context("starting the data-path threads")?;
     rt.block_on(crate::service::run(config, data_path.handles()))?;
     // Member devices drain their rings when dropped; give background tasks no chance to linger.
