@@ -15,6 +15,7 @@
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
 //! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
 //! | [`trace`]  | [`Tracer`] / [`TracedDevice`]: events, counters, histograms             |
+//! | [`writeback`] | [`WriteBackDevice`]: bounded write-back, plain writes answered once queued |
 //! | [`timer`]  | [`MicroTimer`]: microsecond sleeps on tokio (timerfd)                   |
 //! | [`rng`]    | [`Rng`]: the deterministic PRNG of every simulation                     |
 //!
@@ -33,6 +34,7 @@ pub mod plug;
 pub mod rng;
 pub mod timer;
 pub mod trace;
+pub mod writeback;
 
 pub use buf::{BUF_ALIGN, IoBuf, SharedBuf};
 pub use crash::{
@@ -55,3 +57,4 @@ pub use plug::{Plug, Plugged, is_plugged, plugged};
 pub use rng::Rng;
 pub use timer::MicroTimer;
 pub use trace::{DeviceTraceStats, OpTraceStats, TraceEvent, TraceSnapshot, TracedDevice, Tracer};
+pub use writeback::{WriteBackDevice, WriteBackHandle, WriteBackOptions, WriteBackStats};
