@@ -19,9 +19,33 @@ name = "default"
 volume = "vol0"
 "#;
 
+/// The same volume answering plain writes once they are queued (`write_back = true`): what it
+/// acknowledged is still in flight on the member when the signal lands, and the shutdown flush
+/// must wait for it.
+const CONFIG_WRITE_BACK: &str = r#"
+[[volume]]
+name = "vol0"
+kind = "file"
+path = "vol0.img"
+size = "64MiB"
+write_back = true
+[[export]]
+name = "default"
+volume = "vol0"
+"#;
+
 #[test]
 fn sigterm_with_writes_in_flight_exits_zero_with_acknowledged_data_in_the_file() {
-    let mut srv = Server::start(CONFIG);
+    sigterm_keeps_every_acknowledged_write(CONFIG);
+}
+
+#[test]
+fn sigterm_on_a_write_back_volume_keeps_every_acknowledged_write() {
+    sigterm_keeps_every_acknowledged_write(CONFIG_WRITE_BACK);
+}
+
+fn sigterm_keeps_every_acknowledged_write(config: &str) {
+    let mut srv = Server::start(config);
     let mut c = Raw::open(&srv.tcp, "default", false, true);
     const N: u64 = 96;
     const LEN: usize = 256 << 10;

@@ -10,13 +10,16 @@
 //! direct = "auto"        # auto (O_DIRECT where real, else buffered + warning) | require | off
 //! queue_depth = 128      # io_uring requests in flight on the member
 //! read_only = false
+//! write_back = false     # true: answer plain writes once queued on the member (flush makes them durable)
 //! ```
 
 use std::any::Any;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions};
+use mdkit_io::{
+    BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, WriteBackDevice, WriteBackHandle, WriteBackOptions,
+};
 use serde::Deserialize;
 
 use super::{BoxFuture, OpenContext, Volume, VolumeKind};
@@ -36,6 +39,9 @@ struct FileParams {
     read_only: bool,
     /// One `fdatasync` serves every flush that arrived before it started (default on).
     flush_batching: Option<bool>,
+    /// Answer plain (non-FUA) writes once they are queued on the member (`WriteBackDevice`).
+    #[serde(default)]
+    write_back: bool,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -93,7 +99,15 @@ impl VolumeKind for FileKind {
             if let Some(why) = dev.direct_fallback_reason() {
                 tracing::warn!(volume = %spec.name, path = %path.display(), "not using O_DIRECT: {why}");
             }
-            Ok(Arc::new(FileVolume { name: spec.name.clone(), dev: Arc::new(dev) }) as Arc<dyn Volume>)
+            let dev = Arc::new(dev);
+            let (device, write_back): (DeviceRef, _) = if p.write_back && !p.read_only {
+                let wb = WriteBackDevice::from_arc(dev.clone(), WriteBackOptions::default());
+                let handle = wb.handle();
+                (Arc::new(wb), Some(handle))
+            } else {
+                (dev.clone(), None)
+            };
+            Ok(Arc::new(FileVolume { name: spec.name.clone(), dev, device, write_back }) as Arc<dyn Volume>)
         })
     }
 }
@@ -101,6 +115,9 @@ impl VolumeKind for FileKind {
 struct FileVolume {
     name: String,
     dev: Arc<FileDevice>,
+    /// What is exported: `dev`, or `dev` behind the write-back window.
+    device: DeviceRef,
+    write_back: Option<WriteBackHandle>,
 }
 
 impl Volume for FileVolume {
@@ -111,10 +128,15 @@ impl Volume for FileVolume {
         "file"
     }
     fn device(&self) -> DeviceRef {
-        self.dev.clone()
+        self.device.clone()
     }
     fn state(&self) -> String {
-        "active".into()
+        // An acknowledged write failed on the member: flushes fail until the volume reopens.
+        if self.write_back.as_ref().is_some_and(|h| h.lost_write().is_some()) {
+            "lost-write".into()
+        } else {
+            "active".into()
+        }
     }
     fn details(&self) -> serde_json::Value {
         serde_json::json!({
@@ -126,6 +148,19 @@ impl Volume for FileVolume {
             "flush_batching": self.dev.flush_batcher().is_some_and(|b| b.batching()),
             "flush_requests": self.dev.flush_stats().map_or(0, |s| s.requests),
             "flush_rounds": self.dev.flush_stats().map_or(0, |s| s.rounds),
+            "write_back": self.write_back.as_ref().map(|h| {
+                let s = h.stats();
+                serde_json::json!({
+                    "max_writes": h.options().max_writes,
+                    "max_bytes": h.options().max_bytes,
+                    "acknowledged_early": s.acknowledged_early,
+                    "written_through": s.written_through,
+                    "waits": s.waits,
+                    "pending_writes": s.pending_writes,
+                    "lost_writes": s.lost_writes,
+                    "lost_write": h.lost_write(),
+                })
+            }),
         })
     }
     fn as_any(&self) -> &dyn Any {
@@ -133,7 +168,7 @@ impl Volume for FileVolume {
     }
     fn close(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(
-            async move { self.dev.flush().await.with_context(|| format!("flushing {}", self.dev.path().display())) },
+            async move { self.device.flush().await.with_context(|| format!("flushing {}", self.dev.path().display())) },
         )
     }
 }
