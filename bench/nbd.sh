@@ -7,6 +7,11 @@
 #   REPS=5 WORKLOADS="randwrite 4k 1;randread 4k 1" bench/nbd.sh   # chosen cases, median of 5
 #   IDLE_POLL_US=0 bench/nbd.sh     # mdkit's data-path threads sleep at once (nbd.idle_poll_us)
 #
+# Two mdkit rows over the same file: `mdkit` answers a write when the member finished it
+# (write-through, the default); `mdkit(wb)` is the volume with `write_back = true`, which answers
+# a plain write once it is queued on the member — the contract nbdkit's file plugin has (its
+# pwrite lands in the page cache; cache=none only starts writeback with sync_file_range).
+#
 # Fairness:
 # - One file on a real filesystem (not tmpfs), fully written once (no unwritten extents, no
 #   holes) and shared by all three targets.
@@ -37,6 +42,7 @@ NBDKIT_PORT=${NBDKIT_PORT:-10872}
 NBDKIT_CACHED_PORT=${NBDKIT_CACHED_PORT:-10873}
 MDKIT_BUFFERED_PORT=${MDKIT_BUFFERED_PORT:-10874}
 NBDKIT_MEM_PORT=${NBDKIT_MEM_PORT:-10875}
+MDKIT_WB_PORT=${MDKIT_WB_PORT:-10876}
 NBDKIT_THREADS=${NBDKIT_THREADS:-16}
 REPS=${REPS:-1}
 IDLE_POLL_US=${IDLE_POLL_US:-100}
@@ -78,6 +84,9 @@ TOML
 # row that separates the protocol path from the cost of waiting for the device.
 sed -e "s/$MDKIT_PORT/$MDKIT_BUFFERED_PORT/" -e 's/direct = "require"/direct = "off"/' \
     -e "s|^data_dir = .*|data_dir = \"$WORKDIR/mdkit-buffered\"|" "$WORKDIR/mdkit.toml" > "$WORKDIR/mdkit-buffered.toml"
+# The same service with the write-back window on.
+sed -e "s/$MDKIT_PORT/$MDKIT_WB_PORT/" -e 's/direct = "require"/direct = "require"\nwrite_back = true/' \
+    -e "s|^data_dir = .*|data_dir = \"$WORKDIR/mdkit-wb\"|" "$WORKDIR/mdkit.toml" > "$WORKDIR/mdkit-wb.toml"
 cat >> "$WORKDIR/mdkit.toml" <<TOML
 [[volume]]
 name = "mem"
@@ -91,13 +100,15 @@ TOML
 pids+=($!)
 "$MDKIT" serve --config "$WORKDIR/mdkit-buffered.toml" 2>"$WORKDIR/mdkit-buffered.log" &
 pids+=($!)
+"$MDKIT" serve --config "$WORKDIR/mdkit-wb.toml" 2>"$WORKDIR/mdkit-wb.log" &
+pids+=($!)
 nbdkit -f -p "$NBDKIT_PORT" --threads "$NBDKIT_THREADS" file "$FILE" cache=none 2>"$WORKDIR/nbdkit.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_CACHED_PORT" --threads "$NBDKIT_THREADS" file "$FILE" 2>"$WORKDIR/nbdkit-cached.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_MEM_PORT" --threads "$NBDKIT_THREADS" memory "$SIZE" 2>"$WORKDIR/nbdkit-mem.log" &
 pids+=($!)
-for uri in "$MDKIT_PORT/bench" "$MDKIT_PORT/mem" "$MDKIT_BUFFERED_PORT/bench" "$NBDKIT_PORT/" \
+for uri in "$MDKIT_PORT/bench" "$MDKIT_PORT/mem" "$MDKIT_BUFFERED_PORT/bench" "$MDKIT_WB_PORT/bench" "$NBDKIT_PORT/" \
     "$NBDKIT_CACHED_PORT/" "$NBDKIT_MEM_PORT/"; do
     for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null 2>&1 && break; sleep 0.1; done
     nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null
@@ -111,13 +122,14 @@ run_fio() {
     case $target in
         raw) eng=(--ioengine=io_uring --direct=1 "--filename=$FILE") ;;
         mdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/bench") ;;
+        mdkit-wb) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_WB_PORT/bench") ;;
         mdkit-buffered) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_BUFFERED_PORT/bench") ;;
         nbdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_PORT/") ;;
         nbdkit-cached) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_CACHED_PORT/") ;;
         mdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/mem") ;;
         nbdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_MEM_PORT/") ;;
     esac
-    case $target in raw|mdkit|nbdkit) drop_caches ;; esac
+    case $target in raw|mdkit|mdkit-wb|nbdkit) drop_caches ;; esac
     fio --name="$name" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$SIZE" \
         --runtime="$RUNTIME_S" --ramp_time="$RAMP_S" --time_based --norandommap --randrepeat=0 \
         --output-format=json --output="$out" >/dev/null 2>&1
@@ -125,7 +137,7 @@ run_fio() {
 }
 
 IFS=';' read -r -a workloads <<< "$WORKLOADS"
-TARGETS=(raw mdkit nbdkit mdkit-buffered nbdkit-cached mdkit-mem nbdkit-mem)
+TARGETS=(raw mdkit mdkit-wb nbdkit mdkit-buffered nbdkit-cached mdkit-mem nbdkit-mem)
 results=$WORKDIR/results.txt
 : > "$results"
 for w in "${workloads[@]}"; do
@@ -153,7 +165,7 @@ rows = {w: {t: (statistics.median(x[0] for x in v), statistics.median(x[1] for x
         for w, r in runs.items()}
 reps = max(len(v) for r in runs.values() for v in r.values())
 print(f"\nfio {sys.argv[2]} s per run, median of {reps} round(s), 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}; mdkit nbd.idle_poll_us = {sys.argv[4]}")
-hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
+hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(wb)':>15}{'wb/nbdkit':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
 print(hdr)
 print("-" * len(hdr))
 for (rw, bs, qd), r in rows.items():
@@ -167,7 +179,9 @@ for (rw, bs, qd), r in rows.items():
     k = 1 if big else 0
     ratio_n = m[k] / n[k] if n[k] else float("nan")
     ratio_r = m[k] / w[k] if w[k] else float("nan")
-    print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
+    wb = r.get("mdkit-wb")
+    ratio_wb = wb[k] / n[k] if wb and n[k] else float("nan")
+    print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x |{cell('mdkit-wb')}{ratio_wb:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
 print("\nProtocol path only (no device behind either server): mdkit `mem` volume vs `nbdkit memory`")
 hdr2 = f"{'workload':<20}{'mdkit(mem)':>15}{'nbdkit(mem)':>15}{'mdkit/nbdkit':>13}"
 print(hdr2)
@@ -181,7 +195,9 @@ for (rw, bs, qd), r in rows.items():
         return f"{mbs:>10.0f} MB/s" if big else f"{iops:>10.0f} IOPS"
     ratio = r["mdkit-mem"][k] / r["nbdkit-mem"][k] if r["nbdkit-mem"][k] else float("nan")
     print(f"{rw + ' ' + bs + ' QD' + qd:<20}{cell2('mdkit-mem')}{cell2('nbdkit-mem')}{ratio:>12.2f}x")
-print("\nmdkit = O_DIRECT member (io_uring); nbdkit = file plugin cache=none; caches dropped before")
-print("each raw/mdkit/nbdkit run. Reference only (page cache, warmed during the run): mdkit(buf) =")
+print("\nmdkit = O_DIRECT member (io_uring), writes answered when the member finished them; mdkit(wb) =")
+print("the same with write_back = true (plain writes answered once queued on the member, bounded window,")
+print("durable at flush); nbdkit = file plugin cache=none; caches dropped before")
+print("each raw/mdkit/mdkit(wb)/nbdkit run. Reference only (page cache, warmed during the run): mdkit(buf) =")
 print("mdkit with direct = \"off\"; nbdkit(cache) = nbdkit file plugin default cache mode.")
 PY
