@@ -52,14 +52,15 @@ fn plain_writes_are_answered_while_running_and_reads_see_them() {
 #[test]
 fn overlapping_writes_land_in_order_and_the_window_is_bounded() {
     runtime().block_on(async {
-        let wb = Arc::new(WriteBackDevice::new(slow_mem(20_000), WriteBackOptions { max_writes: 2, max_bytes: MIB }));
+        let wb = Arc::new(WriteBackDevice::new(slow_mem(200_000), WriteBackOptions { max_writes: 2, max_bytes: MIB }));
         // Older write of two blocks, then a newer one over its second block: the newer waits.
         wb.write_slice(0, &[block(1), block(1)].concat(), WriteFlags::NONE).await.unwrap();
         wb.write_slice(4096, &block(2), WriteFlags::NONE).await.unwrap();
         assert!(wb.stats().waits >= 1);
         assert_eq!(wb.read_vec(0, 8192).await.unwrap(), [block(1), block(2)].concat());
 
-        // Two pending writes fill the window; a third waits for room.
+        // Two pending writes fill the window; a third waits for room (200 ms writes: a stalled
+        // room appears during the few yields below only if the thread stalls that long).
         wb.write_slice(MIB, &block(4), WriteFlags::NONE).await.unwrap();
         wb.write_slice(2 * MIB, &block(5), WriteFlags::NONE).await.unwrap();
         assert_eq!(wb.stats().pending_writes, 2);
