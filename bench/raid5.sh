@@ -13,10 +13,16 @@
 # Targets (issue 6): at the default stripe_size, rand4k >= 6x the 64 KiB result, and seq1m >= 90%
 # of (n - parity)/n of the raw aggregate. Member reads/writes per client write come from the
 # trace (full-stripe writes read nothing).
+# Disk ceiling for the rand4k ratio: a 4 KiB random write costs the same number of member I/Os
+# at both stripe sizes (RCW or RMW: reads and writes of one stripe unit each), so how far the
+# ratio can go is set by the members' 4 KiB mixed random IOPS. The script measures the members'
+# own 50/50 random read/write rate on the same files (fio io_uring O_DIRECT, CEIL_QD in flight
+# over all members, 4 KiB and 64 KiB), prints how much of it each setting uses, and the ratio
+# the default would reach with the members at their 4 KiB ceiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
-ensure_packages python3
+ensure_packages python3 fio
 ensure_rust
 
 MEMBER_MIB=${MEMBER_MIB:-1024}
@@ -24,6 +30,7 @@ SECS=${SECS:-5}
 QD=${QD:-32}
 SEQ_QD=${SEQ_QD:-8}
 RAW_QD=${RAW_QD:-4}
+CEIL_QD=${CEIL_QD:-64}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-raid5}
 LEVELS=${LEVELS:-"5:4 6:6"}
 
@@ -45,12 +52,26 @@ for i in $(seq 0 $((max_members - 1))); do
     fi
 done
 
+# ceiling N BS -> "iops=..." of 50/50 random read/write over the first N member files
+ceiling() {
+    local files
+    files=$(for i in $(seq 0 $(($1 - 1))); do printf '%s:' "$WORKDIR/raid5-bench-m$i.img"; done)
+    fio --name=ceiling --ioengine=io_uring --direct=1 --rw=randrw --rwmixread=50 --bs="$2" \
+        --iodepth=$((CEIL_QD / 2)) --numjobs=2 --group_reporting --filename="${files%:}" \
+        --size=$((MEMBER_MIB * $1))M --runtime="$SECS" --time_based --norandommap --randrepeat=0 \
+        --output-format=json --output="$WORKDIR/ceiling.json" >/dev/null 2>&1
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print("iops=%.0f" % (j["read"]["iops"] + j["write"]["iops"]))' "$WORKDIR/ceiling.json"
+}
+
 out=$WORKDIR/results.txt
 : > "$out"
 for lm in $LEVELS; do
     level=${lm%:*}; n=${lm#*:}
     log "raid$level on $n members: raw files"
     echo "$($BENCH raw --dir "$WORKDIR" --members "$n" --qd "$RAW_QD" --secs "$SECS" --member-mib "$MEMBER_MIB") level=raid$level" >> "$out"
+    log "raid$level on $n members: disk ceiling, random read/write 4 KiB and 64 KiB"
+    echo "mode=ceiling level=raid$level bs=4096 $(ceiling "$n" 4k)" >> "$out"
+    echo "mode=ceiling level=raid$level bs=65536 $(ceiling "$n" 64k)" >> "$out"
     for ss in 4096 65536 default; do
         for wl in rand4k seq1m; do
             if [ $wl = rand4k ]; then q=$QD; else q=$SEQ_QD; fi
@@ -85,6 +106,15 @@ for level in dict.fromkeys(r["level"] for r in rows):
     ratio = float(d["iops"]) / float(k64["iops"])
     print(f"  -> rand4k default ({d['stripe_size']}) / 64 KiB = {ratio:.2f}x (target >= 6x; kernel e2368582: dbench on 4-SSD raid5,"
           f" 4 KiB vs 64 KiB stripe_size 1.22x the operations)")
+    ceil = {r["bs"]: float(r["iops"]) for r in rows if r["mode"] == "ceiling" and r["level"] == level}
+    if "4096" in ceil and "65536" in ceil:
+        ios4 = float(d["member_reads_per_write"]) + float(d["member_writes_per_write"])
+        ios64 = float(k64["member_reads_per_write"]) + float(k64["member_writes_per_write"])
+        best4 = ceil["4096"] / ios4  # client writes/s with the members at their 4 KiB ceiling
+        print(f"  -> disk ceiling (50/50 random read/write on the same files): {ceil['4096']:.0f} IOPS at 4 KiB, {ceil['65536']:.0f} at 64 KiB"
+              f" (ratio {ceil['4096'] / ceil['65536']:.2f}x); mdkit uses {float(d['iops']) * ios4 / ceil['4096']:.0%} of the 4 KiB ceiling and"
+              f" {float(k64['iops']) * ios64 / ceil['65536']:.0%} of the 64 KiB one. With the 4 KiB side at its ceiling ({best4:.0f} writes/s)"
+              f" the ratio to this 64 KiB result would be {best4 / float(k64['iops']):.2f}x")
     s = get[("seq1m", "default")]
     frac = float(s["mbps"]) / ideal
     print(f"  -> seq1m default = {float(s['mbps']):.0f} MB/s = {frac:.0%} of (n-p)/n raw (target >= 90%), member reads per write {float(s['member_reads_per_write']):.2f}")
