@@ -160,34 +160,23 @@ fn nbdcopy_both_directions_with_multi_conn() {
 fn fio_nbd_engine_verifies_on_four_connections() {
     require_tool("fio", "fio");
     let srv = Server::start_opts("default_export = \"default\"", VOLUMES);
-    let out_json = srv.path("fio.json");
     // Four jobs, four connections, disjoint 16 MiB regions, random writes with crc32c headers,
     // then verification reads of everything written.
-    run(Command::new("fio")
-        .args([
-            "--name=verify",
-            "--ioengine=nbd",
-            &format!("--uri={}", srv.uri("default")),
+    let jobs = fio_verify(
+        &srv,
+        "verify",
+        &[
             "--rw=randwrite",
             "--bsrange=4k-64k",
             "--iodepth=16",
             "--numjobs=4",
             "--size=16M",
             "--offset_increment=16M",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
             "--group_reporting=0",
-            "--output-format=json",
-        ])
-        .arg(format!("--output={}", out_json.display()))
-        // fio drops verify state files into its working directory.
-        .current_dir(srv.dir.path()));
-    let v: Value = serde_json::from_slice(&std::fs::read(&out_json).unwrap()).unwrap();
-    let jobs = v["jobs"].as_array().unwrap();
+        ],
+    );
     assert_eq!(jobs.len(), 4);
-    for j in jobs {
-        assert_eq!(j["error"], 0, "{j}");
+    for j in &jobs {
         assert!(j["write"]["io_bytes"].as_u64().unwrap() >= 16 << 20, "{j}");
         assert!(j["read"]["io_bytes"].as_u64().unwrap() >= 16 << 20, "verify phase must read back: {j}");
     }
@@ -202,12 +191,10 @@ fn fio_nbd_engine_verifies_on_four_connections() {
 fn concurrent_nbd_flushes_share_fdatasync_rounds() {
     require_tool("fio", "fio");
     let srv = Server::start_opts("default_export = \"default\"", VOLUMES);
-    let out_json = srv.path("fio-flush.json");
-    run(Command::new("fio")
-        .args([
-            "--name=flushers",
-            "--ioengine=nbd",
-            &format!("--uri={}", srv.uri("default")),
+    fio_verify(
+        &srv,
+        "flushers",
+        &[
             "--rw=randwrite",
             "--bs=4k",
             "--fsync=1",
@@ -216,21 +203,11 @@ fn concurrent_nbd_flushes_share_fdatasync_rounds() {
             "--size=8M",
             "--offset_increment=8M",
             "--number_ios=1000",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--output-format=json",
-        ])
-        .arg(format!("--output={}", out_json.display()))
-        .current_dir(srv.dir.path()));
-    let v: Value = serde_json::from_slice(&std::fs::read(&out_json).unwrap()).unwrap();
-    for j in v["jobs"].as_array().unwrap() {
-        assert_eq!(j["error"], 0, "{j}");
-    }
+        ],
+    );
     let flushes = srv.export_stats("default")["flushes"].as_u64().unwrap();
     assert!(flushes >= 4 * 500, "fio sent a flush after every write: {flushes}");
-    let st = srv.status();
-    let vol = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "vol0").unwrap()["details"].clone();
+    let vol = volume_status(&srv, "vol0")["details"].clone();
     assert_eq!(vol["flush_batching"], true, "{vol}");
     let (requests, rounds) = (vol["flush_requests"].as_u64().unwrap(), vol["flush_rounds"].as_u64().unwrap());
     eprintln!("{flushes} NBD flushes, {requests} flush requests, {rounds} fdatasync rounds");
@@ -248,12 +225,10 @@ fn write_back_volume_verifies_under_fio_and_reports_its_window() {
     let volumes = VOLUMES.replace("size = \"64MiB\"\n", "size = \"64MiB\"\nwrite_back = true\n");
     assert!(volumes.contains("write_back = true"));
     let srv = Server::start_opts("default_export = \"default\"", &volumes);
-    let out_json = srv.path("fio-wb.json");
-    run(Command::new("fio")
-        .args([
-            "--name=wb",
-            "--ioengine=nbd",
-            &format!("--uri={}", srv.uri("default")),
+    let jobs = fio_verify(
+        &srv,
+        "wb",
+        &[
             "--rw=randwrite",
             "--bsrange=4k-64k",
             "--iodepth=8",
@@ -261,21 +236,13 @@ fn write_back_volume_verifies_under_fio_and_reports_its_window() {
             "--size=8M",
             "--offset_increment=16M",
             "--fsync=16",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--output-format=json",
-        ])
-        .arg(format!("--output={}", out_json.display()))
-        .current_dir(srv.dir.path()));
-    let v: Value = serde_json::from_slice(&std::fs::read(&out_json).unwrap()).unwrap();
-    for j in v["jobs"].as_array().unwrap() {
-        assert_eq!(j["error"], 0, "{j}");
+        ],
+    );
+    for j in &jobs {
         assert!(j["read"]["io_bytes"].as_u64().unwrap() >= 8 << 20, "verify phase must read back: {j}");
     }
     assert_eq!(srv.export_stats("default")["errors"], 0);
-    let st = srv.status();
-    let vol = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "vol0").unwrap().clone();
+    let vol = volume_status(&srv, "vol0");
     let wb = &vol["details"]["write_back"];
     eprintln!("write-back: {wb}");
     assert_eq!(vol["state"], "active", "{vol}");
@@ -289,4 +256,30 @@ fn write_back_volume_verifies_under_fio_and_reports_its_window() {
     if vol["details"]["direct_io"] == true {
         assert!(early > through, "O_DIRECT member: writes should be answered while running: {wb}");
     }
+}
+
+/// Runs fio's nbd engine on the server's `default` export with crc32c verification of
+/// everything it writes (`job_args`: the workload), in the server's directory (fio drops verify
+/// state files into its working directory); returns fio's per-job JSON, each checked for errors.
+fn fio_verify(srv: &Server, name: &str, job_args: &[&str]) -> Vec<Value> {
+    let out_json = srv.path(&format!("fio-{name}.json"));
+    run(Command::new("fio")
+        .arg(format!("--name={name}"))
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={}", srv.uri("default")))
+        .args(job_args)
+        .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=json"])
+        .arg(format!("--output={}", out_json.display()))
+        .current_dir(srv.dir.path()));
+    let v: Value = serde_json::from_slice(&std::fs::read(&out_json).unwrap()).unwrap();
+    let jobs = v["jobs"].as_array().unwrap().clone();
+    for j in &jobs {
+        assert_eq!(j["error"], 0, "{j}");
+    }
+    jobs
+}
+
+/// The `mdkit status` entry of volume `name`.
+fn volume_status(srv: &Server, name: &str) -> Value {
+    srv.status()["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap().clone()
 }

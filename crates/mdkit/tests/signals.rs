@@ -19,29 +19,19 @@ name = "default"
 volume = "vol0"
 "#;
 
-/// The same volume answering plain writes once they are queued (`write_back = true`): what it
-/// acknowledged is still in flight on the member when the signal lands, and the shutdown flush
-/// must wait for it.
-const CONFIG_WRITE_BACK: &str = r#"
-[[volume]]
-name = "vol0"
-kind = "file"
-path = "vol0.img"
-size = "64MiB"
-write_back = true
-[[export]]
-name = "default"
-volume = "vol0"
-"#;
-
 #[test]
 fn sigterm_with_writes_in_flight_exits_zero_with_acknowledged_data_in_the_file() {
     sigterm_keeps_every_acknowledged_write(CONFIG);
 }
 
+/// The same volume answering plain writes once they are queued (`write_back = true`): what it
+/// acknowledged is still in flight on the member when the signal lands, and the shutdown flush
+/// must wait for it.
 #[test]
 fn sigterm_on_a_write_back_volume_keeps_every_acknowledged_write() {
-    sigterm_keeps_every_acknowledged_write(CONFIG_WRITE_BACK);
+    let config = CONFIG.replace("size = \"64MiB\"\n", "size = \"64MiB\"\nwrite_back = true\n");
+    assert!(config.contains("write_back = true"));
+    sigterm_keeps_every_acknowledged_write(&config);
 }
 
 fn sigterm_keeps_every_acknowledged_write(config: &str) {
