@@ -187,3 +187,65 @@ async fn raid6_crash_points_with_and_without_bitmap() {
     crash_case("crash-r6b", Level::Raid6, 5, true, 16).await;
     crash_case("crash-r6", Level::Raid6, 4, false, 12).await;
 }
+
+/// The ordering behind the crash cases above, checked on every superblock round directly: when
+/// a member's superblock write is issued, every data write that completed on *any* member
+/// before the round is already covered by a completed flush of that member. (A member's own
+/// preflush is not enough: a superblock that says "clean" vouches for the parity on all members,
+/// and a power cut just after the first member's clean superblock landed would leave the
+/// others' unflushed writes torn under an array that assembles clean.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn superblock_rounds_wait_for_every_members_flush() {
+    let group = CrashGroup::with_options(CrashOptions::default());
+    let members = crash_members(&group, "sbflush-", 3, 8 * MIB);
+    let sims: Vec<SimMember> = members.iter().map(|(m, _)| m.clone()).collect();
+    let a = create_array(&sims, opts(Level::Raid5, 3, Some(32), None, false, true)).await;
+    a.set_attribute("safe_mode_delay", "0.02").unwrap();
+    let created_at = group.now().0;
+    let mut rng = Rng::new(5);
+    // Bursts of writes, each followed by enough idleness for the array to be marked clean, so
+    // there are several active -> clean -> active rounds with fresh data before each.
+    for burst in 0..4u64 {
+        let futs = (0..8u64).map(|i| {
+            let a = &a;
+            let mut data = vec![0u8; 4096];
+            rng.fill(&mut data);
+            async move {
+                a.write((burst * 64 + i * 7) * 4096, SharedBuf::from_slice(&data), WriteFlags::NONE).await.unwrap()
+            }
+        });
+        mdkit_md::array::io::join_all(futs.collect::<Vec<_>>()).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    let events = group.events();
+    let kind_at = |i: u64| events.iter().find(|e| e.index == i).map(|e| e.kind);
+    let is_superblock = |k: Option<CrashEventKind>| {
+        matches!(k, Some(CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. }))
+    };
+    // Per member: completion indices of data writes no completed flush covers yet.
+    let mut unflushed: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    let mut superblock_writes = 0;
+    for e in events.iter().filter(|e| e.index >= created_at) {
+        match e.kind {
+            CrashEventKind::WriteCompleted { issued } if !is_superblock(kind_at(issued)) => {
+                unflushed[e.member].push(e.index)
+            }
+            CrashEventKind::FlushCompleted { issued } => unflushed[e.member].retain(|&c| c > issued),
+            CrashEventKind::WriteIssued { .. } if is_superblock(Some(e.kind)) => {
+                superblock_writes += 1;
+                for (m, pending) in unflushed.iter().enumerate() {
+                    assert!(
+                        pending.is_empty(),
+                        "superblock write on member {} (event {}) issued while member {m} has data writes \
+                         completed at events {pending:?} that no completed flush covers",
+                        e.member,
+                        e.index
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(superblock_writes >= 3 * 4, "expected active/clean rounds on every member: {superblock_writes}");
+    a.stop().await.unwrap();
+}

@@ -190,16 +190,25 @@ impl ArrayCore {
                 .map_err(|e| RoundError::Fatal(format!("member {}: superblock does not encode: {e}", m.name())))?;
             blocks.push((sb, SharedBuf::from_slice(&block)));
         }
-        // Preflush, then FUA (md_super_write: REQ_PREFLUSH | REQ_FUA): a superblock that says
-        // "clean" or advances a checkpoint must not reach the medium before the data it vouches
-        // for.
-        let results = join_all(members.iter().zip(&blocks).map(|(m, (_, buf))| async move {
+        // Flush every member, then write the superblocks FUA. md_super_write puts REQ_PREFLUSH |
+        // REQ_FUA on each member's superblock write, which orders a member's superblock after
+        // *its own* data only; a superblock that says "clean" (or advances a checkpoint) vouches
+        // for the data on all members (parity, mirrors), so no member's new superblock may reach
+        // the medium before every member's data has: otherwise a power cut right after the
+        // first member's "clean" landed leaves the others' unflushed writes torn under an array
+        // that assembles as clean (the kernel's way out is to roll the event count back on a
+        // dirty -> clean transition, so a mix of old and new superblocks reads as dirty).
+        let flushed = join_all(members.iter().map(|m| async move {
             m.device().flush().await.map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("{}: member {}: flush before the superblock: {e}", self.name(), m.name()),
                 )
-            })?;
+            })
+        }))
+        .await;
+        let results = join_all(members.iter().zip(&blocks).zip(flushed).map(|((m, (_, buf)), flushed)| async move {
+            flushed?;
             self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone()).await
         }))
         .await;
