@@ -27,8 +27,10 @@
 //!   had;
 //! - at most `max_writes` writes and `max_bytes` bytes are pending; a write beyond that waits
 //!   for room, so the window of acknowledged but unflushed data — what a power cut may lose,
-//!   as with a disk's cache — stays bounded. A process crash loses nothing acknowledged: the
-//!   request was handed to the kernel before the answer left.
+//!   as with a disk's cache — stays bounded. A request is handed to the kernel before its
+//!   answer leaves, so a killed process loses only what the kernel had not started yet (an
+//!   O_DIRECT write that io_uring punted to a worker, e.g. into a hole of a sparse file, is
+//!   cancelled with the ring): unflushed data, which the NBD contract lets a server lose.
 //!
 //! Without a tokio runtime to finish the write in, a write is written through.
 
