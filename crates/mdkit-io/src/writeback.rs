@@ -112,22 +112,31 @@ struct Shared {
 }
 
 impl Shared {
-    /// Waits until `ready` holds under the lock, then runs `then` under the same lock.
+    /// Waits until `ready` holds under the lock, then runs `then` under the same lock. The
+    /// common case (ready at once) takes the lock once and never registers with `changed`.
     async fn wait_for<T>(&self, ready: impl Fn(&State) -> bool, then: impl FnOnce(&mut State) -> T) -> T {
-        let mut waited = false;
+        let mut then = Some(then);
+        let mut attempt = |waited: bool| {
+            let mut st = self.state.lock();
+            if !ready(&st) {
+                return None;
+            }
+            if waited {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+            }
+            then.take().map(|f| f(&mut st))
+        };
+        if let Some(t) = attempt(false) {
+            return t;
+        }
         loop {
+            // Registered before the second look, so an end between the look and the await
+            // still wakes this waiter.
             let mut notified = pin!(self.changed.notified());
             notified.as_mut().enable();
-            {
-                let mut st = self.state.lock();
-                if ready(&st) {
-                    if waited {
-                        self.waits.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return then(&mut st);
-                }
+            if let Some(t) = attempt(true) {
+                return t;
             }
-            waited = true;
             notified.await;
         }
     }
