@@ -1102,10 +1102,7 @@ impl Ring {
     /// Posts deferred completions (deferred rings only; on the owner thread), then drains the
     /// CQ, answering every waiter. Returns how many completions were reaped.
     fn reap(&self) -> usize {
-        if self.deferred_taskrun && self.taskrun_pending() {
-            self.run_deferred_completions();
-        }
-        self.reap_locked(self.cq_lock.lock())
+        self.reap_holding(self.cq_lock.lock())
     }
 
     /// Deferred rings: whether completions wait as task work (IORING_SQ_TASKRUN, which the
@@ -1139,7 +1136,11 @@ impl Ring {
 
     /// `reap`, unless another caller is reaping this ring right now.
     fn reap_nonblocking(&self) -> usize {
-        let Some(cq) = self.cq_lock.try_lock() else { return 0 };
+        self.cq_lock.try_lock().map_or(0, |cq| self.reap_holding(cq))
+    }
+
+    /// `reap` with the CQ already held.
+    fn reap_holding(&self, cq: MutexGuard<'_, ()>) -> usize {
         if self.deferred_taskrun && self.taskrun_pending() {
             self.run_deferred_completions();
         }
