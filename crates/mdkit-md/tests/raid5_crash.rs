@@ -33,6 +33,11 @@ struct Flushed {
     done_at: u64,
 }
 
+/// A v1.2 superblock write: one 4 KiB block at 4 KiB into the member.
+fn is_superblock_write(kind: CrashEventKind) -> bool {
+    matches!(kind, CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. })
+}
+
 fn durable(w: &Written, flushes: &[Flushed], point: u64) -> bool {
     if w.acked_at > point {
         return false;
@@ -120,8 +125,7 @@ async fn crash_case(name: &str, level: Level, n: usize, bitmap: bool, points: us
         .filter_map(|e| match e.kind {
             CrashEventKind::WriteCompleted { issued } => {
                 let i = events.iter().position(|x| x.index == issued)?;
-                matches!(events[i].kind, CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. })
-                    .then_some(e.index + 1)
+                is_superblock_write(events[i].kind).then_some(e.index + 1)
             }
             _ => None,
         })
@@ -219,19 +223,16 @@ async fn superblock_rounds_wait_for_every_members_flush() {
     }
     let events = group.events();
     let kind_at = |i: u64| events.iter().find(|e| e.index == i).map(|e| e.kind);
-    let is_superblock = |k: Option<CrashEventKind>| {
-        matches!(k, Some(CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. }))
-    };
     // Per member: completion indices of data writes no completed flush covers yet.
     let mut unflushed: Vec<Vec<u64>> = vec![Vec::new(); 3];
     let mut superblock_writes = 0;
     for e in events.iter().filter(|e| e.index >= created_at) {
         match e.kind {
-            CrashEventKind::WriteCompleted { issued } if !is_superblock(kind_at(issued)) => {
+            CrashEventKind::WriteCompleted { issued } if !kind_at(issued).is_some_and(is_superblock_write) => {
                 unflushed[e.member].push(e.index)
             }
             CrashEventKind::FlushCompleted { issued } => unflushed[e.member].retain(|&c| c > issued),
-            CrashEventKind::WriteIssued { .. } if is_superblock(Some(e.kind)) => {
+            CrashEventKind::WriteIssued { .. } if is_superblock_write(e.kind) => {
                 superblock_writes += 1;
                 for (m, pending) in unflushed.iter().enumerate() {
                     assert!(
