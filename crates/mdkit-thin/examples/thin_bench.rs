@@ -18,11 +18,13 @@
 //! thin layer's CPU cost per request. `--workloads fua,write,flush,read,provision` picks workloads and `--profile
 //! thin|plain` runs one side only (for `perf record`; no ratios). `--threads` data-path threads carry the load the way
 //! `mdkit serve` does: one current-thread runtime each, with an io_uring per thread and member.
-//! ```text
-//! ```
-//! Prints one line per run and a table: median IOPS per side and the median of the per-run
-//! thin/plain ratios (runs alternate plain-thin, thin-plain), and the median CPU time of the whole
-//! process per I/O on each side (user + system, and user alone, from /proc/self/stat).
+//!
+//! Prints one line per run and a table: median IOPS per side, the median of the per-run
+//! thin/plain ratios (runs alternate plain-thin, thin-plain) with its 95% bootstrap interval,
+//! and the median CPU time of the whole process per I/O on each side (user + system, and user
+//! alone, from /proc/self/stat). On a disk whose speed drifts (a VM's), many short runs
+//! (`--seconds 1 --reps 61`) pin the ratio down far better than a few long ones: one pair
+//! then spans two seconds of drift instead of ten.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -282,6 +284,22 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// 95% bootstrap interval of the median of `v` (percentile method, 4000 resamples, fixed
+/// seed): how far this run's pairs pin the median down. With one run per pair the interval
+/// is only as good as the pairs are independent — which is why pairs alternate their order.
+fn median_interval(v: &[f64]) -> (f64, f64) {
+    const RESAMPLES: usize = 4000;
+    let mut rng = Rng::new(0x5eed);
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let mut s: Vec<f64> = (0..v.len()).map(|_| v[rng.below(v.len() as u64) as usize]).collect();
+            median(&mut s)
+        })
+        .collect();
+    medians.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (medians[RESAMPLES * 25 / 1000], medians[RESAMPLES * 975 / 1000 - 1])
+}
+
 async fn bench(a: Args) {
     std::fs::create_dir_all(&a.dir).unwrap();
     let data_path = a.dir.join("thin-bench.data");
@@ -406,7 +424,8 @@ async fn bench(a: Args) {
             median(&mut x)
         };
         let cpu = (med(&plain_cpu, true), med(&thin_cpu, true), med(&plain_cpu, false), med(&thin_cpu, false));
-        rows.push((name, median(&mut plain), median(&mut thin_iops), median(&mut ratios), cpu));
+        let interval = median_interval(&ratios);
+        rows.push((name, median(&mut plain), median(&mut thin_iops), median(&mut ratios), interval, cpu));
     }
     let st = pool.status().await.unwrap();
     println!("pool status: {st}");
@@ -428,7 +447,7 @@ async fn bench(a: Args) {
         _ => "buffered (O_DIRECT unavailable)",
     };
     println!(
-        "in-process, {} tasks (QD{}), {} s x {} runs (IOPS: medians; thin/plain: median of per-run ratios), {} MiB span, 64 KiB blocks, {io} file {}, {} data-path threads (current-thread runtimes, io_uring per thread, as in mdkit serve)",
+        "in-process, {} tasks (QD{}), {} s x {} runs (IOPS: medians; thin/plain: median of per-run ratios with its 95% bootstrap interval), {} MiB span, 64 KiB blocks, {io} file {}, {} data-path threads (current-thread runtimes, io_uring per thread, as in mdkit serve)",
         a.qd,
         a.qd,
         a.seconds,
@@ -438,25 +457,27 @@ async fn bench(a: Args) {
         a.threads
     );
     println!(
-        "{:<24}{:>14}{:>14}{:>10}{:>16}{:>14}   {}",
-        "workload", "plain IOPS", "thin IOPS", "thin/plain", "cpu us/io p/t", "user p/t", "upstream dm-thin/linear"
+        "{:<24}{:>14}{:>14}{:>11} {:<14}{:>16}{:>14}   {}",
+        "workload", "plain IOPS", "thin IOPS", "thin/plain", "95% interval", "cpu us/io p/t", "user p/t", "upstream dm-thin/linear"
     );
-    for (name, p, t, ratio, (pc, tc, pu, tu)) in rows {
+    for (name, p, t, ratio, (lo, hi), (pc, tc, pu, tu)) in rows {
         let upstream = if name.contains("FUA") {
             "0.45 before (204k/451k), 1.00 after (450k/451k) the O_SYNC fast path"
         } else {
             "-"
         };
         let (cpu, user) = (format!("{pc:.2}/{tc:.2}"), format!("{pu:.2}/{tu:.2}"));
-        println!("{name:<24}{p:>14.0}{t:>14.0}{ratio:>10.3}{cpu:>16}{user:>14}   {upstream}");
+        let interval = format!("{lo:.3}-{hi:.3}");
+        println!("{name:<24}{p:>14.0}{t:>14.0}{ratio:>11.3} {interval:<14}{cpu:>16}{user:>14}   {upstream}");
     }
     if provision {
         println!(
-            "{:<24}{:>14.0}{:>14.0}{:>10.3}{:>16}{:>14}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
+            "{:<24}{:>14.0}{:>14.0}{:>11.3} {:<14}{:>16}{:>14}   (blocks/s: zeroing on, zeroing off; ratio on/off)",
             "first-write provisioning",
             prov[0],
             prov[1],
             prov[0] / prov[1],
+            "-",
             "-",
             "-"
         );
