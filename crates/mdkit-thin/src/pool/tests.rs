@@ -219,6 +219,29 @@ fn out_of_space_errors_or_queues_with_timeout() {
 }
 
 #[test]
+fn low_water_shows_in_status_once_crossed_and_clears_when_space_returns() {
+    rt().block_on(async {
+        let r = rig(8, PoolOptions { low_water_blocks: 3, ..opts() }).await;
+        r.pool.create_thin(0).await.unwrap();
+        let v = r.pool.thin(0, 16 * BS).await.unwrap();
+        let reached = |st: &super::PoolStatus| (st.low_water_blocks, st.low_water_reached);
+        for i in 0..5 {
+            v.write_slice(i * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+        }
+        // 3 blocks free: not below the mark.
+        assert_eq!(reached(&r.pool.status().await.unwrap()), (3, false));
+        v.write_slice(5 * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+        assert_eq!(reached(&r.pool.status().await.unwrap()), (3, true), "2 free < 3");
+        // Freed and committed: above the mark again.
+        v.discard(0, 2 * BS).await.unwrap();
+        r.pool.flush().await.unwrap();
+        let st = r.pool.status().await.unwrap();
+        assert_eq!((st.used_data_blocks, reached(&st)), (4, (3, false)), "{st}");
+        r.pool.close().await.unwrap();
+    });
+}
+
+#[test]
 fn out_of_range_io_is_refused_and_changes_nothing() {
     rt().block_on(async {
         let r = rig(16, opts()).await;
