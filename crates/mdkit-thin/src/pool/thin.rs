@@ -171,8 +171,10 @@ impl BlockDevice for ThinVolume {
     }
 
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        let dev = self.dev.clone();
-        self.detached(async move { dev.pool.flush().await })
+        // Not detached: a flush holds no cell and no in-flight count, and what it starts runs
+        // on without the caller (the data device's flush once issued; a commit round once the
+        // metadata worker has it), so dropping the future leaves nothing half done.
+        Box::pin(self.dev.pool.flush())
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
