@@ -2,13 +2,18 @@
 //! `mdadm --detail` view as JSON.
 //!
 //! Readable: `array_state level raid_disks chunk_size layout component_size degraded
-//! sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
+//! sync_action last_sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
 //! resync_start safe_mode_delay metadata_version uuid events consistency_policy`, per member
 //! `dev-NAME/{state,slot,errors,recovery_start,offset,size}`, `bitmap/*`, the personality's
 //! (`stripe_cache_size`, ...), and beyond md: `mismatch_ranges` (sectors of the sync domain),
 //! `needs_check`, `last_sync_error`.
 //!
-//! Writable: `sync_action` (idle frozen check repair resync recover), `sync_speed_min`,
+//! `sync_action` reads as md's: `frozen` first, then the running or pending action (a requested
+//! check/repair, a resync or recovery the array state calls for, before the engine starts it),
+//! else `idle`; `last_sync_action` is the last action started (`idle` before any).
+//!
+//! Writable: `sync_action` (idle frozen check repair resync recover; levels without redundancy
+//! refuse every value with EINVAL, as md), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
 //! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks, idle_region_bytes),
@@ -22,7 +27,7 @@ use serde_json::{Value, json};
 use super::Array;
 use super::core::ArrayCore;
 use super::member::flag;
-use super::sync::{DEFAULT_SPEED_MAX_KIB, DEFAULT_SPEED_MIN_KIB};
+use super::sync::{self, DEFAULT_SPEED_MAX_KIB, DEFAULT_SPEED_MIN_KIB};
 use crate::format::format_uuid;
 use crate::format::superblock::MAX_SECTOR;
 use crate::layout::{Level, format_layout};
@@ -67,7 +72,7 @@ fn ranges_text(ranges: &[std::ops::Range<u64>], truncated: bool) -> String {
 /// Every attribute and its value.
 pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
     let info = core.info();
-    let st = core.sync.status();
+    let st = sync::status(core);
     let mut v: Vec<(String, String)> = vec![
         ("array_state".into(), array_state(core).into()),
         ("level".into(), info.level.name().into()),
@@ -78,6 +83,7 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         ("array_size".into(), (size_bytes / 1024).to_string()),
         ("degraded".into(), core.degraded().to_string()),
         ("sync_action".into(), st.action.into()),
+        ("last_sync_action".into(), st.last_action.map_or("idle", |m| m.as_str()).into()),
         (
             "sync_completed".into(),
             if st.running.is_some() { format!("{} / {}", st.done_sectors, st.total_sectors) } else { "none".into() },
@@ -148,7 +154,18 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
     let core = array.core();
     let value = value.trim();
     match name {
-        "sync_action" => array.request_sync(value),
+        "sync_action" => {
+            // md's action_store: a personality without sync_request (raid0) refuses every
+            // value with EINVAL.
+            if !core.personality().has_redundancy() {
+                return Err(invalid(format!(
+                    "{}: sync_action {value:?}: {} has no redundancy to resync, recover or check",
+                    core.name(),
+                    core.info().level.name()
+                )));
+            }
+            array.request_sync(value)
+        }
         "sync_speed_min" => {
             core.sync.set_speed_min_kib(parse_speed(name, value, DEFAULT_SPEED_MIN_KIB)?);
             Ok(())
@@ -243,7 +260,7 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
 /// `mdadm --detail` as JSON.
 pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
     let info = core.info();
-    let st = core.sync.status();
+    let st = sync::status(core);
     let slots = core.slots();
     let degraded = core.degraded();
     let mut state = vec![array_state(core).to_string()];

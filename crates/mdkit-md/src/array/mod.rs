@@ -120,7 +120,7 @@ impl Array {
     }
 
     pub fn sync_status(&self) -> SyncStatus {
-        self.core.sync.status()
+        sync::status(&self.core)
     }
 
     /// Waits until no sync work runs or is pending (or the engine is frozen).

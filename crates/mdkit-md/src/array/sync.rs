@@ -34,6 +34,7 @@ use super::core::ArrayCore;
 use super::io::join_all;
 use super::member::{Member, flag};
 use super::personality::{Personality, SyncMode, SyncOutcome};
+use super::slots::SlotTable;
 use crate::format::superblock::MAX_SECTOR;
 
 /// Sectors per sync step (1 MiB).
@@ -54,9 +55,12 @@ const ERROR_BACKOFF: Duration = Duration::from_secs(30);
 /// A snapshot of the engine's state (md's sync_* attributes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncStatus {
-    /// What runs now: "idle", "frozen", "resync", "recover", "check", "repair".
+    /// md's `sync_action`: "frozen", else what runs or is decided to run next ("resync",
+    /// "recover", "check", "repair"), else "idle". See [`status`].
     pub action: &'static str,
     pub running: Option<SyncMode>,
+    /// md's `last_sync_action`: the action of the last run started since assembly.
+    pub last_action: Option<SyncMode>,
     /// Sectors of the current run's domain done (from 0), and the domain size.
     pub done_sectors: u64,
     pub total_sectors: u64,
@@ -89,6 +93,9 @@ struct Inner {
     idle: bool,
     runs: u64,
     last_run: Option<(SyncMode, bool)>,
+    last_action: Option<SyncMode>,
+    /// `interrupt_gen` when the running action started: once it moves on, the run is stopping.
+    run_generation: u64,
 }
 
 /// Engine state shared with attributes and the CLI.
@@ -134,6 +141,11 @@ impl SyncState {
         g.error_at = None;
     }
 
+    /// A run failed recently: the engine waits before retrying.
+    fn in_error_backoff(&self) -> bool {
+        self.inner.lock().error_at.is_some_and(|t| t.elapsed() < ERROR_BACKOFF)
+    }
+
     pub fn is_frozen(&self) -> bool {
         self.frozen.load(Ordering::Acquire)
     }
@@ -158,16 +170,22 @@ impl SyncState {
         self.mismatch_sectors.load(Ordering::Relaxed)
     }
 
+    /// The engine's own view: `action` is "frozen" (which wins, as in md), the running action
+    /// unless it was told to stop, the requested one, else "idle". [`status`] adds the work the
+    /// array state decides.
     pub fn status(&self) -> SyncStatus {
         let g = self.inner.lock();
-        let action = match g.running {
-            Some(m) => m.as_str(),
-            None if self.is_frozen() => "frozen",
-            None => "idle",
+        let stopping = self.interrupt_gen.load(Ordering::Acquire) != g.run_generation;
+        let continuing = g.running.filter(|_| !stopping);
+        let action = match (self.is_frozen(), continuing.or(g.requested)) {
+            (true, _) => "frozen",
+            (false, Some(m)) => m.as_str(),
+            (false, None) => "idle",
         };
         SyncStatus {
             action,
             running: g.running,
+            last_action: g.last_action,
             done_sectors: g.done_sectors,
             total_sectors: g.total_sectors,
             speed_kib: g.speed_kib,
@@ -186,7 +204,9 @@ impl SyncState {
         let mut g = self.inner.lock();
         match action {
             "idle" => {
+                // As md's idle_sync_thread: stop what runs and unfreeze.
                 g.requested = None;
+                self.frozen.store(false, Ordering::Release);
                 self.interrupt();
             }
             "frozen" => {
@@ -246,6 +266,46 @@ impl Default for SyncState {
     }
 }
 
+/// The array's sync status as md's `sync_action` reads it (md_sync_action): "frozen" first;
+/// then the running or requested action; then, from the moment the array state decides it, the
+/// work the engine will start next — `resync` while a resync checkpoint is set, `recover` while
+/// a member in a role is not in sync or a spare can fill an empty role or replace a member
+/// that wants it; else "idle". Nothing is pending where the engine would not start it either
+/// (no redundancy, a read-only array, too few members, the back-off after a failed run).
+pub fn status(core: &ArrayCore) -> SyncStatus {
+    let mut st = core.sync.status();
+    if st.action == "idle"
+        && let Some(mode) = pending_mode(core)
+    {
+        st.action = mode.as_str();
+    }
+    st
+}
+
+fn pending_mode(core: &ArrayCore) -> Option<SyncMode> {
+    let pers = core.personality();
+    if !pers.has_redundancy() || core.needs_check().is_some() || core.sync.in_error_backoff() {
+        return None;
+    }
+    let slots = core.slots();
+    if !pers.can_run(&slots) {
+        return None;
+    }
+    if core.resync_checkpoint() != MAX_SECTOR {
+        return Some(SyncMode::Resync);
+    }
+    let spare_has_work = !slots.spares().is_empty()
+        && (!slots.empty_roles().is_empty() || (0..slots.raid_disks()).any(|r| replacement_wanted(&slots, r)));
+    (spare_has_work || !slots.recovering().is_empty()).then_some(SyncMode::Recover)
+}
+
+/// The working member of `role` wants a replacement and has no working one yet.
+fn replacement_wanted(slots: &SlotTable, role: usize) -> bool {
+    let wants = slots.working(role).is_some_and(|m| m.has(flag::WANT_REPLACEMENT));
+    let has_repl = slots.slot(role).is_some_and(|s| s.replacement.as_ref().is_some_and(|r| !r.is_faulty()));
+    wants && !has_repl
+}
+
 struct Work {
     mode: SyncMode,
     start: u64,
@@ -288,11 +348,8 @@ async fn plan(core: &Arc<ArrayCore>) -> Option<Work> {
     if core.sync.is_frozen() || core.needs_check().is_some() || !pers.has_redundancy() {
         return None;
     }
-    {
-        let g = core.sync.inner.lock();
-        if g.error_at.is_some_and(|t| t.elapsed() < ERROR_BACKOFF) {
-            return None;
-        }
+    if core.sync.in_error_backoff() {
+        return None;
     }
     if !pers.can_run(&core.slots()) {
         return None;
@@ -345,9 +402,7 @@ async fn activate_spares(core: &Arc<ArrayCore>) -> io::Result<()> {
         changed = true;
     }
     for role in 0..slots.raid_disks() {
-        let wants = slots.working(role).is_some_and(|m| m.has(flag::WANT_REPLACEMENT));
-        let has_repl = slots.slot(role).is_some_and(|s| s.replacement.as_ref().is_some_and(|r| !r.is_faulty()));
-        if !wants || has_repl {
+        if !replacement_wanted(&slots, role) {
             continue;
         }
         let Some(s) = spares.first().cloned() else { break };
@@ -367,9 +422,11 @@ async fn activate_spares(core: &Arc<ArrayCore>) -> io::Result<()> {
     Ok(())
 }
 
-fn set_running(core: &ArrayCore, w: &Work) {
+fn set_running(core: &ArrayCore, w: &Work, generation: u64) {
     let mut g = core.sync.inner.lock();
     g.running = Some(w.mode);
+    g.run_generation = generation;
+    g.last_action = Some(w.mode);
     g.done_sectors = w.start;
     g.total_sectors = w.end;
     g.speed_kib = 0;
@@ -441,7 +498,7 @@ impl Pacer {
 async fn execute(core: &Arc<ArrayCore>, w: Work) {
     let pers: Arc<dyn Personality> = core.personality().clone();
     let generation = core.sync.interrupt_gen.load(Ordering::Acquire);
-    set_running(core, &w);
+    set_running(core, &w, generation);
     tracing::info!(array = core.name(), action = w.mode.as_str(), from = w.start, to = w.end, "sync started");
     let mut pos = w.start;
     let mut pacer = Pacer::new(core, pos);
