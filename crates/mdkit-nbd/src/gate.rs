@@ -161,47 +161,63 @@ impl RangeLock {
 
 #[cfg(test)]
 mod tests {
+    //! Deterministic: a future is polled once by hand to see that it waits (no sleeps, no
+    //! clocks), then awaited (under a generous hang guard) once what it waits for is released.
     use super::*;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
     use std::time::Duration;
+
+    const HANG_GUARD: Duration = Duration::from_secs(30);
+
+    /// Polls `f` exactly once with the task's waker.
+    async fn poll_once<F: Future>(f: &mut Pin<Box<F>>) -> Poll<F::Output> {
+        std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await
+    }
+
+    async fn finish<F: Future>(f: Pin<Box<F>>, what: &str) -> F::Output {
+        tokio::time::timeout(HANG_GUARD, f).await.unwrap_or_else(|_| panic!("{what} never finished"))
+    }
 
     #[tokio::test]
     async fn disjoint_ranges_do_not_wait_and_overlapping_ones_do() {
-        let l = Arc::new(RangeLock::default());
+        let l = RangeLock::default();
         let a = l.lock(0..4096).await;
-        let _b = l.lock(4096..8192).await;
-        let l2 = l.clone();
-        let waiter = tokio::spawn(async move {
-            let _c = l2.lock(4000..4090).await;
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiter.is_finished(), "overlapping lock must wait");
+        let mut disjoint = Box::pin(l.lock(4096..8192));
+        let Poll::Ready(_b) = poll_once(&mut disjoint).await else { panic!("a disjoint lock must not wait") };
+        let mut overlapping = Box::pin(l.lock(4000..4090));
+        assert!(poll_once(&mut overlapping).await.is_pending(), "an overlapping lock must wait");
+        assert_eq!(l.held_count(), 2);
         drop(a);
-        tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        let c = finish(overlapping, "the overlapping lock after the release").await;
+        assert_eq!(l.held_count(), 2);
+        drop(c);
         assert_eq!(l.held_count(), 1);
     }
 
     #[tokio::test]
     async fn rmw_waits_for_fast_writers_and_forces_slow_path() {
-        let g = Arc::new(WriteGate::new());
+        let g = WriteGate::new();
         let w = g.write(0..4096).await;
         assert!(matches!(w, WriteGuard::Fast(_)));
-        let g2 = g.clone();
-        let rmw = tokio::spawn(async move {
-            let _r = g2.rmw(0..4096).await;
-            tokio::time::sleep(Duration::from_millis(30)).await;
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!rmw.is_finished(), "RMW must wait for the in-flight fast writer");
+        let mut rmw = Box::pin(g.rmw(0..4096));
+        assert!(poll_once(&mut rmw).await.is_pending(), "RMW must wait for the in-flight fast writer");
+        assert_eq!(g.rmw_active(), 1);
+        // While the RMW waits, a new writer (even a disjoint one) takes the slow path.
+        let other = g.write(1 << 20..(1 << 20) + 4096).await;
+        assert!(matches!(other, WriteGuard::Locked(_)));
+        drop(other);
         drop(w);
-        // While the RMW runs, a new overlapping writer must wait for it (slow path).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let start = std::time::Instant::now();
-        let w2 = g.write(0..4096).await;
+        let r = finish(rmw, "the RMW after the fast writer drained").await;
+        // While the RMW runs, an overlapping writer waits for it on the range lock.
+        let mut w2 = Box::pin(g.write(0..4096));
+        assert!(poll_once(&mut w2).await.is_pending(), "writer did not wait for the RMW");
+        drop(r);
+        let w2 = finish(w2, "the writer after the RMW").await;
         assert!(matches!(w2, WriteGuard::Locked(_)));
-        assert!(start.elapsed() >= Duration::from_millis(10), "writer did not wait for the RMW");
         drop(w2);
-        rmw.await.unwrap();
-        assert!(matches!(g.write(0..4096).await, WriteGuard::Fast(_)));
         assert_eq!(g.rmw_active(), 0);
+        assert!(matches!(g.write(0..4096).await, WriteGuard::Fast(_)));
     }
 }
