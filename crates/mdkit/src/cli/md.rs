@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! mdkit create NAME --level L --raid-devices N [--chunk K] [--layout X] [--bitmap internal|none]
-//!              [--assume-clean] [--metadata 1.2] [--member-size SIZE] [--export E] [--force] MEMBER...
+//!              [--bitmap-chunk SIZE] [--assume-clean] [--metadata 1.2] [--member-size SIZE] [--export E] [--force] MEMBER...
 //! mdkit examine MEMBER... [--json]            (offline: reads the superblocks)
 //! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--export E]
 //! mdkit detail NAME [--json]
@@ -50,6 +50,10 @@ pub struct CreateArgs {
     /// internal or none (default: internal for redundant levels).
     #[arg(long, short = 'b')]
     pub bitmap: Option<String>,
+    /// Write-intent bitmap chunk, as mdadm: KiB, or with a unit K, M, G, T (or s: 512-byte
+    /// sectors); a power of two from 512 bytes to 2 GiB (default: mdadm's choice, 64 MiB or more).
+    #[arg(long, value_name = "SIZE")]
+    pub bitmap_chunk: Option<String>,
     /// Do not resync the new array (the default when --member-size created every member file:
     /// fresh files are all zeroes).
     #[arg(long)]
@@ -167,14 +171,55 @@ fn parse_chunk_kib(s: &str) -> Result<u32> {
     u32::try_from(bytes / 1024).map_err(|_| anyhow!("--chunk {s:?} is too large"))
 }
 
+/// Largest bitmap chunk: the bitmap superblock's `chunksize` is 32 bits and a power of two.
+const BITMAP_CHUNK_MAX_BYTES: u64 = 1 << 31;
+
+/// `--bitmap-chunk` with mdadm's parse_size rules: a positive whole number, then nothing or K
+/// (KiB), M, G, T, or s (512-byte sectors); a power of two of at least one sector (md refuses
+/// less than 512 bytes), at most 2 GiB (the superblock field is 32 bits).
+fn parse_bitmap_chunk_bytes(s: &str) -> Result<u32> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok().filter(|n| *n > 0).ok_or_else(|| anyhow!("invalid bitmap chunksize: {s:?}"))?;
+    let sectors_per_unit: u64 = match unit {
+        "" | "K" => 2,
+        "M" => 2 << 10,
+        "G" => 2 << 20,
+        "T" => 2 << 30,
+        "s" => 1,
+        _ => bail!("invalid bitmap chunksize: {s:?} (a number of KiB, or with K, M, G, T or s)"),
+    };
+    let sectors = n.checked_mul(sectors_per_unit).ok_or_else(|| anyhow!("invalid bitmap chunksize: {s:?}"))?;
+    if !sectors.is_power_of_two() {
+        bail!("invalid bitmap chunksize: {s:?} is not a power of two");
+    }
+    let bytes = sectors.saturating_mul(512);
+    if bytes > BITMAP_CHUNK_MAX_BYTES {
+        bail!("invalid bitmap chunksize: {s:?} is above the 2 GiB the bitmap superblock holds");
+    }
+    Ok(u32::try_from(bytes).expect("at most 2^31, checked above"))
+}
+
+/// `--chunk` where the level has no chunks (raid1): ignored with a warning, not an error.
+fn chunk_for_level(level: &str, chunk_kib: Option<u32>) -> Option<u32> {
+    match mdkit_md::layout::parse_level(level) {
+        Ok(l) if chunk_kib.is_some() && !l.uses_chunks() => {
+            eprintln!("mdkit: --chunk not meaningful with {} level: ignored", l.name());
+            None
+        }
+        _ => chunk_kib,
+    }
+}
+
 pub fn create(a: CreateArgs) -> Result<ExitCode> {
     let members = absolute_members(&a.members)?;
     let params = CreateParams {
         level: a.level.clone(),
         raid_devices: a.raid_devices,
-        chunk_kib: a.chunk.as_deref().map(parse_chunk_kib).transpose()?,
+        chunk_kib: chunk_for_level(&a.level, a.chunk.as_deref().map(parse_chunk_kib).transpose()?),
         layout: a.layout.clone(),
         bitmap: a.bitmap.clone(),
+        bitmap_chunk_bytes: a.bitmap_chunk.as_deref().map(parse_bitmap_chunk_bytes).transpose()?,
         // Without the flag: resync, except on member files created just now (all zeroes).
         assume_clean: a.assume_clean.then_some(true),
         metadata: a.metadata.clone(),
@@ -413,12 +458,16 @@ pub fn progress_line(sync: &Value, bar: bool) -> Option<String> {
     if matches!(action, "idle" | "frozen") {
         return None;
     }
+    let word = if action == "recover" { "recovery" } else { action };
+    if sync.get("percent") == Some(&Value::Null) {
+        // Decided but not started yet (md's sync_action already names it).
+        return Some(format!("{word}=PENDING"));
+    }
     let done = sync["done_sectors"].as_u64().unwrap_or(0);
     let total = sync["total_sectors"].as_u64().unwrap_or(0).max(1);
     let pct = done as f64 * 100.0 / total as f64;
     let eta = sync["eta_s"].as_u64().map_or("?".to_string(), |s| format!("{:.1}min", s as f64 / 60.0));
     let speed = sync["speed_kib"].as_u64().unwrap_or(0);
-    let word = if action == "recover" { "recovery" } else { action };
     let mut s = String::new();
     if bar {
         const WIDTH: usize = 20;
@@ -515,6 +564,30 @@ mod tests {
     }
 
     #[test]
+    fn bitmap_chunk_spellings_follow_mdadm() {
+        assert_eq!(parse_bitmap_chunk_bytes("64").unwrap(), 64 << 10, "no unit: KiB");
+        assert_eq!(parse_bitmap_chunk_bytes("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_bitmap_chunk_bytes("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_bitmap_chunk_bytes("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_bitmap_chunk_bytes("2G").unwrap(), 1 << 31);
+        assert_eq!(parse_bitmap_chunk_bytes("1s").unwrap(), 512);
+        for bad in ["0", "", "-64", "48K", "3s", "1.5M", "64KiB", "4T", "1k", "M"] {
+            let e = parse_bitmap_chunk_bytes(bad).unwrap_err().to_string();
+            assert!(e.contains("invalid bitmap chunksize"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn chunk_is_dropped_only_where_the_level_has_none() {
+        assert_eq!(chunk_for_level("raid1", Some(64)), None);
+        assert_eq!(chunk_for_level("mirror", Some(64)), None);
+        assert_eq!(chunk_for_level("raid5", Some(64)), Some(64));
+        assert_eq!(chunk_for_level("raid10", Some(64)), Some(64));
+        assert_eq!(chunk_for_level("raid1", None), None);
+        assert_eq!(chunk_for_level("raid7", Some(64)), Some(64), "a bad level is reported by create");
+    }
+
+    #[test]
     fn progress_bar_and_detail_text() {
         let sync =
             json!({"action": "recover", "done_sectors": 500, "total_sectors": 1000, "speed_kib": 2000, "eta_s": 60});
@@ -524,6 +597,8 @@ mod tests {
             "{p}"
         );
         assert!(progress_line(&json!({"action": "idle"}), true).is_none());
+        let pending = json!({"action": "resync", "done_sectors": 7, "total_sectors": 9, "percent": null});
+        assert_eq!(progress_line(&pending, true).unwrap(), "resync=PENDING");
         let d = json!({"metadata": "1.2", "level": "raid1", "size_bytes": 1u64 << 30, "raid_disks": 2, "state": "clean, degraded, recovering",
             "sync": sync, "members": [{"dev_number": 0, "role": 0, "state": ["in_sync"], "name": "a.img"},
                                        {"dev_number": 2, "role": 1, "state": ["spare"], "rebuilding": true, "recovery_offset_sectors": 500, "name": "c.img"}]});

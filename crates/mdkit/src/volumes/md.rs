@@ -64,6 +64,7 @@ struct MdParams {
     chunk: Option<Size>,
     layout: Option<String>,
     bitmap: Option<String>,
+    bitmap_chunk: Option<Size>,
     assume_clean: Option<bool>,
     metadata: Option<String>,
     uuid: Option<String>,
@@ -176,6 +177,9 @@ pub struct CreateParams {
     pub layout: Option<String>,
     /// "internal" or "none"; default internal for raid1/10.
     pub bitmap: Option<String>,
+    /// Write-intent bitmap chunk in bytes (mdadm --bitmap-chunk); default mdadm's choice.
+    #[serde(default)]
+    pub bitmap_chunk_bytes: Option<u32>,
     pub assume_clean: Option<bool>,
     pub metadata: Option<String>,
 }
@@ -190,12 +194,16 @@ impl CreateParams {
             o.layout = Some(parse_layout(level, l).map_err(|e| anyhow!("layout {l:?}: {e}"))?);
         }
         let redundant = matches!(level, Level::Raid1 | Level::Raid10 | Level::Raid4 | Level::Raid5 | Level::Raid6);
+        let chunk_bytes = self.bitmap_chunk_bytes;
         o.bitmap = match self.bitmap.as_deref() {
-            None if redundant => BitmapRequest::Internal { chunk_bytes: None },
+            None if redundant => BitmapRequest::Internal { chunk_bytes },
             None | Some("none") => BitmapRequest::None,
-            Some("internal") => BitmapRequest::Internal { chunk_bytes: None },
+            Some("internal") => BitmapRequest::Internal { chunk_bytes },
             Some(other) => bail!("bitmap {other:?}: use internal or none"),
         };
+        if let (Some(c), BitmapRequest::None) = (chunk_bytes, &o.bitmap) {
+            bail!("bitmap chunk {c} bytes: the {} array gets no write-intent bitmap", level.name());
+        }
         o.assume_clean = self.assume_clean.unwrap_or(default_assume_clean);
         if let Some(m) = &self.metadata {
             o.metadata = MetadataVersion::parse(m).ok_or_else(|| anyhow!("metadata {m:?}: use 1.0, 1.1 or 1.2"))?;
@@ -291,12 +299,19 @@ impl VolumeKind for MdKind {
                     Some(c) => Some(u32::try_from(c.bytes() / 1024).map_err(|_| anyhow!("chunk too large"))?),
                     None => None,
                 };
+                let bitmap_chunk_bytes = p
+                    .bitmap_chunk
+                    .map(|c| {
+                        u32::try_from(c.bytes()).map_err(|_| anyhow!("bitmap_chunk {} bytes is above 2 GiB", c.bytes()))
+                    })
+                    .transpose()?;
                 Some(CreateParams {
                     level,
                     raid_devices: p.raid_devices,
                     chunk_kib,
                     layout: p.layout.clone(),
                     bitmap: p.bitmap.clone(),
+                    bitmap_chunk_bytes,
                     assume_clean: p.assume_clean,
                     metadata: p.metadata.clone(),
                 })
@@ -409,6 +424,19 @@ mod tests {
         let o = p.to_options("md0", 4, false).unwrap();
         assert_eq!((o.layout, o.bitmap), (Some(0x201), BitmapRequest::None));
         assert!(CreateParams { level: "raid7".into(), ..Default::default() }.to_options("x", 2, false).is_err());
+        let p = CreateParams { level: "raid5".into(), bitmap_chunk_bytes: Some(1 << 20), ..Default::default() };
+        let o = p.to_options("md0", 3, false).unwrap();
+        assert_eq!(o.bitmap, BitmapRequest::Internal { chunk_bytes: Some(1 << 20) });
+        for (level, bitmap) in [("raid0", None), ("raid1", Some("none"))] {
+            let p = CreateParams {
+                level: level.into(),
+                bitmap: bitmap.map(str::to_string),
+                bitmap_chunk_bytes: Some(1 << 20),
+                ..Default::default()
+            };
+            let e = p.to_options("md0", 2, false).unwrap_err().to_string();
+            assert!(e.contains("no write-intent bitmap"), "{level}: {e}");
+        }
         assert!(
             CreateParams { level: "raid1".into(), bitmap: Some("x".into()), ..Default::default() }
                 .to_options("x", 2, false)
