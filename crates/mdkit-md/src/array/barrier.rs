@@ -165,8 +165,9 @@ impl Drop for BarrierGuard<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
     use std::time::Duration;
 
     use super::*;
@@ -181,30 +182,31 @@ mod tests {
         assert_eq!(RegionBarrier::slots_of(&(0..u64::MAX)).len(), BARRIER_SLOTS);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// Polls `f` exactly once with the task's waker: `Pending` means it waits (no clock involved).
+    async fn poll_once<F: Future>(f: &mut Pin<Box<F>>) -> Poll<F::Output> {
+        std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await
+    }
+
+    /// Awaits what a test released, under a generous hang guard.
+    async fn finish<F: Future>(f: Pin<Box<F>>, what: &str) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(30), f).await.unwrap_or_else(|_| panic!("{what} never finished"))
+    }
+
+    #[tokio::test]
     async fn barrier_waits_for_writes_and_blocks_new_ones_in_its_region_only() {
-        let b = Arc::new(RegionBarrier::new());
+        let b = RegionBarrier::new();
         let w = b.enter_write(0..8).await;
-        let raised = Arc::new(AtomicBool::new(false));
-        let (b2, r2) = (b.clone(), raised.clone());
-        let raiser = tokio::spawn(async move {
-            let g = b2.raise(0..1024).await;
-            r2.store(true, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            drop(g);
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!raised.load(Ordering::SeqCst), "barrier must wait for the write in flight");
+        let mut raise = Box::pin(b.raise(0..1024));
+        assert!(poll_once(&mut raise).await.is_pending(), "barrier must wait for the write in flight");
         // A write elsewhere is not affected.
         drop(b.enter_write(BUCKET_SECTORS * 3..BUCKET_SECTORS * 3 + 8).await);
         drop(w);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(raised.load(Ordering::SeqCst));
+        let g = finish(raise, "the barrier after the write drained").await;
         // A new write to the region waits until the barrier drops.
-        let t = std::time::Instant::now();
-        drop(b.enter_write(8..16).await);
-        assert!(t.elapsed() >= Duration::from_millis(20), "{:?}", t.elapsed());
-        raiser.await.unwrap();
+        let mut write = Box::pin(b.enter_write(8..16));
+        assert!(poll_once(&mut write).await.is_pending(), "a write must wait for the barrier");
+        drop(g);
+        drop(finish(write, "the write after the barrier dropped").await);
         assert_eq!(b.pending_writes_at(0), 0);
     }
 
