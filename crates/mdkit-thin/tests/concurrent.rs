@@ -69,7 +69,12 @@ fn cached_lookups_run_beside_the_writer() {
         md.commit().unwrap();
     }
     let writer_time = start.elapsed();
-    std::thread::sleep(Duration::from_millis(50));
+    // The readers run until they have done enough lookups (a counter, not a time: on a busy
+    // machine they may have had little CPU while the writer ran); the limit is a hang guard.
+    while hits.load(Ordering::Relaxed) <= 1000 {
+        assert!(start.elapsed() < Duration::from_secs(60), "readers made no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
         r.join().unwrap();

@@ -174,7 +174,7 @@ fn racing_writers_snapshots_and_discards_lose_nothing() {
         let m: DeviceRef = meta.clone();
         // Writes land 2 ms after issue: many are in flight across snapshots, sharing breaks
         // and discards of their blocks.
-        let d: DeviceRef = Arc::new(LateWrites(data, 2, 2));
+        let d: DeviceRef = Arc::new(LateWrites::new(data, 2, 2));
         // The default options: periodic commits (every 1 s) run concurrently too.
         let pool = Pool::create("race", m, d, BLOCK_BYTES, Default::default()).await.unwrap();
         pool.create_thin(0).await.unwrap();
@@ -323,7 +323,7 @@ fn snapshots_are_point_in_time_under_in_flight_writes() {
     let seed = 0x5a9_u64;
     let rt = rt();
     rt.block_on(async {
-        let d: DeviceRef = Arc::new(LateWrites(MemDevice::new("data", 256 * BLOCK_BYTES), 2, 2));
+        let d: DeviceRef = Arc::new(LateWrites::new(MemDevice::new("data", 256 * BLOCK_BYTES), 2, 2));
         let pool =
             Pool::create("pit", Arc::new(MemDevice::new("meta", 4 << 20)), d, BLOCK_BYTES, quiet_opts()).await.unwrap();
         pool.create_thin(0).await.unwrap();
@@ -351,7 +351,14 @@ fn snapshots_are_point_in_time_under_in_flight_writes() {
         }
         let mut snaps = Vec::new();
         for id in 1..=8u64 {
-            tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+            // Snapshots between bursts of 40 writes (counted, not timed: a busy machine slows
+            // the writers and the snapshotter alike).
+            let tags = sh.tags.load(Ordering::SeqCst);
+            let waiting = std::time::Instant::now();
+            while sh.tags.load(Ordering::SeqCst) < tags + 40 {
+                assert!(waiting.elapsed() < std::time::Duration::from_secs(60), "writers made no progress");
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
             let start = sh.tick();
             pool.create_snapshot(id, 0).await.unwrap();
             let end = sh.tick();
@@ -387,8 +394,14 @@ fn snapshots_are_point_in_time_under_in_flight_writes() {
 
 /// A RAM disk whose writes reach the medium some milliseconds after they are issued (the
 /// latency models of mdkit-io apply data at issue and delay only the completion): writes of
-/// at most 4 KiB after `.1` ms, larger ones after `.2` ms.
-struct LateWrites(MemDevice, u64, u64);
+/// at most 4 KiB after `.1` ms, larger ones after `.2` ms; `.3` counts writes issued.
+struct LateWrites(MemDevice, u64, u64, AtomicU64);
+
+impl LateWrites {
+    fn new(dev: MemDevice, small_ms: u64, large_ms: u64) -> LateWrites {
+        LateWrites(dev, small_ms, large_ms, AtomicU64::new(0))
+    }
+}
 
 impl BlockDevice for LateWrites {
     fn name(&self) -> &str {
@@ -407,6 +420,7 @@ impl BlockDevice for LateWrites {
         flags: WriteFlags,
     ) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
         let ms = if buf.len() <= 4096 { self.1 } else { self.2 };
+        self.3.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             self.0.write(offset_bytes, buf, flags).await
@@ -434,7 +448,8 @@ impl BlockDevice for LateWrites {
 fn discard_waits_for_in_flight_writes_before_the_block_is_reused() {
     rt().block_on(async {
         // One data block: the block volume 0 frees is the one volume 1 gets next.
-        let d: DeviceRef = Arc::new(LateWrites(MemDevice::new("data", BLOCK_BYTES), 40, 1));
+        let late = Arc::new(LateWrites::new(MemDevice::new("data", BLOCK_BYTES), 40, 1));
+        let d: DeviceRef = late.clone();
         let pool = Pool::create("reuse", Arc::new(MemDevice::new("meta", 4 << 20)), d, BLOCK_BYTES, quiet_opts())
             .await
             .unwrap();
@@ -446,8 +461,14 @@ fn discard_waits_for_in_flight_writes_before_the_block_is_reused() {
         pool.flush().await.unwrap();
         // A slow in-place write (40 ms) to volume 0, and meanwhile a discard of its block.
         let w = v0.clone();
+        let issued = late.3.load(Ordering::SeqCst);
         let slow = tokio::spawn(async move { w.write_slice(8192, &[7u8; 4096], WriteFlags::NONE).await });
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        // The discard starts once the slow write is on the data device (counted, not timed).
+        let waiting = std::time::Instant::now();
+        while late.3.load(Ordering::SeqCst) == issued {
+            assert!(waiting.elapsed() < std::time::Duration::from_secs(60), "the slow write never started");
+            tokio::task::yield_now().await;
+        }
         v0.discard(0, BLOCK_BYTES).await.unwrap();
         pool.flush().await.unwrap(); // commit + passdown: the block is free
         v1.write_slice(0, &pattern(9, 0, 4096), WriteFlags::NONE).await.unwrap();
@@ -481,7 +502,7 @@ fn a_tiny_mapping_cache_evicts_and_reloads_under_concurrent_io() {
     let rt = rt();
     rt.block_on(async {
         let m: DeviceRef = meta.clone();
-        let d: DeviceRef = Arc::new(LateWrites(MemDevice::new("data", 160 * BLOCK_BYTES), 1, 1));
+        let d: DeviceRef = Arc::new(LateWrites::new(MemDevice::new("data", 160 * BLOCK_BYTES), 1, 1));
         let opts = mdkit_thin::pool::PoolOptions { mapping_cache_entries: 1024, ..Default::default() };
         let pool = Pool::create("tiny", m, d, BLOCK_BYTES, opts).await.unwrap();
         pool.create_thin(0).await.unwrap();
