@@ -174,11 +174,17 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
         a.set_attribute("sync_speed_min", "20000").unwrap();
         a.set_attribute("sync_speed_max", "20000").unwrap();
         a.add_member(ms[n].member_dev()).await.unwrap();
+        let started = std::time::Instant::now();
         let total = loop {
             let st = a.sync_status();
             if st.running.is_some() && st.done_sectors * 3 > st.total_sectors {
+                // Stall it there (the batch in flight ends), so a slow test thread on a busy
+                // machine cannot let it finish before the cut.
+                a.set_attribute("sync_speed_max", "1").unwrap();
                 break st.total_sectors;
             }
+            assert!(st.runs == 0, "{level:?}: the rebuild ended before the cut: {st:?}");
+            assert!(started.elapsed() < Duration::from_secs(60), "{level:?}: the rebuild stalled: {st:?}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let spare_name = ms[n].name.clone();

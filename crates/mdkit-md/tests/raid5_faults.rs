@@ -211,6 +211,9 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
         let total = loop {
             let st = a.sync_status();
             if st.running.is_some() && st.done_sectors * 3 > st.total_sectors && spare_checkpoint() > 0 {
+                // Stall it there (the batch in flight ends), so a slow test thread on a busy
+                // machine cannot let it finish before the cut.
+                a.set_attribute("sync_speed_max", "1").unwrap();
                 break st.total_sectors;
             }
             assert!(
