@@ -84,10 +84,10 @@ async fn initial_resync_makes_copies_equal_and_requests_follow_md() {
     a.set_attribute("sync_speed_max", "2000").unwrap();
     a.set_attribute("sync_speed_min", "2000").unwrap();
     a.request_sync("resync").unwrap();
-    for _ in 0..100 {
-        if a.sync_status().running.is_some() {
-            break;
-        }
+    // Until the engine runs it (the limit is a hang guard: a busy machine may take a while).
+    let waiting = std::time::Instant::now();
+    while a.sync_status().running.is_none() {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "the resync never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(a.get_attribute("sync_action").unwrap(), "resync");
