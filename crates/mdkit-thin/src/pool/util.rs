@@ -93,13 +93,15 @@ mod tests {
         drop(fut);
         tx.send(()).unwrap();
         rt.block_on(async {
-            for _ in 0..100 {
-                if done.load(Ordering::SeqCst) {
-                    return;
-                }
+            // Polls the flag; the limit is a hang guard (was 0.5 s: too short on a busy machine).
+            let waiting = std::time::Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                assert!(
+                    waiting.elapsed() < std::time::Duration::from_secs(60),
+                    "the abandoned future did not run to completion"
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-            panic!("the abandoned future did not run to completion");
         });
     }
 
