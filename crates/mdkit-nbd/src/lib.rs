@@ -24,6 +24,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admission;
+pub mod budget;
 mod conn;
 pub mod export;
 pub mod gate;
@@ -34,6 +36,8 @@ pub mod server;
 mod taskset;
 pub mod threads;
 
+pub use admission::AdmissionSnapshot;
+pub use budget::BudgetSnapshot;
 pub use export::{BlockSizes, Export, ExportStats, ExportStatsSnapshot};
 pub use server::{ListenAddr, NbdServer, ServerOptions, ShutdownReport};
 pub use threads::{ConnectionThreads, idle_poll};
