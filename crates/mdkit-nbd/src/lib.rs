@@ -28,6 +28,8 @@ pub mod admission;
 pub mod budget;
 mod conn;
 pub mod export;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod handshake;
 pub mod proto;

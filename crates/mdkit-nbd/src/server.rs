@@ -195,6 +195,10 @@ impl NbdServer {
         &self.shared.options
     }
 
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Adds an export. Names must be non-empty, at most 4096 bytes and unique.
     pub fn add_export(&self, export: Export) -> io::Result<()> {
         if export.name.is_empty() || export.name.len() > handshake::NAME_MAX_BYTES || export.name.contains('\0') {
