@@ -91,11 +91,11 @@ impl ConnTable {
         peer_ip: Option<IpAddr>,
         counters: &AdmissionCounters,
     ) -> Result<Option<AbortHandle>, Refusal> {
-        if let Some(ip) = peer_ip {
-            if self.per_peer.get(&ip).copied().unwrap_or(0) >= limits.max_connections_per_peer {
-                counters.refused_per_peer.fetch_add(1, Ordering::Relaxed);
-                return Err(Refusal::PerPeer);
-            }
+        if let Some(ip) = peer_ip
+            && self.per_peer.get(&ip).copied().unwrap_or(0) >= limits.max_connections_per_peer
+        {
+            counters.refused_per_peer.fetch_add(1, Ordering::Relaxed);
+            return Err(Refusal::PerPeer);
         }
         let full = self.all.len() >= limits.max_connections || self.handshaking.len() >= limits.max_handshakes;
         if !full {
@@ -127,12 +127,12 @@ impl ConnTable {
     pub fn remove(&mut self, id: u64) -> Option<AbortHandle> {
         let slot = self.all.remove(&id)?;
         self.handshaking.remove(&id);
-        if let Some(ip) = slot.peer_ip {
-            if let Some(n) = self.per_peer.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_peer.remove(&ip);
-                }
+        if let Some(ip) = slot.peer_ip
+            && let Some(n) = self.per_peer.get_mut(&ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&ip);
             }
         }
         Some(slot.abort)
