@@ -35,6 +35,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use mdkit_io::{BlockDevice, IoBuf, SharedBuf, WriteFlags, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -45,6 +46,7 @@ use crate::export::ExportState;
 use crate::handshake::Negotiated;
 use crate::proto::*;
 use crate::reader::{PayloadProgress, RequestReader};
+use crate::stall::StallWatch;
 use crate::taskset::RequestSet;
 
 /// Socket buffers handed to one vectored write at most (two per reply; IOV_MAX is 1024).
@@ -64,6 +66,8 @@ pub struct ConnLimits {
     pub max_in_flight_bytes: usize,
     pub max_payload_bytes: u32,
     pub budget: Arc<PayloadBudget>,
+    /// A WRITE payload that receives no byte for this long ends the connection.
+    pub payload_stall_timeout: Duration,
 }
 
 /// Why the transmission phase ended.
@@ -141,6 +145,7 @@ where
         requests_in_flight: 0,
         units_in_flight: 0,
         budget: BudgetWaiter::new(limits.budget),
+        stall: StallWatch::new(limits.payload_stall_timeout),
         write_error: None,
         close_step: CloseStep::Flush,
     };
@@ -229,6 +234,7 @@ struct Connection<R, W, F: Future<Output = Reply>> {
     /// same units are held in the server-wide budget.
     units_in_flight: u64,
     budget: BudgetWaiter,
+    stall: StallWatch,
     /// The socket failed: replies are dropped from then on.
     write_error: Option<io::Error>,
     close_step: CloseStep,
@@ -329,6 +335,7 @@ where
                     self.units_in_flight += u64::from(units);
                     if h.kind == CMD_WRITE {
                         let buf = IoBuf::uninit_contents(h.len_bytes as usize);
+                        self.stall.payload_started();
                         self.read_state = ReadState::Payload { h, units, buf, progress: PayloadProgress::default() };
                         continue;
                     }
@@ -337,6 +344,21 @@ where
                 }
                 ReadState::Payload { h, units, mut buf, mut progress } => {
                     let r = self.rd.poll_payload(cx, buf.as_mut_slice(), &mut progress);
+                    if r.is_pending() && self.stall.poll_stalled(cx, progress.filled) {
+                        let e = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "WRITE of {} bytes at offset {}: no payload byte for {:?} ({} received); \
+                                 closing the connection",
+                                h.len_bytes,
+                                h.offset_bytes,
+                                self.stall.timeout(),
+                                progress.filled
+                            ),
+                        );
+                        self.read_state = ReadState::Payload { h, units, buf, progress };
+                        return self.end_reading(Err(e));
+                    }
                     self.read_state = ReadState::Payload { h, units, buf, progress };
                     match ready!(r) {
                         Ok(()) => {

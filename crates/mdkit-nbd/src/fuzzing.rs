@@ -56,6 +56,7 @@ pub fn requests(stream: &[u8]) -> Outcome {
         max_in_flight_bytes: 1 << 20,
         max_payload_bytes: MAX_PAYLOAD_BYTES,
         budget: Arc::new(PayloadBudget::new(2 << 20, MAX_PAYLOAD_BYTES)),
+        payload_stall_timeout: std::time::Duration::from_secs(30),
     };
     let (_shutdown_tx, shutdown_rx) = watch::channel(false);
     let sent = Arc::new(AtomicUsize::new(0));

@@ -35,6 +35,7 @@ pub mod handshake;
 pub mod proto;
 mod reader;
 pub mod server;
+mod stall;
 mod taskset;
 pub mod threads;
 

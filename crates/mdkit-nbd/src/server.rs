@@ -44,6 +44,9 @@ pub struct ServerOptions {
     pub max_handshakes: usize,
     /// Time allowed from accept to the end of option haggling.
     pub handshake_timeout: Duration,
+    /// A WRITE payload that receives no byte for this long ends its connection (returning
+    /// the payload budget it held; see [`crate::budget`]).
+    pub payload_stall_timeout: Duration,
     /// Accept TCP listeners on non-loopback addresses. NBD has no authentication and mdkit
     /// no TLS: anyone who reaches the port can read and write every export.
     pub allow_remote: bool,
@@ -51,6 +54,8 @@ pub struct ServerOptions {
 
 /// Default of [`ServerOptions::handshake_timeout`]: a real client needs milliseconds.
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default of [`ServerOptions::payload_stall_timeout`].
+pub const PAYLOAD_STALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default of [`ServerOptions::payload_budget_bytes`].
 pub const PAYLOAD_BUDGET_BYTES_DEFAULT: u64 = 64 << 20;
 
@@ -65,6 +70,7 @@ impl Default for ServerOptions {
             max_connections_per_peer: 64,
             max_handshakes: 64,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            payload_stall_timeout: PAYLOAD_STALL_TIMEOUT_DEFAULT,
             allow_remote: false,
         }
     }
@@ -529,6 +535,7 @@ async fn run_connection<S: Transport>(mut stream: S, id: u64, peer: &str, shared
         max_in_flight_bytes: shared.options.max_in_flight_bytes,
         max_payload_bytes: shared.options.max_payload_bytes,
         budget: shared.budget.clone(),
+        payload_stall_timeout: shared.options.payload_stall_timeout,
     };
     let (r, w) = stream.into_halves();
     let result = conn::serve(r, w, neg, limits, shutdown, peer).await;

@@ -249,3 +249,20 @@ async fn remote_listeners_need_an_explicit_opt_in() {
     open.listen(&"0.0.0.0:0".parse().unwrap()).await.unwrap();
     assert_eq!(open.listeners().len(), 1);
 }
+
+#[tokio::test]
+async fn a_writer_that_stops_mid_payload_is_cut_and_its_budget_returned() {
+    let options = ServerOptions { payload_stall_timeout: Duration::from_millis(100), ..ServerOptions::default() };
+    let (server, addr) = serve(options).await;
+    let mut s = connect_from(Ipv4Addr::LOCALHOST, addr).await;
+    handshake(&mut s).await;
+    let mut w = request_header(1, 1, 0, 8 << 20);
+    w.extend_from_slice(&[7u8; 64 << 10]);
+    s.write_all(&w).await.unwrap();
+    until("the write granted", || server.payload_budget().used_bytes == 8 * MIB).await;
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(HANG_GUARD, s.read_to_end(&mut rest)).await.expect("hang guard: never cut");
+    assert_eq!(n.unwrap(), 0, "no reply is owed for a write that never arrived");
+    until("the budget returned", || server.payload_budget().used_bytes == 0).await;
+    assert_eq!(server.payload_budget().peak_bytes, 8 * MIB);
+}

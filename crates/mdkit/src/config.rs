@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use mdkit_nbd::server::{HANDSHAKE_TIMEOUT_DEFAULT, PAYLOAD_BUDGET_BYTES_DEFAULT};
+use mdkit_nbd::server::{HANDSHAKE_TIMEOUT_DEFAULT, PAYLOAD_BUDGET_BYTES_DEFAULT, PAYLOAD_STALL_TIMEOUT_DEFAULT};
 use mdkit_nbd::{ListenAddr, ServerOptions};
 use serde::Deserialize;
 
@@ -71,6 +71,7 @@ struct RawNbd {
     max_connections_per_peer: Option<usize>,
     max_handshakes: Option<usize>,
     handshake_timeout_ms: Option<u64>,
+    payload_stall_timeout_ms: Option<u64>,
     allow_remote: Option<bool>,
     shutdown_grace_ms: Option<u64>,
     idle_poll_us: Option<u64>,
@@ -329,7 +330,12 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
             "nbd.max_connections_per_peer",
         )?,
         max_handshakes: positive(raw.max_handshakes, defaults.max_handshakes, "nbd.max_handshakes")?,
-        handshake_timeout: handshake_timeout(raw.handshake_timeout_ms)?,
+        handshake_timeout: timeout_ms(raw.handshake_timeout_ms, HANDSHAKE_TIMEOUT_DEFAULT, "nbd.handshake_timeout_ms")?,
+        payload_stall_timeout: timeout_ms(
+            raw.payload_stall_timeout_ms,
+            PAYLOAD_STALL_TIMEOUT_DEFAULT,
+            "nbd.payload_stall_timeout_ms",
+        )?,
         allow_remote: raw.allow_remote.unwrap_or(false),
     };
     Ok(NbdConfig {
@@ -355,12 +361,12 @@ fn payload_budget(raw: Option<Size>, max_payload_bytes: u32) -> Result<u64> {
     Ok(s.bytes())
 }
 
-/// `nbd.handshake_timeout_ms`: 1 ms to 10 minutes.
-fn handshake_timeout(raw: Option<u64>) -> Result<Duration> {
+/// A timeout in milliseconds: 1 ms to 10 minutes.
+fn timeout_ms(raw: Option<u64>, default: Duration, what: &str) -> Result<Duration> {
     match raw {
-        None => Ok(HANDSHAKE_TIMEOUT_DEFAULT),
+        None => Ok(default),
         Some(ms) if (1..=600_000).contains(&ms) => Ok(Duration::from_millis(ms)),
-        Some(ms) => bail!("nbd.handshake_timeout_ms {ms}: must be between 1 and 600000"),
+        Some(ms) => bail!("{what} {ms}: must be between 1 and 600000"),
     }
 }
 
@@ -459,7 +465,8 @@ mod tests {
             ("[nbd]\nmax_in_flight_requests = 0", "at least 1"),
             ("[nbd]\nidle_poll_us = 20000", "idle_poll_us 20000: at most 10000"),
             ("[nbd]\npayload_budget_bytes = \"16MiB\"", "payload_budget_bytes 16777216: must be at least"),
-            ("[nbd]\nhandshake_timeout_ms = 0", "between 1 and 600000"),
+            ("[nbd]\nhandshake_timeout_ms = 0", "handshake_timeout_ms 0: must be between 1 and 600000"),
+            ("[nbd]\npayload_stall_timeout_ms = 700000", "payload_stall_timeout_ms 700000: must be between"),
             ("[nbd]\nmax_connections_per_peer = 0", "at least 1"),
             ("[nbd]\nallow_remote = \"yes\"", "allow_remote"),
         ];
@@ -475,8 +482,9 @@ mod tests {
         assert!(!d.allow_remote);
         assert_eq!(d.handshake_timeout, HANDSHAKE_TIMEOUT_DEFAULT);
         assert_eq!(d.payload_budget_bytes, PAYLOAD_BUDGET_BYTES_DEFAULT);
+        assert_eq!(d.payload_stall_timeout, PAYLOAD_STALL_TIMEOUT_DEFAULT);
         let c = parse(
-            "[nbd]\nallow_remote = true\nhandshake_timeout_ms = 250\npayload_budget_bytes = \"256MiB\"\n\
+            "[nbd]\nallow_remote = true\nhandshake_timeout_ms = 250\npayload_stall_timeout_ms = 900\npayload_budget_bytes = \"256MiB\"\n\
              max_connections = 10\nmax_connections_per_peer = 3\nmax_handshakes = 2",
         )
         .unwrap()
@@ -484,6 +492,7 @@ mod tests {
         .server;
         assert!(c.allow_remote);
         assert_eq!(c.handshake_timeout, Duration::from_millis(250));
+        assert_eq!(c.payload_stall_timeout, Duration::from_millis(900));
         assert_eq!(c.payload_budget_bytes, 256 << 20);
         assert_eq!((c.max_connections, c.max_connections_per_peer, c.max_handshakes), (10, 3, 2));
     }
