@@ -4,7 +4,8 @@
 //! until its reply has left the socket; a WRITE's buffer is allocated only once the budget is
 //! granted. So whatever clients announce and however they stall, the payload buffers alive at
 //! once never exceed [`PayloadBudget::limit_bytes`] (per-connection limits come on top and
-//! stay).
+//! stay). Not counted: the block-rounding of misaligned requests and the second buffer of a
+//! read-modify-write, both short-lived and at most one request's size.
 //!
 //! ```text
 //!   units ≤ SMALL_REQUEST_UNITS   may use the whole budget
