@@ -21,7 +21,10 @@
 //!
 //! Two limits bound a connection: requests in flight (parsed and not yet answered on the
 //! socket) and payload bytes in flight (in 4 KiB units). When either is reached the reader stops
-//! until replies have been written, so a client that stops reading stalls only itself. Requests
+//! until replies have been written, so a client that stops reading stalls only itself. On top,
+//! every READ/WRITE payload takes its bytes from the server-wide [`PayloadBudget`] before its
+//! buffer is allocated (a WRITE announced but not sent costs nothing until then), and gives
+//! them back with the per-connection bytes once its reply is on the socket. Requests
 //! already started always run to completion, even when the connection ends early (bad input,
 //! socket error, DISC, shutdown); their replies are written while the socket works.
 
@@ -32,15 +35,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use mdkit_io::{BlockDevice, IoBuf, SharedBuf, WriteFlags, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
+use crate::budget::{BUDGET_UNIT_BYTES, BudgetWaiter, PayloadBudget};
 use crate::export::ExportState;
 use crate::handshake::Negotiated;
 use crate::proto::*;
 use crate::reader::{PayloadProgress, RequestReader};
+use crate::stall::StallWatch;
 use crate::taskset::RequestSet;
 
 /// Socket buffers handed to one vectored write at most (two per reply; IOV_MAX is 1024).
@@ -48,19 +54,20 @@ const WRITE_IOVECS_MAX: usize = 512;
 /// Requests admitted plus replies collected per poll of the connection before it yields to
 /// other tasks (fairness between connections on a worker).
 const WORK_PER_POLL_MAX: usize = 512;
-/// Unit of the in-flight byte budget.
-const BYTE_PERMIT_UNIT: u64 = 4096;
 /// Longest error message sent in a structured error chunk.
 const ERROR_MESSAGE_MAX_BYTES: usize = 1024;
 /// Chunk used when zeroes have to be written as data.
 const ZERO_CHUNK_BYTES: u64 = 1 << 20;
 
-/// Per-connection limits, from [`crate::ServerOptions`].
-#[derive(Clone, Copy, Debug)]
+/// Per-connection limits, from [`crate::ServerOptions`], and the server-wide payload budget.
+#[derive(Clone, Debug)]
 pub struct ConnLimits {
     pub max_in_flight_requests: usize,
     pub max_in_flight_bytes: usize,
     pub max_payload_bytes: u32,
+    pub budget: Arc<PayloadBudget>,
+    /// A WRITE payload that receives no byte for this long ends the connection.
+    pub payload_stall_timeout: Duration,
 }
 
 /// Why the transmission phase ended.
@@ -120,8 +127,8 @@ where
         export: neg.export,
     });
     // Always room for one request of the largest payload, whatever the configured budget.
-    let byte_units = (limits.max_in_flight_bytes as u64 / BYTE_PERMIT_UNIT)
-        .max(u64::from(bs.max_payload_bytes) / BYTE_PERMIT_UNIT + 2);
+    let byte_units = (limits.max_in_flight_bytes as u64 / BUDGET_UNIT_BYTES)
+        .max(u64::from(bs.max_payload_bytes) / BUDGET_UNIT_BYTES + 2);
     let max_requests = limits.max_in_flight_requests.max(1);
     let mut c = Connection {
         conn: conn.clone(),
@@ -137,6 +144,8 @@ where
         max_units: byte_units,
         requests_in_flight: 0,
         units_in_flight: 0,
+        budget: BudgetWaiter::new(limits.budget),
+        stall: StallWatch::new(limits.payload_stall_timeout),
         write_error: None,
         close_step: CloseStep::Flush,
     };
@@ -221,8 +230,11 @@ struct Connection<R, W, F: Future<Output = Reply>> {
     max_units: u64,
     /// Requests parsed and not yet answered on the socket (≤ `max_requests`).
     requests_in_flight: usize,
-    /// Payload budget held by those requests, in [`BYTE_PERMIT_UNIT`]s (≤ `max_units`).
+    /// Payload budget held by those requests, in [`BUDGET_UNIT_BYTES`]s (≤ `max_units`); the
+    /// same units are held in the server-wide budget.
     units_in_flight: u64,
+    budget: BudgetWaiter,
+    stall: StallWatch,
     /// The socket failed: replies are dropped from then on.
     write_error: Option<io::Error>,
     close_step: CloseStep,
@@ -313,13 +325,17 @@ where
                     return Poll::Ready(());
                 }
                 ReadState::Budget { h, units } => {
-                    if self.units_in_flight + u64::from(units) > self.max_units {
+                    if self.units_in_flight + u64::from(units) > self.max_units
+                        || self.budget.poll_take(cx, u64::from(units)).is_pending()
+                    {
                         self.read_state = ReadState::Budget { h, units };
                         return Poll::Pending;
                     }
+                    // The buffer is allocated only now that the server-wide budget granted it.
                     self.units_in_flight += u64::from(units);
                     if h.kind == CMD_WRITE {
                         let buf = IoBuf::uninit_contents(h.len_bytes as usize);
+                        self.stall.payload_started();
                         self.read_state = ReadState::Payload { h, units, buf, progress: PayloadProgress::default() };
                         continue;
                     }
@@ -328,6 +344,21 @@ where
                 }
                 ReadState::Payload { h, units, mut buf, mut progress } => {
                     let r = self.rd.poll_payload(cx, buf.as_mut_slice(), &mut progress);
+                    if r.is_pending() && self.stall.poll_stalled(cx, progress.filled) {
+                        let e = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "WRITE of {} bytes at offset {}: no payload byte for {:?} ({} received); \
+                                 closing the connection",
+                                h.len_bytes,
+                                h.offset_bytes,
+                                self.stall.timeout(),
+                                progress.filled
+                            ),
+                        );
+                        self.read_state = ReadState::Payload { h, units, buf, progress };
+                        return self.end_reading(Err(e));
+                    }
                     self.read_state = ReadState::Payload { h, units, buf, progress };
                     match ready!(r) {
                         Ok(()) => {
@@ -401,7 +432,7 @@ where
             return None;
         }
         if matches!(h.kind, CMD_READ | CMD_WRITE) {
-            let units = u64::from(h.len_bytes).div_ceil(BYTE_PERMIT_UNIT).max(1) as u32;
+            let units = u64::from(h.len_bytes).div_ceil(BUDGET_UNIT_BYTES).max(1) as u32;
             return Some(ReadState::Budget { h, units });
         }
         self.dispatch(h, None, 0);
@@ -437,6 +468,7 @@ where
         debug_assert!(w.requests <= self.requests_in_flight && w.units <= self.units_in_flight);
         self.requests_in_flight -= w.requests;
         self.units_in_flight -= w.units;
+        self.budget.budget().give_back(w.units);
     }
 
     fn end_reading(&mut self, ending: io::Result<Ending>) -> Poll<()> {
@@ -453,10 +485,13 @@ where
         self.ending = Some(ending);
         match std::mem::replace(&mut self.read_state, ReadState::Header) {
             ReadState::Header => {}
-            ReadState::Budget { .. } | ReadState::Discard { .. } => self.requests_in_flight -= 1,
-            ReadState::Payload { units, .. } => {
+            ReadState::Budget { .. } => {
                 self.requests_in_flight -= 1;
-                self.units_in_flight -= u64::from(units);
+                self.budget.stop_waiting();
+            }
+            ReadState::Discard { .. } => self.requests_in_flight -= 1,
+            ReadState::Payload { units, .. } => {
+                self.release(Written { requests: 1, units: u64::from(units) });
             }
         }
     }
@@ -480,6 +515,14 @@ where
             (Ok(_), Some(e)) => Err(e),
             (ending, _) => ending,
         })
+    }
+}
+
+impl<R, W, F: Future<Output = Reply>> Drop for Connection<R, W, F> {
+    fn drop(&mut self) {
+        // A connection cut mid-way (task aborted at the end of the shutdown grace) still
+        // returns what its requests held to the server-wide budget.
+        self.budget.budget().give_back(self.units_in_flight);
     }
 }
 

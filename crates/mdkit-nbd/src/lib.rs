@@ -24,16 +24,23 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admission;
+pub mod budget;
 mod conn;
 pub mod export;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod handshake;
 pub mod proto;
 mod reader;
 pub mod server;
+mod stall;
 mod taskset;
 pub mod threads;
 
+pub use admission::AdmissionSnapshot;
+pub use budget::BudgetSnapshot;
 pub use export::{BlockSizes, Export, ExportStats, ExportStatsSnapshot};
 pub use server::{ListenAddr, NbdServer, ServerOptions, ShutdownReport};
 pub use threads::{ConnectionThreads, idle_poll};

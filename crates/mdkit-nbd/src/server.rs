@@ -1,8 +1,9 @@
 //! Listeners, connections, the export table and graceful shutdown.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -16,6 +17,8 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 
+use crate::admission::{AdmissionCounters, AdmissionLimits, AdmissionSnapshot, ConnTable};
+use crate::budget::{BudgetSnapshot, PayloadBudget};
 use crate::conn::{self, ConnLimits, Ending};
 use crate::export::{Export, ExportState, ExportStatsSnapshot};
 use crate::handshake;
@@ -30,11 +33,31 @@ pub struct ServerOptions {
     pub max_in_flight_bytes: usize,
     /// Largest READ/WRITE payload accepted; advertised in NBD_INFO_BLOCK_SIZE.
     pub max_payload_bytes: u32,
-    /// Connections served at once; further ones are closed at accept.
+    /// Payload bytes (read or write buffers) alive at once over all connections; see
+    /// [`crate::budget`]. Raised to 4/3 of `max_payload_bytes` when smaller.
+    pub payload_budget_bytes: u64,
+    /// Connections served at once (see [`crate::admission`]).
     pub max_connections: usize,
+    /// Connections from one IP address at once (Unix sockets are exempt).
+    pub max_connections_per_peer: usize,
+    /// Connections still in the handshake at once; a new one cuts the oldest.
+    pub max_handshakes: usize,
     /// Time allowed from accept to the end of option haggling.
     pub handshake_timeout: Duration,
+    /// A WRITE payload that receives no byte for this long ends its connection (returning
+    /// the payload budget it held; see [`crate::budget`]).
+    pub payload_stall_timeout: Duration,
+    /// Accept TCP listeners on non-loopback addresses. NBD has no authentication and mdkit
+    /// no TLS: anyone who reaches the port can read and write every export.
+    pub allow_remote: bool,
 }
+
+/// Default of [`ServerOptions::handshake_timeout`]: a real client needs milliseconds.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default of [`ServerOptions::payload_stall_timeout`].
+pub const PAYLOAD_STALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default of [`ServerOptions::payload_budget_bytes`].
+pub const PAYLOAD_BUDGET_BYTES_DEFAULT: u64 = 64 << 20;
 
 impl Default for ServerOptions {
     fn default() -> ServerOptions {
@@ -42,8 +65,23 @@ impl Default for ServerOptions {
             max_in_flight_requests: 128,
             max_in_flight_bytes: 64 << 20,
             max_payload_bytes: MAX_PAYLOAD_BYTES_DEFAULT,
-            max_connections: 256,
-            handshake_timeout: Duration::from_secs(30),
+            payload_budget_bytes: PAYLOAD_BUDGET_BYTES_DEFAULT,
+            max_connections: 384,
+            max_connections_per_peer: 64,
+            max_handshakes: 64,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            payload_stall_timeout: PAYLOAD_STALL_TIMEOUT_DEFAULT,
+            allow_remote: false,
+        }
+    }
+}
+
+impl ServerOptions {
+    fn admission_limits(&self) -> AdmissionLimits {
+        AdmissionLimits {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            max_handshakes: self.max_handshakes,
         }
     }
 }
@@ -103,7 +141,9 @@ pub struct Shared {
     exports: RwLock<BTreeMap<String, Arc<ExportState>>>,
     default_export: RwLock<Option<String>>,
     shutdown_tx: watch::Sender<bool>,
-    connections: Mutex<HashMap<u64, AbortHandle>>,
+    connections: Mutex<ConnTable>,
+    admission: AdmissionCounters,
+    budget: Arc<PayloadBudget>,
     next_connection_id: AtomicU64,
     connections_accepted: AtomicU64,
     connections_done: Notify,
@@ -137,13 +177,16 @@ impl NbdServer {
     pub fn new(options: ServerOptions) -> NbdServer {
         assert!(options.max_in_flight_requests > 0, "max_in_flight_requests must be positive");
         let (shutdown_tx, _) = watch::channel(false);
+        let budget = Arc::new(PayloadBudget::new(options.payload_budget_bytes, options.max_payload_bytes));
         NbdServer {
             shared: Arc::new(Shared {
                 options,
                 exports: RwLock::new(BTreeMap::new()),
                 default_export: RwLock::new(None),
                 shutdown_tx,
-                connections: Mutex::new(HashMap::new()),
+                connections: Mutex::new(ConnTable::default()),
+                admission: AdmissionCounters::default(),
+                budget,
                 next_connection_id: AtomicU64::new(1),
                 connections_accepted: AtomicU64::new(0),
                 connections_done: Notify::new(),
@@ -156,6 +199,10 @@ impl NbdServer {
 
     pub fn options(&self) -> &ServerOptions {
         &self.shared.options
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Adds an export. Names must be non-empty, at most 4096 bytes and unique.
@@ -207,6 +254,16 @@ impl NbdServer {
         self.shared.connections_accepted.load(Ordering::Relaxed)
     }
 
+    /// Connections refused or cut by the limits of [`crate::admission`].
+    pub fn admission_stats(&self) -> AdmissionSnapshot {
+        self.shared.admission.snapshot()
+    }
+
+    /// The server-wide payload budget: limit, use, peak.
+    pub fn payload_budget(&self) -> BudgetSnapshot {
+        self.shared.budget.snapshot()
+    }
+
     pub fn listeners(&self) -> Vec<ListenAddr> {
         self.shared.listeners.lock().iter().map(|(a, _)| a.clone()).collect()
     }
@@ -220,7 +277,9 @@ impl NbdServer {
         let (bound, task) = match addr {
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a).await.map_err(|e| io::Error::new(e.kind(), format!("bind {a}: {e}")))?;
-                let bound = ListenAddr::Tcp(l.local_addr()?.to_string());
+                let local = l.local_addr()?;
+                check_exposure(a, local.ip(), self.shared.options.allow_remote)?;
+                let bound = ListenAddr::Tcp(local.to_string());
                 let shared = self.shared.clone();
                 (bound, tokio::spawn(accept_tcp(l, shared)))
             }
@@ -267,7 +326,7 @@ impl NbdServer {
                 break;
             }
             if tokio::time::timeout_at(deadline, done).await.is_err() {
-                let left: Vec<AbortHandle> = self.shared.connections.lock().values().cloned().collect();
+                let left: Vec<AbortHandle> = self.shared.connections.lock().abort_handles();
                 report.connections_aborted = left.len();
                 tracing::warn!(connections = left.len(), "grace period over: cutting connections");
                 for h in left {
@@ -290,6 +349,26 @@ impl NbdServer {
         }
         report
     }
+}
+
+/// Refuses a listener that remote hosts can reach unless `allow_remote` is set, and warns when
+/// it is: NBD has no authentication, and mdkit does not speak TLS.
+fn check_exposure(asked: &str, ip: IpAddr, allow_remote: bool) -> io::Result<()> {
+    if ip.is_loopback() {
+        return Ok(());
+    }
+    if !allow_remote {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "listen {asked}: {ip} is not a loopback address; NBD has no authentication or encryption, \
+                 so anyone who can reach it can read and overwrite every export. Set `[nbd] allow_remote = true` \
+                 to listen there anyway, or use 127.0.0.1, [::1] or unix:PATH"
+            ),
+        ));
+    }
+    tracing::warn!(listen = asked, %ip, "NBD listening on a non-loopback address (allow_remote): no authentication, no encryption");
+    Ok(())
 }
 
 //------------------------------------------------------------------------------------------------
@@ -343,7 +422,7 @@ async fn accept_tcp(l: TcpListener, shared: Arc<Shared>) {
                 if let Err(e) = s.set_nodelay(true) {
                     tracing::warn!(%peer, "TCP_NODELAY: {e}");
                 }
-                spawn_connection(s, peer.to_string(), &shared);
+                spawn_connection(s, Some(peer.ip()), peer.to_string(), &shared);
             }
             Err(e) => accept_error(e).await,
         }
@@ -353,7 +432,7 @@ async fn accept_tcp(l: TcpListener, shared: Arc<Shared>) {
 async fn accept_unix(l: UnixListener, shared: Arc<Shared>) {
     loop {
         match l.accept().await {
-            Ok((s, _)) => spawn_connection(s, "unix".to_string(), &shared),
+            Ok((s, _)) => spawn_connection(s, None, "unix".to_string(), &shared),
             Err(e) => accept_error(e).await,
         }
     }
@@ -365,11 +444,18 @@ async fn accept_error(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-fn spawn_connection<S: Transport>(stream: S, peer: String, shared: &Arc<Shared>) {
+fn spawn_connection<S: Transport>(stream: S, peer_ip: Option<IpAddr>, peer: String, shared: &Arc<Shared>) {
     let mut conns = shared.connections.lock();
-    if conns.len() >= shared.options.max_connections {
-        tracing::warn!(%peer, limit = shared.options.max_connections, "connection limit reached; closing new connection");
-        return;
+    match conns.admit(&shared.options.admission_limits(), peer_ip, &shared.admission) {
+        Ok(None) => {}
+        Ok(Some(oldest_handshake)) => {
+            tracing::debug!(%peer, "handshake slots full; cutting the oldest handshake");
+            oldest_handshake.abort();
+        }
+        Err(refusal) => {
+            tracing::warn!(%peer, ?refusal, "connection limit reached; closing new connection");
+            return;
+        }
     }
     shared.connections_accepted.fetch_add(1, Ordering::Relaxed);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +470,7 @@ fn spawn_connection<S: Transport>(stream: S, peer: String, shared: &Arc<Shared>)
     let task = match runtime {
         None => tokio::spawn(async move {
             let _guard = ConnectionGuard { shared: s2.clone(), id };
-            run_connection(stream, &peer, &s2).await;
+            run_connection(stream, id, &peer, &s2).await;
         }),
         Some(rt) => {
             let detached = match stream.detach() {
@@ -399,14 +485,14 @@ fn spawn_connection<S: Transport>(stream: S, peer: String, shared: &Arc<Shared>)
                 match S::attach(detached) {
                     Ok(stream) => {
                         let _watch = crate::threads::watch_socket(stream.as_raw_fd());
-                        run_connection(stream, &peer, &s2).await
+                        run_connection(stream, id, &peer, &s2).await
                     }
                     Err(e) => tracing::warn!(%peer, "attaching the connection to its thread: {e}"),
                 }
             })
         }
     };
-    conns.insert(id, task.abort_handle());
+    conns.insert(id, task.abort_handle(), peer_ip);
 }
 
 struct ConnectionGuard {
@@ -416,12 +502,12 @@ struct ConnectionGuard {
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.shared.connections.lock().remove(&self.id);
+        self.shared.connections.lock().remove(self.id);
         self.shared.connections_done.notify_waiters();
     }
 }
 
-async fn run_connection<S: Transport>(mut stream: S, peer: &str, shared: &Arc<Shared>) {
+async fn run_connection<S: Transport>(mut stream: S, id: u64, peer: &str, shared: &Arc<Shared>) {
     let mut shutdown = shared.shutdown_tx.subscribe();
     let negotiated = tokio::select! {
         r = tokio::time::timeout(shared.options.handshake_timeout, handshake::negotiate(&mut stream, shared, peer)) => r,
@@ -435,10 +521,12 @@ async fn run_connection<S: Transport>(mut stream: S, peer: &str, shared: &Arc<Sh
             return;
         }
         Err(_) => {
+            shared.admission.handshakes_timed_out.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(peer, "handshake timed out");
             return;
         }
     };
+    shared.connections.lock().handshake_done(id);
     let export = neg.export.clone();
     tracing::debug!(peer, export = %export.export.name, structured = neg.structured, flags = neg.flags, "transmission");
     export.stats.connections.fetch_add(1, Ordering::Relaxed);
@@ -446,6 +534,8 @@ async fn run_connection<S: Transport>(mut stream: S, peer: &str, shared: &Arc<Sh
         max_in_flight_requests: shared.options.max_in_flight_requests,
         max_in_flight_bytes: shared.options.max_in_flight_bytes,
         max_payload_bytes: shared.options.max_payload_bytes,
+        budget: shared.budget.clone(),
+        payload_stall_timeout: shared.options.payload_stall_timeout,
     };
     let (r, w) = stream.into_halves();
     let result = conn::serve(r, w, neg, limits, shutdown, peer).await;

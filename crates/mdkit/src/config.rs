@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use mdkit_nbd::server::{HANDSHAKE_TIMEOUT_DEFAULT, PAYLOAD_BUDGET_BYTES_DEFAULT, PAYLOAD_STALL_TIMEOUT_DEFAULT};
 use mdkit_nbd::{ListenAddr, ServerOptions};
 use serde::Deserialize;
 
@@ -65,8 +66,13 @@ struct RawNbd {
     max_in_flight_requests: Option<usize>,
     max_in_flight_bytes: Option<Size>,
     max_payload_bytes: Option<Size>,
+    payload_budget_bytes: Option<Size>,
     max_connections: Option<usize>,
+    max_connections_per_peer: Option<usize>,
+    max_handshakes: Option<usize>,
     handshake_timeout_ms: Option<u64>,
+    payload_stall_timeout_ms: Option<u64>,
+    allow_remote: Option<bool>,
     shutdown_grace_ms: Option<u64>,
     idle_poll_us: Option<u64>,
 }
@@ -316,8 +322,21 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
             .map(|s| s.bytes() as usize)
             .unwrap_or(defaults.max_in_flight_bytes),
         max_payload_bytes,
+        payload_budget_bytes: payload_budget(raw.payload_budget_bytes, max_payload_bytes)?,
         max_connections: positive(raw.max_connections, defaults.max_connections, "nbd.max_connections")?,
-        handshake_timeout: raw.handshake_timeout_ms.map(Duration::from_millis).unwrap_or(defaults.handshake_timeout),
+        max_connections_per_peer: positive(
+            raw.max_connections_per_peer,
+            defaults.max_connections_per_peer,
+            "nbd.max_connections_per_peer",
+        )?,
+        max_handshakes: positive(raw.max_handshakes, defaults.max_handshakes, "nbd.max_handshakes")?,
+        handshake_timeout: timeout_ms(raw.handshake_timeout_ms, HANDSHAKE_TIMEOUT_DEFAULT, "nbd.handshake_timeout_ms")?,
+        payload_stall_timeout: timeout_ms(
+            raw.payload_stall_timeout_ms,
+            PAYLOAD_STALL_TIMEOUT_DEFAULT,
+            "nbd.payload_stall_timeout_ms",
+        )?,
+        allow_remote: raw.allow_remote.unwrap_or(false),
     };
     Ok(NbdConfig {
         listen,
@@ -326,6 +345,29 @@ fn nbd_config(raw: RawNbd, listen_override: &[String], data_dir: &Path) -> Resul
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(10_000)),
         idle_poll: Duration::from_micros(idle_poll_us),
     })
+}
+
+/// `nbd.payload_budget_bytes`: at least 4/3 of the largest payload (one of those must fit
+/// beside the quarter kept for small requests, see `mdkit_nbd::budget`).
+fn payload_budget(raw: Option<Size>, max_payload_bytes: u32) -> Result<u64> {
+    let min_bytes = u64::from(max_payload_bytes) * 4 / 3 + 4096;
+    let Some(s) = raw else { return Ok(PAYLOAD_BUDGET_BYTES_DEFAULT.max(min_bytes)) };
+    if s.bytes() < min_bytes {
+        bail!(
+            "nbd.payload_budget_bytes {}: must be at least {min_bytes} (4/3 of nbd.max_payload_bytes {max_payload_bytes})",
+            s.bytes()
+        );
+    }
+    Ok(s.bytes())
+}
+
+/// A timeout in milliseconds: 1 ms to 10 minutes.
+fn timeout_ms(raw: Option<u64>, default: Duration, what: &str) -> Result<Duration> {
+    match raw {
+        None => Ok(default),
+        Some(ms) if (1..=600_000).contains(&ms) => Ok(Duration::from_millis(ms)),
+        Some(ms) => bail!("{what} {ms}: must be between 1 and 600000"),
+    }
 }
 
 fn positive(v: Option<usize>, default: usize, what: &str) -> Result<usize> {
@@ -422,11 +464,37 @@ mod tests {
             ("[nbd]\ndefault_export = \"x\"", "not an export"),
             ("[nbd]\nmax_in_flight_requests = 0", "at least 1"),
             ("[nbd]\nidle_poll_us = 20000", "idle_poll_us 20000: at most 10000"),
+            ("[nbd]\npayload_budget_bytes = \"16MiB\"", "payload_budget_bytes 16777216: must be at least"),
+            ("[nbd]\nhandshake_timeout_ms = 0", "handshake_timeout_ms 0: must be between 1 and 600000"),
+            ("[nbd]\npayload_stall_timeout_ms = 700000", "payload_stall_timeout_ms 700000: must be between"),
+            ("[nbd]\nmax_connections_per_peer = 0", "at least 1"),
+            ("[nbd]\nallow_remote = \"yes\"", "allow_remote"),
         ];
         for (text, want) in cases {
             let e = format!("{:#}", parse(text).unwrap_err());
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn nbd_abuse_limits_have_defaults_and_can_be_set() {
+        let d = parse("").unwrap().nbd.server;
+        assert!(!d.allow_remote);
+        assert_eq!(d.handshake_timeout, HANDSHAKE_TIMEOUT_DEFAULT);
+        assert_eq!(d.payload_budget_bytes, PAYLOAD_BUDGET_BYTES_DEFAULT);
+        assert_eq!(d.payload_stall_timeout, PAYLOAD_STALL_TIMEOUT_DEFAULT);
+        let c = parse(
+            "[nbd]\nallow_remote = true\nhandshake_timeout_ms = 250\npayload_stall_timeout_ms = 900\npayload_budget_bytes = \"256MiB\"\n\
+             max_connections = 10\nmax_connections_per_peer = 3\nmax_handshakes = 2",
+        )
+        .unwrap()
+        .nbd
+        .server;
+        assert!(c.allow_remote);
+        assert_eq!(c.handshake_timeout, Duration::from_millis(250));
+        assert_eq!(c.payload_stall_timeout, Duration::from_millis(900));
+        assert_eq!(c.payload_budget_bytes, 256 << 20);
+        assert_eq!((c.max_connections, c.max_connections_per_peer, c.max_handshakes), (10, 3, 2));
     }
 
     #[test]
