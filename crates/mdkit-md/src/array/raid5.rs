@@ -798,6 +798,11 @@ impl Personality for Raid5 {
         Box::pin(self.sync_range_impl(a, mode, start, len))
     }
 
+    /// md: `read_errors > conf->max_nr_stripes` fails the member.
+    fn read_error_limit(&self) -> Option<u64> {
+        Some(self.cache.limit() as u64)
+    }
+
     fn optimal_io_bytes(&self) -> u32 {
         u32::try_from(self.chunk_sectors * self.data_disks * SECTOR).unwrap_or(u32::MAX)
     }
