@@ -65,7 +65,7 @@ impl MdErrorKind {
 }
 
 /// A failure of the md runtime. See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct MdError {
     pub kind: MdErrorKind,
     pub array: String,
