@@ -412,7 +412,10 @@ async fn reads_on_member(a: &Array, g: &ParityGeometry, x: usize, first_stripe: 
         let got = a.read_vec(off, 4096).await.unwrap_or_else(|e| panic!("read {off}: {e}"));
         assert!(got == model.slice(off, 4096), "wrong data at {off}");
     });
-    mdkit_md::array::io::join_all(reads).await;
+    // A hang guard only: a burst that never fills would wait forever.
+    tokio::time::timeout(Duration::from_secs(120), mdkit_md::array::io::join_all(reads))
+        .await
+        .expect("the burst's reads completed");
 }
 
 #[tokio::test]
