@@ -13,6 +13,10 @@
 //!   a vanished member does) until [`FaultHandle::reinsert`].
 //! * **Silently dropped writes**: the request reports success but never reaches the inner
 //!   device (a lying disk); in a range or everywhere, for writes, discards and write-zeroes.
+//! * **Short reads**: the read reports success but its buffer comes back holding only the first
+//!   half of what was asked (rounded down to 512 bytes) — a backend that returns fewer bytes
+//!   than asked. ([`crate::FileDevice`] itself resubmits short transfers and reports a read
+//!   that ends early as an `UnexpectedEof` error; a consumer must treat both as read errors.)
 //!
 //! Evaluation order per request: the request is validated first ([`check_io`]; bad requests get
 //! `InvalidInput`, never an injected fault, and do not count), then the pulled switch, then the
@@ -77,6 +81,9 @@ pub enum FaultAction {
     Error { errno: i32 },
     /// Report success without passing a modifying request on (reads and flushes pass through).
     DropWrite,
+    /// Reads only: report success with the buffer cut to half its length (see the module
+    /// documentation).
+    ShortRead,
 }
 
 /// One fault rule; build with [`FaultRule::error`] / [`FaultRule::drop_writes`] and refine.
@@ -102,6 +109,11 @@ impl FaultRule {
     /// but dropped.
     pub fn drop_writes(range: Option<Range<u64>>) -> FaultRule {
         FaultRule { ops: OpMask::MODIFY, range, action: FaultAction::DropWrite, skip_first: 0, max_fires: None }
+    }
+
+    /// Reads overlapping `range` (`None` = all) come back short but "successful".
+    pub fn short_reads(range: Option<Range<u64>>) -> FaultRule {
+        FaultRule { ops: OpMask::READ, range, action: FaultAction::ShortRead, skip_first: 0, max_fires: None }
     }
 
     /// Use `errno` instead of `EIO` (no effect on drop rules).
@@ -151,6 +163,8 @@ pub struct FaultStats {
     pub pulled_errors: u64,
     /// Modifying requests acknowledged but dropped, per operation.
     pub dropped: PerOp<u64>,
+    /// Reads answered short.
+    pub short_reads: u64,
 }
 
 impl FaultStats {
@@ -216,6 +230,7 @@ enum Verdict {
     Pass,
     Fail { errno: i32, pulled: bool },
     Drop,
+    Short,
 }
 
 /// Controls and inspects a [`FaultyDevice`] while I/O runs. Clone freely.
@@ -310,6 +325,9 @@ impl FaultHandle {
             if r.rule.action == FaultAction::DropWrite && !op.modifies() {
                 continue;
             }
+            if r.rule.action == FaultAction::ShortRead && op != IoOp::Read {
+                continue;
+            }
             r.seen += 1;
             let armed = r.seen > r.rule.skip_first && r.rule.max_fires.is_none_or(|m| r.fired < m);
             if armed && matches!(verdict, Verdict::Pass) {
@@ -317,12 +335,14 @@ impl FaultHandle {
                 verdict = match r.rule.action {
                     FaultAction::Error { errno } => Verdict::Fail { errno, pulled: false },
                     FaultAction::DropWrite => Verdict::Drop,
+                    FaultAction::ShortRead => Verdict::Short,
                 };
             }
         }
         match verdict {
             Verdict::Fail { .. } => *s.stats.errors.get_mut(op) += 1,
             Verdict::Drop => *s.stats.dropped.get_mut(op) += 1,
+            Verdict::Short => s.stats.short_reads += 1,
             Verdict::Pass => {}
         }
         verdict
@@ -387,6 +407,13 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
         match self.admit(IoOp::Read, offset_bytes, buf.len() as u64) {
             Err(e) => Box::pin(std::future::ready((buf, Err(e)))),
+            Ok(Verdict::Short) => Box::pin(async move {
+                let (mut buf, r) = self.inner.read(offset_bytes, buf).await;
+                if r.is_ok() {
+                    buf.truncate(buf.len() / 2 / 512 * 512);
+                }
+                (buf, r)
+            }),
             Ok(_) => self.inner.read(offset_bytes, buf),
         }
     }
@@ -521,6 +548,26 @@ mod tests {
             d.flush().await.unwrap();
             assert!(d.read_vec(0, 4096).await.unwrap().iter().all(|&b| b == 1));
             assert_eq!(h.stats().total_dropped(), 2);
+        });
+    }
+
+    #[test]
+    fn short_reads_return_half_the_buffer() {
+        block_on(async {
+            let d = FaultyDevice::new(MemDevice::new("m0", 1 << 20));
+            let h = d.handle();
+            d.write_slice(0, &[5u8; 8192], WriteFlags::NONE).await.unwrap();
+            h.add(FaultRule::short_reads(Some(4096..8192)).times(1));
+            let (b, r) = d.read(0, IoBuf::zeroed(4096)).await;
+            assert!(r.is_ok() && b.len() == 4096, "outside the range");
+            let (b, r) = d.read(0, IoBuf::zeroed(8192)).await;
+            assert!(r.is_ok());
+            assert_eq!(b.len(), 4096, "half of what was asked");
+            assert!(b.as_slice().iter().all(|&x| x == 5));
+            let (b, _) = d.read(0, IoBuf::zeroed(8192)).await;
+            assert_eq!(b.len(), 8192, "fired once");
+            d.write_slice(4096, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+            assert_eq!(h.stats().short_reads, 1);
         });
     }
 

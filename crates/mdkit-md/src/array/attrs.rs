@@ -3,8 +3,9 @@
 //!
 //! Readable: `array_state level raid_disks chunk_size layout component_size degraded
 //! sync_action last_sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
-//! resync_start safe_mode_delay metadata_version uuid events consistency_policy`, per member
-//! `dev-NAME/{state,slot,errors,recovery_start,offset,size}`, `bitmap/*`, the personality's
+//! resync_start safe_mode_delay metadata_version uuid events consistency_policy
+//! max_read_errors`, per member `dev-NAME/{state,slot,errors,recovery_start,offset,size}`
+//! (`errors`: sectors corrected after read errors, as md), `bitmap/*`, the personality's
 //! (`stripe_cache_size`, ...), and beyond md: `mismatch_ranges` (sectors of the sync domain),
 //! `needs_check`, `last_sync_error`.
 //!
@@ -15,6 +16,7 @@
 //! Writable: `sync_action` (idle frozen check repair resync recover; levels without redundancy
 //! refuse every value with EINVAL, as md), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
+//! `max_read_errors` (raid1/raid10 read-error fix attempts before a member is failed),
 //! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
 //! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks, idle_region_bytes),
 //! `flush_batching`, and the personality's writable attributes.
@@ -107,6 +109,7 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         ("consistency_policy".into(), consistency_policy(core).into()),
         ("needs_check".into(), core.needs_check().unwrap_or_else(|| "no".into())),
         ("last_sync_error".into(), st.last_error.unwrap_or_else(|| "none".into())),
+        ("max_read_errors".into(), core.max_read_errors().to_string()),
     ];
     let slots = core.slots();
     for m in slots.all_members() {
@@ -114,7 +117,7 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         let p = format!("dev-{}", m.name());
         v.push((format!("{p}/state"), m.state_words(role.is_some()).join(",")));
         v.push((format!("{p}/slot"), role.map_or("none".into(), |r| r.to_string())));
-        v.push((format!("{p}/errors"), m.read_errors().to_string()));
+        v.push((format!("{p}/errors"), m.corrected_reads().to_string()));
         let rs = if m.is_in_sync() || role.is_none() || m.is_faulty() {
             "none".into()
         } else {
@@ -176,6 +179,14 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
                 return Err(invalid("sync_speed_max must be at least 1 KiB/s".into()));
             }
             core.sync.set_speed_max_kib(v);
+            Ok(())
+        }
+        "max_read_errors" => {
+            let n: u64 = value.parse().map_err(|_| invalid(format!("max_read_errors: {value:?} is not a number")))?;
+            if n == 0 {
+                return Err(invalid("max_read_errors must be at least 1".into()));
+            }
+            core.set_max_read_errors(n);
             Ok(())
         }
         "safe_mode_delay" => {
@@ -293,7 +304,10 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
                 "replacement": replacement,
                 "recovery_offset_sectors": if m.is_in_sync() || role.is_none() { Value::Null } else { json!(m.recovery_offset()) },
                 "read_errors": m.read_errors(),
+                "read_errors_decayed": m.fix_attempts(),
+                "read_errors_in_a_row": m.consecutive_read_errors(),
                 "corrected_reads": m.corrected_reads(),
+                "fail_reason": m.fail_reason(),
                 "data_offset_sectors": m.data_offset_sectors,
                 "data_size_sectors": m.data_size_sectors,
                 "in_flight": m.in_flight(),

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::barrier::RegionBarrier;
 use super::bitmap::{BitmapMember, FailFn, WriteIntentBitmap};
+use super::errors::{Clock, DEFAULT_MAX_READ_ERRORS, MonotonicClock};
 use super::flush::FlushBatcher;
 use super::gate::WriteGate;
 use super::io::join_all;
@@ -73,6 +74,10 @@ pub struct ArrayCore {
     pub(crate) sync_wake: Notify,
     shutdown: AtomicBool,
     user_requests: AtomicU64,
+    /// md's `max_read_errors` (raid1/raid10).
+    max_read_errors: AtomicU64,
+    /// Time for the read-error policy (replaceable in tests).
+    clock: RwLock<Arc<dyn Clock>>,
 }
 
 impl ArrayCore {
@@ -106,6 +111,8 @@ impl ArrayCore {
             sync_wake: Notify::new(),
             shutdown: AtomicBool::new(false),
             user_requests: AtomicU64::new(0),
+            max_read_errors: AtomicU64::new(DEFAULT_MAX_READ_ERRORS),
+            clock: RwLock::new(Arc::new(MonotonicClock::default())),
         }
     }
 
@@ -168,7 +175,8 @@ impl ArrayCore {
         self.needs_check_flag.store(true, Ordering::Release);
     }
 
-    /// raid0 lost a member: I/O to it fails (md's "broken").
+    /// md's `broken`: raid0 lost a member, or a member the array cannot run without failed an
+    /// I/O (it is kept, the I/O failed). Writes are refused from then on, as md does.
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Acquire)
     }
@@ -194,7 +202,77 @@ impl ArrayCore {
     }
 
     //--------------------------------------------------------------------------------------------
+    // Read-error policy (errors.rs)
+
+    /// md's `max_read_errors`: a raid1/raid10 member with more read-error fix attempts (decayed)
+    /// is failed instead of repaired.
+    pub fn max_read_errors(&self) -> u64 {
+        self.max_read_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn set_max_read_errors(&self, n: u64) {
+        self.max_read_errors.store(n, Ordering::Relaxed);
+    }
+
+    /// Replaces the clock the read-error policy uses (tests move a [`super::ManualClock`]).
+    pub fn set_clock(&self, clock: Arc<dyn Clock>) {
+        *self.clock.write() = clock;
+    }
+
+    pub(crate) fn now_secs(&self) -> u64 {
+        self.clock.read().now().as_secs()
+    }
+
+    /// md's exceed_read_errors (raid1/raid10): counts an attempt to fix a read error on `m`;
+    /// when the decayed count passes `max_read_errors` the member is failed (if the array can
+    /// run without it). Returns whether the read error should still be repaired.
+    pub(crate) fn may_fix_read_error(&self, m: &Member) -> bool {
+        let n = m.note_fix_attempt(self.now_secs());
+        let max = self.max_read_errors();
+        if n <= max {
+            return true;
+        }
+        self.fail_member_on_error(
+            m,
+            &format!("read error not corrected: {n} read errors exceed max_read_errors {max}"),
+        );
+        false
+    }
+
+    /// raid4/5/6: `failed_in_a_row` failed reads of `m` since its last good one; more than the
+    /// personality's limit (the stripe cache size) fails the member.
+    pub(crate) fn check_read_error_limit(&self, m: &Member, failed_in_a_row: u64) {
+        if let Some(limit) = self.pers.read_error_limit()
+            && failed_in_a_row > limit
+            && !m.is_faulty()
+        {
+            self.fail_member_on_error(
+                m,
+                &format!(
+                    "too many read errors: {failed_in_a_row} failed reads in a row exceed {limit} (stripe_cache_size)"
+                ),
+            );
+        }
+    }
+
+    //--------------------------------------------------------------------------------------------
     // Member failure
+
+    /// [`ArrayCore::fail_member`] for an I/O error: when the member is the last one the array
+    /// needs it is kept and the array is marked broken (md_error on raid1/raid10's last copy).
+    pub fn fail_member_on_error(&self, m: &Member, reason: &str) -> bool {
+        if self.fail_member(m, reason) {
+            return true;
+        }
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                array = self.name(),
+                member = m.name(),
+                "array broken: the last member holding some data failed an I/O; writes are refused: {reason}"
+            );
+        }
+        false
+    }
 
     /// Fails `m` (md's Faulty) because of `reason`: it is never used again and a superblock
     /// update recording the failure is scheduled; user writes completed after this point are
@@ -231,6 +309,7 @@ impl ArrayCore {
             );
             return false;
         }
+        m.set_fail_reason(reason);
         m.set(flag::FAULTY);
         self.failures_noted.fetch_add(1, Ordering::AcqRel);
         tracing::warn!(
@@ -395,7 +474,7 @@ impl BitmapFailSink {
         match self.core.get().and_then(std::sync::Weak::upgrade) {
             Some(core) => {
                 if let Some(m) = core.slots().all_members().into_iter().find(|m| m.dev_number == dev_number) {
-                    core.fail_member(&m, &why);
+                    core.fail_member_on_error(&m, &why);
                 }
             }
             None => self.early.lock().push((dev_number, why)),

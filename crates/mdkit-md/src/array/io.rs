@@ -4,9 +4,12 @@
 //! errors, and fail the member on a write/flush error (md's Faulty), which also schedules the
 //! superblock update that records it.
 //!
-//! Reads do not fail the member by themselves: a read error is the personality's to handle (try
-//! another copy, rewrite the bad one — md's fix_read_error), and it fails the member with
-//! [`ArrayCore::fail_member`] when the copy cannot be repaired.
+//! Reads do not fail the member by themselves: a read error (an error, or fewer bytes than
+//! asked) is the personality's to handle (try another copy, rewrite the bad one — md's
+//! fix_read_error), and it fails the member with [`ArrayCore::fail_member_on_error`] when the
+//! copy cannot be repaired. The wrapper only counts it, and for raid4/5/6 fails a member whose
+//! failed reads in a row pass the stripe cache size (md's "too many read errors"). Errors come
+//! back as [`super::errors::MdError`]s inside `io::Error`.
 //!
 //! Also here: [`join_all`], a tiny concurrent join for member requests of one array request.
 
@@ -18,6 +21,7 @@ use std::task::{Context, Poll};
 use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
 
 use super::core::ArrayCore;
+use super::errors::{MdError, MdErrorKind};
 use super::member::Member;
 
 const SECTOR_BYTES: u64 = 512;
@@ -61,41 +65,67 @@ impl<F: Future> Future for JoinAll<F> {
     }
 }
 
-/// Wraps an error with the array, member, operation and member sector.
-pub(crate) fn member_error(a: &ArrayCore, m: &Member, op: &str, sector: u64, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: member {}: {op} at member sector {sector}: {e}", a.name(), m.name()))
+/// Wraps a member's error into an [`MdError`] naming the array, member, operation and member
+/// sector (the member's `io::ErrorKind` is kept).
+pub(crate) fn member_error(a: &ArrayCore, m: &Member, op: &'static str, sector: u64, e: io::Error) -> io::Error {
+    let kind = if op == "read" { MdErrorKind::MemberRead } else { MdErrorKind::MemberWrite };
+    MdError::new(kind, a.name(), op, sector, e.to_string()).member(m.name()).io_kind(e.kind()).into()
 }
 
 impl ArrayCore {
-    fn check_member_range(&self, m: &Member, op: &str, sector: u64, len_sectors: u64) -> io::Result<u64> {
+    fn check_member_range(&self, m: &Member, op: &'static str, sector: u64, len_sectors: u64) -> io::Result<u64> {
         match sector.checked_add(len_sectors) {
             Some(end) if end <= m.data_size_sectors => Ok((m.data_offset_sectors + sector) * SECTOR_BYTES),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: member {}: {op} of {len_sectors} sectors at member sector {sector} is outside its data area ({} sectors)",
-                    self.name(),
-                    m.name(),
-                    m.data_size_sectors
-                ),
-            )),
+            _ => Err(MdError::new(
+                MdErrorKind::OutOfRange,
+                self.name(),
+                op,
+                sector,
+                format!("{len_sectors} sectors; the data area has {} sectors", m.data_size_sectors),
+            )
+            .member(m.name())
+            .io_kind(io::ErrorKind::InvalidInput)
+            .into()),
         }
     }
 
-    /// Reads member sectors `[sector, sector + buf.len()/512)`. Errors are reported, not acted on.
+    /// Reads member sectors `[sector, sector + buf.len()/512)`. A read that fails or returns
+    /// fewer bytes than asked is a read error: counted on the member (and, for raid4/5/6,
+    /// failing it past the level's limit), otherwise left to the caller to handle. The buffer
+    /// always comes back at the length asked for; after an error its contents are undefined.
     pub fn member_read<'a>(&'a self, m: &'a Member, sector: u64, buf: IoBuf) -> IoFuture<'a, ReadResult> {
         Box::pin(async move {
-            let off = match self.check_member_range(m, "read", sector, buf.len() as u64 / SECTOR_BYTES) {
+            let want = buf.len();
+            let off = match self.check_member_range(m, "read", sector, want as u64 / SECTOR_BYTES) {
                 Ok(o) => o,
                 Err(e) => return (buf, Err(e)),
             };
             let _g = m.io_started();
             let (buf, r) = m.device().read(off, buf).await;
+            let r = match r {
+                Ok(()) if buf.len() != want => Err(MdError::new(
+                    MdErrorKind::ShortRead,
+                    self.name(),
+                    "read",
+                    sector,
+                    format!("{} of {want} bytes", buf.len()),
+                )
+                .member(m.name())
+                .io_kind(io::ErrorKind::UnexpectedEof)
+                .into()),
+                Ok(()) => Ok(()),
+                Err(e) => Err(member_error(self, m, "read", sector, e)),
+            };
             match r {
-                Ok(()) => (buf, Ok(())),
+                Ok(()) => {
+                    m.note_read_ok();
+                    (buf, Ok(()))
+                }
                 Err(e) => {
-                    m.note_read_error();
-                    (buf, Err(member_error(self, m, "read", sector, e)))
+                    let in_a_row = m.note_read_error();
+                    self.check_read_error_limit(m, in_a_row);
+                    let buf = if buf.len() == want { buf } else { IoBuf::zeroed(want) };
+                    (buf, Err(e))
                 }
             }
         })
@@ -173,7 +203,7 @@ impl ArrayCore {
         })
     }
 
-    fn after_modify(&self, m: &Member, op: &str, sector: u64, r: io::Result<()>) -> io::Result<()> {
+    fn after_modify(&self, m: &Member, op: &'static str, sector: u64, r: io::Result<()>) -> io::Result<()> {
         match r {
             Ok(()) => Ok(()),
             Err(e) if matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => {
@@ -181,7 +211,7 @@ impl ArrayCore {
             }
             Err(e) => {
                 let e = member_error(self, m, op, sector, e);
-                self.fail_member(m, &e.to_string());
+                self.fail_member_on_error(m, &e.to_string());
                 Err(e)
             }
         }

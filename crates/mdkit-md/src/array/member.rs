@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use mdkit_io::DeviceRef;
 use parking_lot::Mutex;
 
+use super::errors::DecayingReadErrors;
 use crate::format::superblock::{DEVFLAG_WRITE_MOSTLY, Superblock};
 
 /// Member state bits (md rdev flags).
@@ -46,10 +47,17 @@ pub struct Member {
     /// once a rebuild completed). Only meaningful while the member is not in sync.
     recovery_offset_sectors: AtomicU64,
     in_flight: AtomicU32,
-    /// Read errors seen (md `errors`).
+    /// Member reads that failed (or came back short), ever (mdkit's counter).
     read_errors: AtomicU64,
-    /// Read errors fixed by rewriting (md `cnt_corrected_read`).
+    /// raid1/raid10: md's decaying `read_errors` (fix attempts).
+    fix_attempts: DecayingReadErrors,
+    /// raid4/5/6: md's `read_errors`: failed reads since the last successful one.
+    consecutive_read_errors: AtomicU64,
+    /// Sectors rewritten after a read error and read back correctly (md's `corrected_errors`,
+    /// `dev-*/errors`, the superblock's `cnt_corrected_read`).
     corrected_reads: AtomicU32,
+    /// Why the member was failed (for `detail`).
+    fail_reason: Mutex<Option<String>>,
 }
 
 impl Member {
@@ -72,6 +80,9 @@ impl Member {
             recovery_offset_sectors: AtomicU64::new(0),
             in_flight: AtomicU32::new(0),
             read_errors: AtomicU64::new(0),
+            fix_attempts: DecayingReadErrors::default(),
+            consecutive_read_errors: AtomicU64::new(0),
+            fail_reason: Mutex::new(None),
         }
     }
 
@@ -137,16 +148,52 @@ impl Member {
         self.read_errors.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn note_read_error(&self) {
+    /// Counts a failed read; returns the failed reads since the last successful one.
+    pub(crate) fn note_read_error(&self) -> u64 {
         self.read_errors.fetch_add(1, Ordering::Relaxed);
+        self.consecutive_read_errors.fetch_add(1, Ordering::AcqRel) + 1
     }
 
+    /// A successful read resets the raid4/5/6 count (md's raid5_end_read_request).
+    pub(crate) fn note_read_ok(&self) {
+        if self.consecutive_read_errors.load(Ordering::Relaxed) != 0 {
+            self.consecutive_read_errors.store(0, Ordering::Release);
+        }
+    }
+
+    /// Failed reads since the last successful one (md's raid5 `read_errors`).
+    pub fn consecutive_read_errors(&self) -> u64 {
+        self.consecutive_read_errors.load(Ordering::Acquire)
+    }
+
+    /// Counts an attempt to fix a read error at `now_secs` (raid1/raid10); returns md's decayed
+    /// `read_errors` including it.
+    pub(crate) fn note_fix_attempt(&self, now_secs: u64) -> u64 {
+        self.fix_attempts.note(now_secs)
+    }
+
+    /// md's raid1/raid10 `read_errors` as of the last fix attempt.
+    pub fn fix_attempts(&self) -> u64 {
+        self.fix_attempts.get()
+    }
+
+    /// Sectors corrected after read errors (md's `dev-*/errors`).
     pub fn corrected_reads(&self) -> u32 {
         self.corrected_reads.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn note_corrected_read(&self) {
-        self.corrected_reads.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn note_corrected_sectors(&self, sectors: u64) {
+        let n = u32::try_from(sectors).unwrap_or(u32::MAX);
+        let _ = self.corrected_reads.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_add(n)));
+    }
+
+    /// Why the member was failed, once it was.
+    pub fn fail_reason(&self) -> Option<String> {
+        self.fail_reason.lock().clone()
+    }
+
+    pub(crate) fn set_fail_reason(&self, why: &str) {
+        self.fail_reason.lock().get_or_insert_with(|| why.to_string());
     }
 
     /// A copy of the member's superblock as last written.

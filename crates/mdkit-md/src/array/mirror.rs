@@ -14,6 +14,7 @@ use std::sync::Arc;
 use mdkit_io::{IoBuf, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
 
 use super::core::ArrayCore;
+use super::errors::{MdError, MdErrorKind};
 use super::io::join_all;
 use super::member::{Member, flag};
 use super::personality::{SyncMode, SyncOutcome};
@@ -27,6 +28,13 @@ const SECTOR: usize = 512;
 
 fn eio(msg: String) -> io::Error {
     io::Error::other(msg)
+}
+
+/// No copy of sync-domain range `domain` could be read: the request fails, no member is failed
+/// for it (md returns the error when the only usable copy fails).
+fn unrecoverable(a: &ArrayCore, domain: &Range<u64>, detail: String) -> io::Error {
+    let detail = format!("sync-domain sectors {}..{}: {detail}", domain.start, domain.end);
+    MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", domain.start, detail).into()
 }
 
 /// The readable copies of a range, in the order reads should try them.
@@ -70,12 +78,7 @@ pub async fn read_copies(
     let slots = a.slots();
     let order = read_order(a, &slots, copies, len, domain.end);
     if order.is_empty() {
-        let e = eio(format!(
-            "{}: no readable copy of sync-domain sectors {}..{} (degraded beyond redundancy)",
-            a.name(),
-            domain.start,
-            domain.end
-        ));
+        let e = unrecoverable(a, &domain, "no readable copy (degraded beyond redundancy)".into());
         return (buf, Err(e));
     }
     let mut failed: Vec<(Arc<Member>, u64)> = Vec::new();
@@ -106,7 +109,7 @@ pub async fn read_copies(
                 Some(le) => format!("{le}; block by block: {e}"),
                 None => e.to_string(),
             };
-            (buf, Err(eio(msg)))
+            (buf, Err(unrecoverable(a, &domain, msg)))
         }
     }
 }
@@ -142,8 +145,9 @@ async fn read_blockwise(a: &ArrayCore, order: &[(Arc<Member>, u64)], len: u64, b
     Ok(())
 }
 
-/// md's fix_read_error: under the barrier, re-read the good copy, write it over each bad copy,
-/// read it back; a copy that cannot be corrected is failed.
+/// md's fix_read_error: each bad copy's fix attempt is counted first (a member past
+/// `max_read_errors` is failed instead); then, under the barrier, the good copy is re-read and
+/// written over each bad copy, which is read back. A copy that cannot be corrected is failed.
 async fn repair_copies(
     a: &ArrayCore,
     bad: &[(Arc<Member>, u64)],
@@ -152,6 +156,10 @@ async fn repair_copies(
     domain: Range<u64>,
     barrier_held: bool,
 ) {
+    let bad: Vec<&(Arc<Member>, u64)> = bad.iter().filter(|(m, _)| !m.is_faulty() && a.may_fix_read_error(m)).collect();
+    if bad.is_empty() {
+        return;
+    }
     let _b = if barrier_held { None } else { Some(a.barrier.raise(domain.clone()).await) };
     let (data, r) = a.member_read(good.0, good.1, IoBuf::uninit_contents(len as usize * SECTOR)).await;
     if let Err(e) = r {
@@ -160,25 +168,30 @@ async fn repair_copies(
     }
     let data = data.freeze();
     for (m, sector) in bad {
-        if m.is_faulty() {
-            continue;
-        }
-        if a.member_write(m, *sector, data.clone(), WriteFlags::NONE).await.is_err() {
-            continue; // member_write failed the member
-        }
-        let (chk, r) = a.member_read(m, *sector, IoBuf::uninit_contents(len as usize * SECTOR)).await;
-        if r.is_ok() && chk.as_slice() == data.as_slice() {
-            m.note_corrected_read();
-            tracing::info!(
-                array = a.name(),
-                member = m.name(),
-                sector,
-                sectors = len,
-                "read error corrected by rewriting from another copy"
-            );
-        } else {
-            a.fail_member(m, &format!("read error at member sector {sector} could not be corrected by rewriting"));
-        }
+        rewrite_and_verify(a, m, *sector, &data).await;
+    }
+}
+
+/// Writes `data` over a copy whose read failed and reads it back: counts the corrected sectors,
+/// or fails the member when the copy still cannot be read (md's "unable to read back corrected
+/// sectors"). A failed write already failed the member.
+async fn rewrite_and_verify(a: &ArrayCore, m: &Member, sector: u64, data: &SharedBuf) {
+    if m.is_faulty() || a.member_write(m, sector, data.clone(), WriteFlags::NONE).await.is_err() {
+        return;
+    }
+    let sectors = data.len() as u64 / SECTOR as u64;
+    let (chk, r) = a.member_read(m, sector, IoBuf::uninit_contents(data.len())).await;
+    if r.is_ok() && chk.as_slice() == data.as_slice() {
+        m.note_corrected_sectors(sectors);
+        tracing::info!(
+            array = a.name(),
+            member = m.name(),
+            sector,
+            sectors,
+            "read error corrected by rewriting from another copy"
+        );
+    } else {
+        a.fail_member_on_error(m, &format!("read error at member sector {sector} could not be corrected by rewriting"));
     }
 }
 
@@ -374,9 +387,12 @@ async fn check_copies(
             }
         }
     }
-    // Unreadable copies are rewritten in either mode (md treats them as read errors to fix).
+    // Unreadable copies are fixed in either mode (md treats them as read errors to fix).
     for i in &unreadable {
-        rewrite.push((*i, 0..len));
+        let m = &readers[*i].0;
+        if a.may_fix_read_error(m) {
+            rewrite_and_verify(a, m, readers[*i].1, &reference).await;
+        }
     }
     let writes = join_all(rewrite.iter().map(|(i, r)| {
         let (m, s) = &readers[*i];
@@ -387,15 +403,6 @@ async fn check_copies(
     for ((i, r), w) in rewrite.iter().zip(writes) {
         let m = &readers[*i].0;
         match w {
-            Ok(()) if unreadable.contains(i) => {
-                m.note_corrected_read();
-                tracing::info!(
-                    array = a.name(),
-                    member = m.name(),
-                    "unreadable copy rewritten during {}",
-                    mode.as_str()
-                );
-            }
             Ok(()) => tracing::debug!(array = a.name(), member = m.name(), sectors = ?r, "mismatch repaired"),
             Err(e) => {
                 tracing::warn!(array = a.name(), member = m.name(), "rewrite during {} failed: {e}", mode.as_str())

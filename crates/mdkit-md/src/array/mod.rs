@@ -12,6 +12,7 @@
 //! | [`personality`]   | the [`Personality`] trait each level implements                   |
 //! | [`core`]          | [`ArrayCore`]: members, failure, checkpoints, needs-check         |
 //! | [`member`], [`slots`] | member state; the role table, swapped on membership changes   |
+//! | [`errors`]        | typed errors ([`MdError`]), the read-error policy counters, the clock |
 //! | [`io`]            | member I/O wrappers (data offset, in-flight, fail on error)       |
 //! | [`sb`]            | the superblock writer (events, dev_roles, offsets, checksum)      |
 //! | [`gate`]          | dirty/clean transitions with `safe_mode_delay`                    |
@@ -33,6 +34,7 @@ pub mod barrier;
 pub mod bitmap;
 pub mod core;
 pub mod create;
+pub mod errors;
 /// Flush batching lives in the member I/O layer (file volumes use it too).
 pub use mdkit_io::flush;
 pub mod gate;
@@ -59,6 +61,7 @@ use tokio::task::JoinHandle;
 pub use self::assemble::{AssembleOptions, Assembled, MemberDev, Refusal, assemble, read_superblock};
 pub use self::core::{ArrayCore, ArrayInfo};
 pub use self::create::{CreateOptions, create, write_superblocks};
+pub use self::errors::{Clock, ManualClock, MdError, MdErrorKind};
 pub use self::member::Member;
 pub use self::personality::{Personality, SyncMode, SyncOutcome};
 pub use self::slots::SlotTable;
@@ -79,7 +82,7 @@ pub struct Array {
 }
 
 fn needs_check_error(core: &ArrayCore, reason: &str) -> stdio::Error {
-    stdio::Error::other(format!("{}: array needs a check, writes are refused: {reason}", core.name()))
+    MdError::new(MdErrorKind::NeedsCheck, core.name(), "write", 0, format!("writes are refused: {reason}")).into()
 }
 
 impl Array {
@@ -514,6 +517,11 @@ impl Array {
         let core = &*self.core;
         if let Some(reason) = core.needs_check() {
             return Err(needs_check_error(core, &reason));
+        }
+        if core.is_broken() {
+            // md refuses writes to a broken array (md_submit_bio).
+            let detail = "a member the array cannot run without failed an I/O; writes are refused";
+            return Err(MdError::new(MdErrorKind::Broken, core.name(), op.as_str(), offset_bytes / 512, detail).into());
         }
         core.note_user_request();
         core.enter_write_gate().await?;

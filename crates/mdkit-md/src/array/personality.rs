@@ -170,6 +170,12 @@ pub trait Personality: Send + Sync + 'static {
         self.level().max_degraded() > 0
     }
 
+    /// raid4/5/6: a member with more failed reads in a row than this is failed (md: the stripe
+    /// cache size). `None`: the level counts read errors per fix attempt (raid1/raid10).
+    fn read_error_limit(&self) -> Option<u64> {
+        None
+    }
+
     /// Largest preferred I/O (bytes) for the array topology (a full stripe or a chunk).
     fn optimal_io_bytes(&self) -> u32 {
         4096

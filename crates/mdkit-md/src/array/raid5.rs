@@ -73,11 +73,12 @@ use std::time::{Duration, Instant};
 use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
 use parking_lot::Mutex;
 
-use self::cache::{BatchResult, Leadership, StripeCache, StripeEntry, Turn, WriteTicket, to_io};
+use self::cache::{BatchError, BatchResult, Leadership, StripeCache, StripeEntry, Turn, WriteTicket, to_io};
 use self::exec::Target;
 use self::plan::{Members, Mode, Seg, bit, has};
 use self::stripe::StripeShape;
 use super::core::ArrayCore;
+use super::errors::{MdError, MdErrorKind};
 use super::io::join_all;
 use super::member::Member;
 use super::personality::{Personality, SyncMode, SyncOutcome};
@@ -370,12 +371,12 @@ impl Raid5 {
                 .collect();
             let missing = self.n - sources.len();
             if missing > self.max_degraded() {
-                let e = io::Error::other(format!(
-                    "{}: stripe {stripe}: cannot rebuild data at member sector {sector}: {missing} of {} members unavailable",
-                    a.name(),
+                let detail = format!(
+                    "stripe {stripe}: cannot rebuild data at member sector {sector}: {missing} of {} members unavailable",
                     self.n
-                ));
-                return (part, Err(e));
+                );
+                let e = MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", sector, detail);
+                return (part, Err(e.into()));
             }
             let results =
                 join_all(sources.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
@@ -496,7 +497,7 @@ impl Raid5 {
         self.stats.batches.add(1);
         let shape = self.shape(stripe);
         let unit = self.tunables.unit_sectors(self.chunk_sectors);
-        exec::write_batch(a, self, &shape, &segs, unit, fua).await.map_err(|e| (e.kind(), e.to_string()))
+        exec::write_batch(a, self, &shape, &segs, unit, fua).await.map_err(BatchError::from)
     }
 
     /// Whether the segs cover every unit they touch in full (the batch would read nothing).
@@ -796,6 +797,11 @@ impl Personality for Raid5 {
         len: u64,
     ) -> IoFuture<'a, io::Result<SyncOutcome>> {
         Box::pin(self.sync_range_impl(a, mode, start, len))
+    }
+
+    /// md: `read_errors > conf->max_nr_stripes` fails the member.
+    fn read_error_limit(&self) -> Option<u64> {
+        Some(self.cache.limit() as u64)
     }
 
     fn optimal_io_bytes(&self) -> u32 {

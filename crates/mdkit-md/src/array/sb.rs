@@ -232,7 +232,7 @@ impl ArrayCore {
             return Ok(());
         }
         for (m, e) in &failed {
-            if !self.fail_member(m, &format!("superblock write failed: {e}")) {
+            if !self.fail_member_on_error(m, &format!("superblock write failed: {e}")) {
                 return Err(RoundError::Fatal(format!(
                     "member {} cannot be failed (the array needs it) and its superblock write failed: {e}",
                     m.name()

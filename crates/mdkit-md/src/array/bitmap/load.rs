@@ -222,6 +222,16 @@ async fn read_area(m: &BitmapMember, area_bytes: u64) -> io::Result<Vec<u8>> {
             m.dev.read_vec(at, len as usize).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("{}: reading the bitmap at byte {at}: {e}", m.dev.name()))
             })?;
+        if piece.len() as u64 != len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: reading the bitmap at byte {at}: short read: {} of {len} bytes",
+                    m.dev.name(),
+                    piece.len()
+                ),
+            ));
+        }
         area.extend_from_slice(&piece);
         off += len;
     }

@@ -226,6 +226,10 @@ impl MemberIo {
         let _g = self.tail_lock.lock().await;
         let (mut block, r) = self.dev.read(at, IoBuf::uninit_contents(PAGE_BYTES as usize)).await;
         r.map_err(|e| ctx(e, "read (read-modify-write)"))?;
+        if block.len() != PAGE_BYTES as usize {
+            let short = io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {} bytes", block.len()));
+            return Err(ctx(short, "read (read-modify-write)"));
+        }
         block.as_mut_slice()[..ours].copy_from_slice(&image.as_slice()[..ours]);
         self.dev.write(at, block.freeze(), flags).await.map_err(|e| ctx(e, "write (read-modify-write)"))
     }

@@ -33,15 +33,42 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 
 use super::plan::Seg;
+use crate::array::errors::MdError;
 
 /// Shards of the entry table.
 const SHARDS: usize = 256;
 
 /// A batch result every piece of the batch gets (io::Error is not Clone).
-pub(crate) type BatchResult = Result<(), (io::ErrorKind, String)>;
+pub(crate) type BatchResult = Result<(), BatchError>;
+
+/// A batch's failure, handed to every write it carried (so it must clone): the md runtime's
+/// typed error when it was one, else the error's kind and text.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchError {
+    Md(MdError),
+    Plain(io::ErrorKind, String),
+}
+
+impl BatchError {
+    pub fn plain(kind: io::ErrorKind, msg: &str) -> BatchError {
+        BatchError::Plain(kind, msg.to_string())
+    }
+}
+
+impl From<io::Error> for BatchError {
+    fn from(e: io::Error) -> BatchError {
+        match MdError::of(&e) {
+            Some(md) => BatchError::Md(md.clone()),
+            None => BatchError::Plain(e.kind(), e.to_string()),
+        }
+    }
+}
 
 pub(crate) fn to_io(r: BatchResult) -> io::Result<()> {
-    r.map_err(|(k, m)| io::Error::new(k, m))
+    r.map_err(|e| match e {
+        BatchError::Md(md) => md.into(),
+        BatchError::Plain(k, m) => io::Error::new(k, m),
+    })
 }
 
 /// One user write's part in one stripe, waiting to be batched.
@@ -259,7 +286,7 @@ impl StripeCache {
         st.holding = false;
         drop(st);
         for p in orphans {
-            self.complete(p, Err((io::ErrorKind::Interrupted, "write abandoned by its caller".into())));
+            self.complete(p, Err(BatchError::plain(io::ErrorKind::Interrupted, "write abandoned by its caller")));
         }
         if shard.get(&entry.stripe).is_some_and(|e| Arc::ptr_eq(e, entry)) {
             shard.remove(&entry.stripe);
@@ -351,7 +378,7 @@ impl Batch<'_> {
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
         for p in std::mem::take(&mut self.pieces) {
-            self.cache.complete(p, Err((io::ErrorKind::Interrupted, "stripe batch cancelled".into())));
+            self.cache.complete(p, Err(BatchError::plain(io::ErrorKind::Interrupted, "stripe batch cancelled")));
         }
     }
 }
@@ -446,13 +473,13 @@ impl WriteTicket<'_> {
             return Turn::Lead;
         }
         let (Some(done), Some(lead)) = (self.done.as_mut(), self.lead.as_mut()) else {
-            return Turn::Done(Err((io::ErrorKind::Other, "write ticket used twice".into())));
+            return Turn::Done(Err(BatchError::plain(io::ErrorKind::Other, "write ticket used twice")));
         };
         tokio::select! {
             biased;
             r = done => {
                 self.done = None;
-                Turn::Done(r.unwrap_or_else(|_| Err((io::ErrorKind::Interrupted, "stripe batch abandoned".into()))))
+                Turn::Done(r.unwrap_or_else(|_| Err(BatchError::plain(io::ErrorKind::Interrupted, "stripe batch abandoned"))))
             }
             r = lead => {
                 self.lead = None;
@@ -462,7 +489,7 @@ impl WriteTicket<'_> {
                         Turn::Lead
                     }
                     // Never dropped without a send while our piece is pending; be safe.
-                    Err(_) => Turn::Done(Err((io::ErrorKind::Other, "stripe leadership lost".into()))),
+                    Err(_) => Turn::Done(Err(BatchError::plain(io::ErrorKind::Other, "stripe leadership lost"))),
                 }
             }
         }
@@ -471,8 +498,10 @@ impl WriteTicket<'_> {
     /// The piece's own result after this task led the batch that carried it.
     pub async fn own_result(&mut self) -> BatchResult {
         match self.done.take() {
-            Some(rx) => rx.await.unwrap_or_else(|_| Err((io::ErrorKind::Interrupted, "stripe batch abandoned".into()))),
-            None => Err((io::ErrorKind::Other, "write ticket used twice".into())),
+            Some(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(BatchError::plain(io::ErrorKind::Interrupted, "stripe batch abandoned"))),
+            None => Err(BatchError::plain(io::ErrorKind::Other, "write ticket used twice")),
         }
     }
 }

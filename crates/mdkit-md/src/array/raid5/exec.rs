@@ -74,8 +74,12 @@ async fn verify_rewrites(a: &ArrayCore, rewritten: &[&Target]) {
         join_all(rewritten.iter().map(|t| a.member_read(&t.member, t.sector, IoBuf::uninit_contents(t.data.len()))))
             .await;
     for (t, (buf, r)) in rewritten.iter().zip(reads) {
+        if t.member.is_faulty() {
+            continue;
+        }
         if r.is_ok() && buf.as_slice() == t.data.as_slice() {
-            t.member.note_corrected_read();
+            // md counts a rewritten stripe page's sectors (STRIPE_SECTORS per 4 KiB).
+            t.member.note_corrected_sectors(t.data.len() as u64 / SECTOR);
             tracing::info!(
                 array = a.name(),
                 member = t.member.name(),
@@ -83,7 +87,7 @@ async fn verify_rewrites(a: &ArrayCore, rewritten: &[&Target]) {
                 "read error corrected by rewriting the block from parity"
             );
         } else {
-            a.fail_member(
+            a.fail_member_on_error(
                 &t.member,
                 &format!("read error at member sector {} could not be corrected by rewriting", t.sector),
             );
