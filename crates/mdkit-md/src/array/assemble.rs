@@ -223,7 +223,7 @@ fn pick_uuid(found: &[(MemberDev, Superblock)], requested: Option<[u8; 16]>) -> 
 async fn bitmap_problem(md: &MemberDev, sb: &Superblock) -> Option<String> {
     let sector = sb.bitmap_sector()?;
     let device_sectors = md.dev.topology().size_bytes / 512;
-    let Some(space_bytes) = super::bitmap::bitmap_space_bytes(sb, device_sectors) else {
+    let Some(space_bytes) = crate::format::validate::bitmap_space_bytes(sb, device_sectors) else {
         return Some(format!("its bitmap at sector {sector} lies outside the {device_sectors}-sector device"));
     };
     let at = sector * 512;

@@ -188,6 +188,20 @@ pub fn device_problems(sb: &Superblock, device_sectors: u64) -> Vec<SuperblockEr
     p
 }
 
+/// Bytes the internal bitmap of `sb` may occupy: from its start to the nearest of the data
+/// area, the bad-block log, the superblock and the end of the device that lies after it
+/// (`None` when there is no bitmap or it starts outside the device).
+pub fn bitmap_space_bytes(sb: &Superblock, device_sectors: u64) -> Option<u64> {
+    let start = sb.bitmap_sector().filter(|s| *s < device_sectors)?;
+    let after = |s: u64| (s > start).then_some(s);
+    let limit = [Some(sb.data_offset_sectors), Some(sb.super_offset_sectors), sb.bblog_sector()]
+        .into_iter()
+        .flatten()
+        .filter_map(after)
+        .fold(device_sectors, u64::min);
+    Some((limit - start) * 512)
+}
+
 /// The bitmap's sync domain for this superblock's geometry (kernel `resync_max_sectors`): the
 /// per-member size for raid1/4/5/6, the array size for raid10; `None` for levels without one.
 pub fn bitmap_sync_domain_sectors(sb: &Superblock) -> Option<u64> {
