@@ -79,7 +79,7 @@ pub fn examine_member(
     let (off, lenient) = found
         .into_iter()
         .max_by_key(|(_, l)| l.superblock.events)
-        .ok_or_else(|| "no md superblock detected".to_string())?;
+        .ok_or_else(|| "No md superblock detected".to_string())?;
     let sb = &lenient.superblock;
     let at = off * SECTOR_BYTES;
     let mut problems: Vec<String> = Vec::new();
@@ -92,6 +92,7 @@ pub fn examine_member(
     problems.extend(validate::device_problems(sb, member_sectors).iter().map(ToString::to_string));
     let mut problems: Vec<String> = problems.into_iter().map(|p| format!("superblock at byte {at}: {p}")).collect();
     let bitmap = examine_bitmap(read_at, sb, member_sectors, &mut problems);
+    examine_bad_blocks(read_at, sb, member_sectors, &mut problems);
     Ok(ExaminedMember { lenient, bitmap, sb_offset_bytes: at, problems })
 }
 
@@ -118,6 +119,39 @@ fn examine_bitmap(
         problems.push(format!("bitmap superblock at byte {at}: {e}"));
     }
     parsed.ok()
+}
+
+/// The bad-block log's entries, when BAD_BLOCKS is set and the log lies on the device (its
+/// offset and size problems are the superblock's): each must decode and lie on the device.
+fn examine_bad_blocks(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    sb: &Superblock,
+    member_sectors: u64,
+    problems: &mut Vec<String>,
+) {
+    let Some(sector) = sb.bblog_sector().filter(|_| sb.feature_map & feature::BAD_BLOCKS != 0) else { return };
+    let len_sectors = u64::from(sb.bblog_size_sectors);
+    if len_sectors > u64::from(validate::MAX_BBLOG_SECTORS) || sector.saturating_add(len_sectors) > member_sectors {
+        return;
+    }
+    let at = sector * SECTOR_BYTES;
+    let mut log = vec![0u8; (len_sectors * SECTOR_BYTES) as usize];
+    if let Err(e) = read_at(at, &mut log) {
+        problems.push(format!("bad-block log at byte {at}: read error: {e}"));
+        return;
+    }
+    match super::badblocks::decode(&log, sb.bblog_shift) {
+        Err(e) => problems.push(format!("bad-block log at byte {at}: {e}")),
+        Ok(list) => {
+            let beyond = list.iter().find(|b| b.start_sector.saturating_add(b.len_sectors) > member_sectors);
+            if let Some(b) = beyond {
+                problems.push(format!(
+                    "bad-block log at byte {at}: entry at sector {} (+{}) lies beyond the {member_sectors}-sector device",
+                    b.start_sector, b.len_sectors
+                ));
+            }
+        }
+    }
 }
 
 /// `mdadm --examine` text for a member (without the leading "DEVICE:" line).
