@@ -1,20 +1,27 @@
-//! Assembly: open the members' superblocks, pick the freshest, validate every member against it,
-//! place each in its role (or as spare/replacement), and start the array — the kernel's and
-//! mdadm's rules:
+//! Assembly: open the members' superblocks, pick the reference, validate every member against
+//! it, place each in its role (or as spare/replacement), and start the array — the kernel's and
+//! mdadm's rules (md-lifecycle.md section 7):
 //!
-//! - members must carry a valid v1.x superblock (1.0, 1.1 or 1.2) of the same array (set
-//!   UUID; the one most members share unless one is asked for) with the same geometry;
-//! - the freshest member (highest `events` among members with a role) is the reference; its
-//!   `dev_roles` decide each member's role; a member with a role whose events are more than one
-//!   behind is *stale* and refused (it missed writes): `--force` takes stale members back when
-//!   the array cannot run without them (and resyncs);
+//! - members must carry a v1.x superblock (1.0, 1.1 or 1.2) whose every field is within the
+//!   kernel's limits ([`crate::format::validate`]) of the same array (set UUID; the one most
+//!   members share unless one is asked for);
+//! - the reference is the freshest member (highest `events` among members with a role) of the
+//!   largest set that agrees on the geometry ([`crate::format::consistency`]); a member whose
+//!   geometry disagrees with that set, or whose bitmap superblock does not fit it, is left out —
+//!   one damaged member never makes the healthy majority look wrong;
+//! - the reference's `dev_roles` decide each member's role; a member with a role whose events
+//!   are more than one behind is *stale* and left out (it missed writes): `--force` takes stale
+//!   members back when the array cannot run without them (and resyncs);
 //! - a member with RECOVERY_OFFSET resumes its rebuild from `recovery_offset`; REPLACEMENT
 //!   members resume replacing; roles 0xfffe (faulty) are refused;
-//! - the array must be able to run (the personality decides); a dirty *and* degraded raid4/5/6
-//!   is refused unless forced (md's start_dirty_degraded: its parity cannot be trusted).
+//! - the array must be able to run (the personality decides); an explicit assembly
+//!   ([`PartialStart::NeedsRun`]) with fewer members than were active at the last stop needs
+//!   `--run` (or `--force`); a dirty *and* degraded raid4/5/6 is refused unless forced (md's
+//!   start_dirty_degraded: its parity cannot be trusted).
 //!
-//! Every refusal names the member and the reason; refusals of members the array can do without
-//! are returned as warnings.
+//! Every left-out member is named with the reason, returned in [`Assembled::refused`] and kept by
+//! the array ([`Array::left_out`]); nothing is ever written to it (it is not in the slot
+//! table), so it can be added or re-added later.
 
 use std::collections::HashMap;
 use std::io;
