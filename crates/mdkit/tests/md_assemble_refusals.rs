@@ -126,6 +126,8 @@ fn assemble_names_left_out_members_and_never_writes_them() {
     let data = pattern(8, 3 << 20);
     nbd_write(&srv, "p", &data);
     mdkit_ok(&srv, &["stop", "p"]);
+    let out = run(Command::new(MDKIT).args(["examine", "--json"]).arg(&pristine[1]));
+    let pristine_events = serde_json::from_slice::<Value>(&out.stdout).unwrap()["events"].as_u64().unwrap();
 
     for (k, (what, field, corrupt)) in corruptions().into_iter().enumerate() {
         let name = format!("c{k}");
@@ -154,9 +156,15 @@ fn assemble_names_left_out_members_and_never_writes_them() {
         assert_eq!(nbd_read(&srv, &name, data.len()), data, "{what}: data");
         mdkit_ok(&srv, &["stop", &name]);
         assert_eq!(sha256(&ms[0]), victim_sha, "{what}: the left-out member was written to");
-        for m in &ms[1..] {
-            run(Command::new(MDKIT).arg("examine").arg(m));
-        }
+        // The healthy members: valid, and all at the same (newer) event count, none stale.
+        let events: Vec<u64> = ms[1..]
+            .iter()
+            .map(|m| {
+                let out = run(Command::new(MDKIT).args(["examine", "--json"]).arg(m));
+                serde_json::from_slice::<Value>(&out.stdout).unwrap()["events"].as_u64().unwrap()
+            })
+            .collect();
+        assert!(events.windows(2).all(|w| w[0] == w[1]) && events[0] > pristine_events, "{what}: {events:?}");
     }
     assert_eq!(nbd_read(&srv, "keep", keep_data.len()), keep_data, "the other array kept serving");
 
