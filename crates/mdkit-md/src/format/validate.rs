@@ -241,7 +241,8 @@ mod tests {
 
     #[test]
     fn each_limit_names_its_field() {
-        let cases: Vec<(&str, fn(&mut Superblock))> = vec![
+        type Edit = fn(&mut Superblock);
+        let cases: Vec<(&str, Edit)> = vec![
             ("dev_number", |s| s.dev_number = 5000),
             ("dev_number", |s| s.dev_number = u32::MAX),
             ("raid_disks", |s| s.raid_disks = 0x7fff_ffff),
