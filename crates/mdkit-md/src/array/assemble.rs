@@ -1,20 +1,27 @@
-//! Assembly: open the members' superblocks, pick the freshest, validate every member against it,
-//! place each in its role (or as spare/replacement), and start the array — the kernel's and
-//! mdadm's rules:
+//! Assembly: open the members' superblocks, pick the reference, validate every member against
+//! it, place each in its role (or as spare/replacement), and start the array — the kernel's and
+//! mdadm's rules (md-lifecycle.md section 7):
 //!
-//! - members must carry a valid v1.x superblock (1.0, 1.1 or 1.2) of the same array (set
-//!   UUID; the one most members share unless one is asked for) with the same geometry;
-//! - the freshest member (highest `events` among members with a role) is the reference; its
-//!   `dev_roles` decide each member's role; a member with a role whose events are more than one
-//!   behind is *stale* and refused (it missed writes): `--force` takes stale members back when
-//!   the array cannot run without them (and resyncs);
+//! - members must carry a v1.x superblock (1.0, 1.1 or 1.2) whose every field is within the
+//!   kernel's limits ([`crate::format::validate`]) of the same array (set UUID; the one most
+//!   members share unless one is asked for);
+//! - the reference is the freshest member (highest `events` among members with a role) of the
+//!   largest set that agrees on the geometry ([`crate::format::consistency`]); a member whose
+//!   geometry disagrees with that set, or whose bitmap superblock does not fit it, is left out —
+//!   one damaged member never makes the healthy majority look wrong;
+//! - the reference's `dev_roles` decide each member's role; a member with a role whose events
+//!   are more than one behind is *stale* and left out (it missed writes): `--force` takes stale
+//!   members back when the array cannot run without them (and resyncs);
 //! - a member with RECOVERY_OFFSET resumes its rebuild from `recovery_offset`; REPLACEMENT
 //!   members resume replacing; roles 0xfffe (faulty) are refused;
-//! - the array must be able to run (the personality decides); a dirty *and* degraded raid4/5/6
-//!   is refused unless forced (md's start_dirty_degraded: its parity cannot be trusted).
+//! - the array must be able to run (the personality decides); an explicit assembly
+//!   ([`PartialStart::NeedsRun`]) with fewer members than were active at the last stop needs
+//!   `--run` (or `--force`); a dirty *and* degraded raid4/5/6 is refused unless forced (md's
+//!   start_dirty_degraded: its parity cannot be trusted).
 //!
-//! Every refusal names the member and the reason; refusals of members the array can do without
-//! are returned as warnings.
+//! Every left-out member is named with the reason, returned in [`Assembled::refused`] and kept by
+//! the array ([`Array::left_out`]); nothing is ever written to it (it is not in the slot
+//! table), so it can be added or re-added later.
 
 use std::collections::HashMap;
 use std::io;
@@ -29,6 +36,8 @@ use super::member::{Member, flag};
 use super::personality::Personality;
 use super::slots::SlotTable;
 use super::{raid0, raid1, raid5, raid10};
+use crate::format::bitmap::BitmapSuper;
+use crate::format::consistency::{GeometryKey, ReferenceChoice, choose_reference};
 use crate::format::format_uuid;
 use crate::format::superblock::{
     Freshness, MAX_SECTOR, MetadataVersion, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE, SB_BLOCK_BYTES,
@@ -179,42 +188,113 @@ pub(crate) fn build_personality(name: &str, sb: &Superblock, data_sizes: &[u64])
     })
 }
 
-/// Why a member's superblock disagrees with the reference on the array geometry.
-fn geometry_mismatch(sb: &Superblock, r: &Superblock) -> Option<String> {
-    let checks: [(&str, u64, u64); 4] = [
-        ("level", sb.level as u64, r.level as u64),
-        ("layout", u64::from(sb.layout), u64::from(r.layout)),
-        ("chunk size (sectors)", u64::from(sb.chunk_sectors), u64::from(r.chunk_sectors)),
-        ("raid disks", u64::from(sb.raid_disks), u64::from(r.raid_disks)),
-    ];
-    for (what, a, b) in checks {
-        if a != b {
-            return Some(format!("its superblock says {what} {a}, the freshest member says {b}"));
-        }
-    }
-    if r.level != 0 && sb.size_sectors != r.size_sectors {
-        return Some(format!(
-            "its superblock says size {} sectors, the freshest member says {}",
-            sb.size_sectors, r.size_sectors
-        ));
-    }
-    None
+/// Whether an explicit assembly may start with fewer members than were active at the last
+/// stop (mdadm start_array: `--run`, `--force`, or assembly without an explicit device list).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PartialStart {
+    /// Start degraded when the array can run (config volumes, arrays restored at start-up).
+    #[default]
+    Allowed,
+    /// Refuse unless every member active at the last stop is present (`mdkit assemble`
+    /// without `--run`).
+    NeedsRun,
 }
 
-/// Assembles and starts an array from `members` (see the module documentation).
-pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Result<Assembled> {
-    let name = if opts.name.is_empty() { "md".to_string() } else { opts.name.clone() };
-    if members.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: no member devices given")));
-    }
-    let mut refused: Vec<Refusal> = Vec::new();
-    let mut found: Vec<(MemberDev, Superblock)> = Vec::new();
+/// Reads every member's superblock; members without a usable one are refused by name.
+async fn read_members(members: Vec<MemberDev>, refused: &mut Vec<Refusal>) -> Vec<(MemberDev, Superblock)> {
+    let mut found = Vec::new();
     for md in members {
         match read_superblock(&md.dev).await {
             Ok(sb) => found.push((md, sb)),
             Err(reason) => refused.push(Refusal { member: md.name.clone(), reason }),
         }
     }
+    found
+}
+
+/// The requested UUID, else the one most members carry (ties: more events).
+fn pick_uuid(found: &[(MemberDev, Superblock)], requested: Option<[u8; 16]>) -> [u8; 16] {
+    requested.unwrap_or_else(|| {
+        let mut count: HashMap<[u8; 16], (usize, u64)> = HashMap::new();
+        for (_, sb) in found {
+            let e = count.entry(sb.set_uuid).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(sb.events);
+        }
+        count.into_iter().max_by_key(|(_, v)| *v).map(|(u, _)| u).unwrap_or([0; 16])
+    })
+}
+
+/// Why the member's write-intent bitmap cannot be used, checked before anything is sized from
+/// it: location on the device, the kernel's field checks, uuid, sync_size and space.
+async fn bitmap_problem(md: &MemberDev, sb: &Superblock) -> Option<String> {
+    let sector = sb.bitmap_sector()?;
+    let device_sectors = md.dev.topology().size_bytes / 512;
+    let Some(space_bytes) = crate::format::validate::bitmap_space_bytes(sb, device_sectors) else {
+        return Some(format!("its bitmap at sector {sector} lies outside the {device_sectors}-sector device"));
+    };
+    let at = sector * 512;
+    let bytes = match md.dev.read_vec(at, SB_BLOCK_BYTES).await {
+        Ok(b) => b,
+        Err(e) => return Some(format!("reading its bitmap superblock at byte {at}: {e}")),
+    };
+    match BitmapSuper::decode(&bytes).and_then(|b| b.check_for_member(sb, space_bytes)) {
+        Ok(()) => None,
+        Err(e) => Some(format!("bitmap superblock at byte {at}: {e}")),
+    }
+}
+
+/// Why a member of the array cannot take part, judged against the reference (geometry,
+/// features, bitmap, bad-block log, data area).
+async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key: &GeometryKey) -> Option<String> {
+    if let Some(why) = GeometryKey::of(sb).mismatch(key) {
+        return Some(why);
+    }
+    if let Some(why) = unsupported_features(sb) {
+        return Some(why.into());
+    }
+    if sb.feature_map & feature::BAD_BLOCKS != 0 {
+        return Some("its bad-block log is not empty, which mdkit does not support yet".into());
+    }
+    let mirrored = matches!(Level::from_md_level(refsb.level), Some(Level::Raid1 | Level::Raid10));
+    if mirrored && sb.data_size_sectors < refsb.size_sectors {
+        return Some(format!(
+            "data area of {} sectors is smaller than the array's per-member size {}",
+            sb.data_size_sectors, refsb.size_sectors
+        ));
+    }
+    if refsb.feature_map & feature::BITMAP_OFFSET != 0 && refsb.level > 0 {
+        return bitmap_problem(md, sb).await;
+    }
+    None
+}
+
+/// Roles `0..raid_disks` the reference superblock records as held (mdadm's working disks at
+/// the last superblock update).
+fn recorded_active_roles(refsb: &Superblock) -> usize {
+    let raid_disks = refsb.raid_disks as usize;
+    (0..raid_disks).filter(|r| refsb.dev_roles.iter().any(|role| usize::from(*role) == *r)).count()
+}
+
+/// Assembles and starts an array from `members` (see the module documentation); a degraded
+/// start is allowed whenever the array can run.
+pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Result<Assembled> {
+    assemble_with(members, opts, PartialStart::Allowed).await
+}
+
+/// [`assemble`] with mdadm's rule for explicit assembly: `partial` says whether fewer members
+/// than were active at the last stop may start the array (`--run`; `--force` implies it).
+pub async fn assemble_with(
+    members: Vec<MemberDev>,
+    opts: AssembleOptions,
+    partial: PartialStart,
+) -> io::Result<Assembled> {
+    let name = if opts.name.is_empty() { "md".to_string() } else { opts.name.clone() };
+    if members.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: no member devices given")));
+    }
+    let mut refused: Vec<Refusal> = Vec::new();
+    let found = read_members(members, &mut refused).await;
     let fail = |what: String, refused: &[Refusal]| -> io::Error {
         let list: Vec<String> = refused.iter().map(|r| r.to_string()).collect();
         if list.is_empty() {
@@ -226,17 +306,7 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
     if found.is_empty() {
         return Err(fail("no member has a usable md superblock".into(), &refused));
     }
-
-    // Which array: the requested UUID, else the one most members carry (ties: more events).
-    let uuid = opts.uuid.unwrap_or_else(|| {
-        let mut count: HashMap<[u8; 16], (usize, u64)> = HashMap::new();
-        for (_, sb) in &found {
-            let e = count.entry(sb.set_uuid).or_default();
-            e.0 += 1;
-            e.1 = e.1.max(sb.events);
-        }
-        count.into_iter().max_by_key(|(_, v)| *v).map(|(u, _)| u).unwrap_or([0; 16])
-    });
+    let uuid = pick_uuid(&found, opts.uuid);
     let (mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
     for (md, sb) in others {
         refused.push(Refusal {
@@ -251,8 +321,22 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
     if mine.is_empty() {
         return Err(fail(format!("no member belongs to array uuid {}", format_uuid(&uuid)), &refused));
     }
+    // The reference: the freshest member of the largest set that agrees on the geometry.
     let sbs: Vec<Superblock> = mine.iter().map(|(_, sb)| sb.clone()).collect();
-    let ref_idx = crate::format::superblock::reference_member(&sbs).unwrap_or(0);
+    let (ref_idx, key) = match choose_reference(&sbs) {
+        ReferenceChoice::Chosen { index, key } => (index, key),
+        ReferenceChoice::Ambiguous { members_each, events } => {
+            let list: Vec<&str> = mine.iter().map(|(md, _)| md.name.as_str()).collect();
+            return Err(fail(
+                format!(
+                    "members {} disagree on the array geometry in groups of {members_each} (events {events}) and none is a majority; assemble the consistent members only",
+                    list.join(", ")
+                ),
+                &refused,
+            ));
+        }
+        ReferenceChoice::Empty => return Err(fail("no member belongs to the array".into(), &refused)),
+    };
     let refsb = sbs[ref_idx].clone();
     if let Some(why) = unsupported_features(&refsb) {
         return Err(fail(format!("member {}: {why}", mine[ref_idx].0.name), &refused));
@@ -272,23 +356,8 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
     let mut stale: Vec<Accepted> = Vec::new();
     for (md, sb) in mine {
         let refuse = |reason: String| Refusal { member: md.name.clone(), reason };
-        if let Some(why) = geometry_mismatch(&sb, &refsb) {
+        if let Some(why) = member_problem(&md, &sb, &refsb, &key).await {
             refused.push(refuse(why));
-            continue;
-        }
-        if let Some(why) = unsupported_features(&sb) {
-            refused.push(refuse(why.into()));
-            continue;
-        }
-        if sb.feature_map & feature::BAD_BLOCKS != 0 {
-            refused.push(refuse("its bad-block log is not empty, which mdkit does not support yet".into()));
-            continue;
-        }
-        if matches!(level, Level::Raid1 | Level::Raid10) && sb.data_size_sectors < refsb.size_sectors {
-            refused.push(refuse(format!(
-                "data area of {} sectors is smaller than the array's per-member size {}",
-                sb.data_size_sectors, refsb.size_sectors
-            )));
             continue;
         }
         let role = refsb.dev_roles.get(sb.dev_number as usize).copied().unwrap_or(ROLE_SPARE);
@@ -420,6 +489,16 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
             &refused,
         ));
     }
+    let recorded = recorded_active_roles(&refsb);
+    let present = (0..raid_disks).filter(|r| table.working(*r).is_some()).count();
+    if present < recorded && partial == PartialStart::NeedsRun && !opts.force {
+        return Err(fail(
+            format!(
+                "not started: {present} of the {recorded} members active at the last stop are usable; use --run to start it degraded"
+            ),
+            &refused,
+        ));
+    }
     let degraded = pers.degraded(&table);
     let mut resync_cp = if pers.has_redundancy() { refsb.resync_offset_sectors } else { MAX_SECTOR };
     if matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6)
@@ -488,6 +567,7 @@ pub async fn assemble(members: Vec<MemberDev>, opts: AssembleOptions) -> io::Res
     };
     let core = ArrayCore::new(info, pers, table, refsb.events, resync_cp, bitmap);
     let array = Array::start(core, opts.start_frozen, Some(sink));
+    array.set_left_out(refused.clone());
     tracing::info!(array = %name, level = level.name(), uuid = %format_uuid(&uuid), degraded, refused = refused.len(), "array assembled");
     Ok(Assembled { array, refused, notes })
 }

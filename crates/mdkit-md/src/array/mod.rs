@@ -58,7 +58,9 @@ use mdkit_io::{BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topolo
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
-pub use self::assemble::{AssembleOptions, Assembled, MemberDev, Refusal, assemble, read_superblock};
+pub use self::assemble::{
+    AssembleOptions, Assembled, MemberDev, PartialStart, Refusal, assemble, assemble_with, read_superblock,
+};
 pub use self::core::{ArrayCore, ArrayInfo};
 pub use self::create::{CreateOptions, create, write_superblocks};
 pub use self::errors::{Clock, ManualClock, MdError, MdErrorKind};
@@ -79,6 +81,8 @@ pub struct Array {
     topology: Topology,
     name_for_device: String,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Members assembly left out and why (until they are added or re-added).
+    left_out: Mutex<Vec<Refusal>>,
 }
 
 fn needs_check_error(core: &ArrayCore, reason: &str) -> stdio::Error {
@@ -98,7 +102,7 @@ impl Array {
         let topology = compute_topology(&core);
         let tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
         let name_for_device = format!("{}:{}", core.info().level.name(), core.name());
-        Array { core, topology, name_for_device, tasks: Mutex::new(tasks) }
+        Array { core, topology, name_for_device, tasks: Mutex::new(tasks), left_out: Mutex::new(Vec::new()) }
     }
 
     pub fn core(&self) -> &Arc<ArrayCore> {
@@ -252,6 +256,7 @@ impl Array {
         self.core.update_superblocks("member added").await?;
         drop(_g);
         self.kick_sync();
+        self.forget_left_out(&dev.name);
         tracing::info!(array = self.name(), member = %dev.name, "spare added");
         Ok(())
     }
@@ -372,6 +377,7 @@ impl Array {
         self.core.update_superblocks("member re-added").await?;
         drop(_g);
         self.kick_sync();
+        self.forget_left_out(&dev.name);
         tracing::info!(array = self.name(), member = %dev.name, role, in_sync, "member re-added");
         Ok(())
     }
@@ -415,9 +421,28 @@ impl Array {
         attrs::set(self, name, value)
     }
 
-    /// What `mdadm --detail` shows, as JSON.
+    /// What `mdadm --detail` shows, as JSON, plus the members assembly left out
+    /// (`left_out`: member and reason).
     pub fn detail(&self) -> serde_json::Value {
-        attrs::detail(&self.core, self.size_bytes())
+        let mut d = attrs::detail(&self.core, self.size_bytes());
+        let left_out: Vec<serde_json::Value> =
+            self.left_out().iter().map(|r| serde_json::json!({ "member": r.member, "reason": r.reason })).collect();
+        d["left_out"] = serde_json::Value::Array(left_out);
+        d
+    }
+
+    /// Members assembly left out (never written to), with the reason; a member leaves this
+    /// list when it is added or re-added.
+    pub fn left_out(&self) -> Vec<Refusal> {
+        self.left_out.lock().clone()
+    }
+
+    pub(crate) fn set_left_out(&self, refused: Vec<Refusal>) {
+        *self.left_out.lock() = refused;
+    }
+
+    fn forget_left_out(&self, member: &str) {
+        self.left_out.lock().retain(|r| r.member != member);
     }
 }
 

@@ -103,6 +103,9 @@ pub enum BitmapError {
         "bitmap chunk {requested_bytes} bytes is too small: {sync_size_sectors} sectors need at least {min_bytes} bytes per bit to fit in {room_sectors} sectors"
     )]
     ChunkTooSmallForRoom { requested_bytes: u64, min_bytes: u64, sync_size_sectors: u64, room_sectors: u64 },
+    /// A field that does not fit the member's md superblock ([`BitmapSuper::check_for_member`]).
+    #[error("bitmap field {field} = {value}: {reason}")]
+    Field { field: &'static str, value: String, reason: String },
 }
 
 /// A decoded bitmap superblock.
@@ -235,6 +238,50 @@ impl BitmapSuper {
     }
 
     /// Encodes the 256-byte superblock (pad zero), validating first.
+    /// Checks a member's bitmap superblock against its md superblock before anything is sized
+    /// from it: the kernel's field checks ([`BitmapSuper::validate`]), the array uuid,
+    /// `sync_size` within the array's sync domain, and the bits for that domain fitting the
+    /// `space_bytes` before the next structure (and `sectors_reserved`, when recorded).
+    pub fn check_for_member(&self, sb: &super::superblock::Superblock, space_bytes: u64) -> Result<(), BitmapError> {
+        self.validate()?;
+        if self.uuid != sb.set_uuid {
+            return Err(BitmapError::UuidMismatch {
+                found: super::format_uuid(&self.uuid),
+                expected: super::format_uuid(&sb.set_uuid),
+            });
+        }
+        let field = |field: &'static str, value: u64, reason: String| BitmapError::Field {
+            field,
+            value: value.to_string(),
+            reason,
+        };
+        let domain = super::validate::bitmap_sync_domain_sectors(sb).unwrap_or(0);
+        if self.sync_size_sectors > domain {
+            return Err(field(
+                "sync_size",
+                self.sync_size_sectors,
+                format!("sectors: more than the {domain} sectors the array covers"),
+            ));
+        }
+        let storage_bytes = BitmapGeometry::new(self.chunk_bytes, domain)?.storage_bytes();
+        if storage_bytes > space_bytes {
+            return Err(field(
+                "chunksize",
+                u64::from(self.chunk_bytes),
+                format!("bytes: {storage_bytes} bytes of bits needed, only {space_bytes} before the next structure"),
+            ));
+        }
+        let reserved_bytes = u64::from(self.sectors_reserved) * SECTOR_BYTES;
+        if self.sectors_reserved != 0 && storage_bytes > reserved_bytes {
+            return Err(field(
+                "sectors_reserved",
+                u64::from(self.sectors_reserved),
+                format!("sectors: {storage_bytes} bytes of bits needed"),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn encode(&self) -> Result<[u8; BITMAP_SUPER_BYTES], BitmapError> {
         self.validate()?;
         let b = self.encode_unchecked();

@@ -8,9 +8,10 @@ use serde_json::{Value, json};
 
 use super::bitmap::{self, BITMAP_MAGIC, BitmapGeometry, BitmapSuper};
 use super::superblock::{
-    MAX_SECTOR, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, Superblock, feature, md_time_seconds, sb_checksum,
+    LenientSuperblock, MAX_SECTOR, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, Superblock, SuperblockError, feature,
+    md_time_seconds, sb_checksum, superblock_locations,
 };
-use super::{SECTOR_BYTES, format_uuid};
+use super::{METADATA_BLOCK_BYTES, SECTOR_BYTES, format_uuid, validate};
 use crate::layout::names::{level_name, parity_algorithm_name, raid0_layout_name, raid10_examine_text};
 use crate::layout::{self, Level};
 
@@ -41,6 +42,115 @@ impl<'a> Examine<'a> {
             let sb = self.superblock;
             sb_checksum(&sb.encode_unchecked(), sb.max_dev().min(super::superblock::MAX_DEV_ROLES))
         })
+    }
+}
+
+/// A member's metadata as `mdkit examine` reads it: the freshest superblock found at the 1.0,
+/// 1.1 and 1.2 locations (also a damaged one, to show it), its bitmap superblock when one can
+/// be parsed, and every problem found (each names the structure, the field and the reason).
+#[derive(Clone, Debug)]
+pub struct ExaminedMember {
+    pub lenient: LenientSuperblock,
+    pub bitmap: Option<BitmapSuper>,
+    /// Byte offset the superblock was read from.
+    pub sb_offset_bytes: u64,
+    pub problems: Vec<String>,
+}
+
+/// Reads and checks a member through `read_at(offset_bytes, buf)`: every superblock field
+/// against the kernel's limits and the device size, and the bitmap superblock against the
+/// member's superblock. `Err` when no md superblock is there (or it cannot be parsed at all).
+pub fn examine_member(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    member_sectors: u64,
+) -> Result<ExaminedMember, String> {
+    let mut found: Vec<(u64, LenientSuperblock)> = Vec::new();
+    for (_, off) in superblock_locations(member_sectors) {
+        let mut b = vec![0u8; METADATA_BLOCK_BYTES];
+        if read_at(off * SECTOR_BYTES, &mut b).is_err() {
+            continue;
+        }
+        match Superblock::decode_lenient(&b) {
+            Ok(l) => found.push((off, l)),
+            Err(SuperblockError::BadMagic { .. }) => {}
+            Err(e) => return Err(format!("superblock at byte {}: {e}", off * SECTOR_BYTES)),
+        }
+    }
+    let (off, lenient) = found
+        .into_iter()
+        .max_by_key(|(_, l)| l.superblock.events)
+        .ok_or_else(|| "No md superblock detected".to_string())?;
+    let sb = &lenient.superblock;
+    let at = off * SECTOR_BYTES;
+    let mut problems: Vec<String> = Vec::new();
+    if sb.super_offset_sectors != off {
+        let e =
+            SuperblockError::SuperOffsetMismatch { recorded_sectors: sb.super_offset_sectors, expected_sectors: off };
+        problems.push(e.to_string());
+    }
+    problems.extend(lenient.problems.iter().map(ToString::to_string));
+    problems.extend(validate::device_problems(sb, member_sectors).iter().map(ToString::to_string));
+    let mut problems: Vec<String> = problems.into_iter().map(|p| format!("superblock at byte {at}: {p}")).collect();
+    let bitmap = examine_bitmap(read_at, sb, member_sectors, &mut problems);
+    examine_bad_blocks(read_at, sb, member_sectors, &mut problems);
+    Ok(ExaminedMember { lenient, bitmap, sb_offset_bytes: at, problems })
+}
+
+/// The member's bitmap superblock (when it parses) and its problems.
+fn examine_bitmap(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    sb: &Superblock,
+    member_sectors: u64,
+    problems: &mut Vec<String>,
+) -> Option<BitmapSuper> {
+    let sector = sb.bitmap_sector()?;
+    let space = validate::bitmap_space_bytes(sb, member_sectors)?;
+    let at = sector * SECTOR_BYTES;
+    let mut b = vec![0u8; METADATA_BLOCK_BYTES];
+    if let Err(e) = read_at(at, &mut b) {
+        problems.push(format!("bitmap superblock at byte {at}: read error: {e}"));
+        return None;
+    }
+    let parsed = BitmapSuper::decode_lenient(&b);
+    if let Err(e) = parsed.as_ref().map_err(Clone::clone).and_then(|h| {
+        h.validate()?;
+        h.check_for_member(sb, space)
+    }) {
+        problems.push(format!("bitmap superblock at byte {at}: {e}"));
+    }
+    parsed.ok()
+}
+
+/// The bad-block log's entries, when BAD_BLOCKS is set and the log lies on the device (its
+/// offset and size problems are the superblock's): each must decode and lie on the device.
+fn examine_bad_blocks(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    sb: &Superblock,
+    member_sectors: u64,
+    problems: &mut Vec<String>,
+) {
+    let Some(sector) = sb.bblog_sector().filter(|_| sb.feature_map & feature::BAD_BLOCKS != 0) else { return };
+    let len_sectors = u64::from(sb.bblog_size_sectors);
+    if len_sectors > u64::from(validate::MAX_BBLOG_SECTORS) || sector.saturating_add(len_sectors) > member_sectors {
+        return;
+    }
+    let at = sector * SECTOR_BYTES;
+    let mut log = vec![0u8; (len_sectors * SECTOR_BYTES) as usize];
+    if let Err(e) = read_at(at, &mut log) {
+        problems.push(format!("bad-block log at byte {at}: read error: {e}"));
+        return;
+    }
+    match super::badblocks::decode(&log, sb.bblog_shift) {
+        Err(e) => problems.push(format!("bad-block log at byte {at}: {e}")),
+        Ok(list) => {
+            let beyond = list.iter().find(|b| b.start_sector.saturating_add(b.len_sectors) > member_sectors);
+            if let Some(b) = beyond {
+                problems.push(format!(
+                    "bad-block log at byte {at}: entry at sector {} (+{}) lies beyond the {member_sectors}-sector device",
+                    b.start_sector, b.len_sectors
+                ));
+            }
+        }
     }
 }
 

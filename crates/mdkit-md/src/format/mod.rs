@@ -13,6 +13,8 @@
 //! - [`bitmap`]: `bitmap_super_t` (256 bytes) and the on-disk bit geometry, mdadm's sizing rules.
 //! - [`badblocks`]: the bad-block log entries.
 //! - [`create`]: plan a new array exactly as `mdadm --create` (4.x) does.
+//! - [`consistency`]: which members of an array agree, and the reference at assembly.
+//! - [`validate`]: the field limits checked before anything is sized from a superblock.
 //! - [`examine`]: render a member the way `mdadm --examine` does, or as JSON.
 //!
 //! Offsets and sizes follow `/work/shared/reference/formats.md` sections 1 and 2, checked
@@ -20,9 +22,11 @@
 
 pub mod badblocks;
 pub mod bitmap;
+pub mod consistency;
 pub mod create;
 pub mod examine;
 pub mod superblock;
+pub mod validate;
 
 /// Bytes per sector: every md sector count is in 512-byte units.
 pub const SECTOR_BYTES: u64 = 512;

@@ -205,6 +205,9 @@ pub enum SuperblockError {
     PplConflict { other: &'static str },
     #[error("device role is journal but the JOURNAL feature is not set")]
     JournalRoleWithoutFeature,
+    /// A field outside the kernel's limits (see [`super::validate`]).
+    #[error("field {field} = {value}: {reason}")]
+    Field { field: &'static str, value: String, reason: String },
 }
 
 /// Which of the three v1 placements a superblock uses.
@@ -601,6 +604,7 @@ impl Superblock {
         if self.raw_role() == ROLE_JOURNAL && self.feature_map & feature::JOURNAL == 0 {
             p.push(SuperblockError::JournalRoleWithoutFeature);
         }
+        p.extend(super::validate::field_problems(self));
         p
     }
 
@@ -648,19 +652,12 @@ impl Superblock {
 
     /// Checks the fields that depend on the device size (`device_sectors`), as super_1_load
     /// does: the data area must fit on the device (1.1/1.2: `device - data_offset`; 1.0: below
-    /// the superblock).
+    /// the superblock), and the bitmap and bad-block log must lie on it.
     pub fn check_fits_device(&self, device_sectors: u64) -> Result<(), SuperblockError> {
-        let available_sectors = match self.metadata_version() {
-            MetadataVersion::V1_0 => self.super_offset_sectors,
-            _ => device_sectors.saturating_sub(self.data_offset_sectors),
-        };
-        if self.data_size_sectors > available_sectors {
-            return Err(SuperblockError::DataBeyondDevice {
-                data_size_sectors: self.data_size_sectors,
-                available_sectors,
-            });
+        match super::validate::device_problems(self, device_sectors).into_iter().next() {
+            Some(p) => Err(p),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Encodes the superblock into the 4 KiB block written at `super_offset`, computing the

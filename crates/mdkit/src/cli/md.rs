@@ -4,7 +4,7 @@
 //! mdkit create NAME --level L --raid-devices N [--chunk K] [--layout X] [--bitmap internal|none]
 //!              [--bitmap-chunk SIZE] [--assume-clean] [--metadata 1.2] [--member-size SIZE] [--export E] [--force] MEMBER...
 //! mdkit examine MEMBER... [--json]            (offline: reads the superblocks)
-//! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--export E]
+//! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--run] [--export E]
 //! mdkit detail NAME [--json]
 //! mdkit stop NAME
 //! mdkit manage NAME --add|--fail|--remove|--re-add|--replace MEMBER [--with MEMBER]
@@ -90,9 +90,13 @@ pub struct AssembleArgs {
     /// Assemble only the array with this UUID.
     #[arg(long)]
     pub uuid: Option<String>,
-    /// Take stale members back when the array cannot run without them.
+    /// Take stale members back when the array cannot run without them; start a dirty
+    /// degraded array.
     #[arg(long, short = 'f')]
     pub force: bool,
+    /// Start the array even with fewer members than were active when it last stopped.
+    #[arg(long, short = 'R')]
+    pub run: bool,
     #[arg(long, value_name = "EXPORT")]
     pub export: Option<String>,
     #[command(flatten)]
@@ -299,54 +303,44 @@ fn device_sectors(f: &std::fs::File, path: &Path) -> Result<u64> {
     Ok(md.len() / 512)
 }
 
-/// One member's superblock as `mdadm --examine` prints it (or JSON); `Err` when there is none.
-fn examine_one(path: &Path, as_json: bool) -> Result<String> {
-    use mdkit_md::format::bitmap::BitmapSuper;
-    use mdkit_md::format::examine::{Examine, render, render_json_with};
-    use mdkit_md::format::superblock::{SuperblockError, superblock_locations};
+/// One member's superblock as `mdadm --examine` prints it (or JSON), and the problems found
+/// in its metadata (each naming the field); `Err` when there is no superblock.
+fn examine_one(path: &Path, as_json: bool) -> Result<(String, Vec<String>)> {
+    use mdkit_md::format::examine::{Examine, examine_member, render, render_json_with};
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let sectors = device_sectors(&f, path)?;
-    let mut found = Vec::new();
-    for (_, off) in superblock_locations(sectors) {
-        let mut b = vec![0u8; 4096];
-        if f.read_exact_at(&mut b, off * 512).is_err() {
-            continue;
-        }
-        match mdkit_md::format::superblock::Superblock::decode_lenient(&b) {
-            Ok(l) => found.push(l),
-            Err(SuperblockError::BadMagic { .. }) => {}
-            Err(e) => bail!("{}: superblock at byte {}: {e}", path.display(), off * 512),
-        }
-    }
-    let l = found
-        .into_iter()
-        .max_by_key(|l| l.superblock.events)
-        .ok_or_else(|| anyhow!("No md superblock detected on {}.", path.display()))?;
-    let sb = &l.superblock;
-    let bitmap = sb.bitmap_sector().and_then(|s| {
-        let mut b = vec![0u8; 256];
-        f.read_exact_at(&mut b, s * 512).ok()?;
-        BitmapSuper::decode(&b).ok()
-    });
-    let mut ex = Examine::new(sb, bitmap.as_ref(), sectors);
-    ex.computed_checksum = Some(l.computed_checksum);
+    let mut read_at = |offset: u64, buf: &mut [u8]| f.read_exact_at(buf, offset);
+    let m = examine_member(&mut read_at, sectors).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let sb = &m.lenient.superblock;
+    let mut ex = Examine::new(sb, m.bitmap.as_ref(), sectors);
+    ex.computed_checksum = Some(m.lenient.computed_checksum);
     if as_json {
         let mut v = render_json_with(&ex);
         v["device"] = json!(path.display().to_string());
-        if !l.problems.is_empty() {
-            v["problems"] = json!(l.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>());
+        if !m.problems.is_empty() {
+            v["problems"] = json!(m.problems);
         }
-        Ok(serde_json::to_string_pretty(&v)?)
+        Ok((serde_json::to_string_pretty(&v)?, m.problems))
     } else {
-        Ok(format!("{}:\n{}", path.display(), render(&ex)))
+        Ok((format!("{}:\n{}", path.display(), render(&ex)), m.problems))
     }
 }
 
+/// Prints each member's metadata; problems go to stderr (naming member, structure and field)
+/// and make the exit status 1, like a member without a superblock.
 pub fn examine(a: ExamineArgs) -> Result<ExitCode> {
     let mut code = ExitCode::SUCCESS;
     for m in &a.members {
         match examine_one(m, a.json) {
-            Ok(text) => println!("{text}"),
+            Ok((text, problems)) => {
+                println!("{text}");
+                for p in &problems {
+                    eprintln!("mdkit: {}: {p}", m.display());
+                }
+                if !problems.is_empty() {
+                    code = ExitCode::FAILURE;
+                }
+            }
             Err(e) => {
                 eprintln!("mdkit: {e:#}");
                 code = ExitCode::FAILURE;
@@ -363,9 +357,12 @@ pub fn assemble(a: AssembleArgs) -> Result<ExitCode> {
     let members = absolute_members(&a.members)?;
     let d = a.control.client()?.call(
         "md.assemble",
-        json!({ "name": a.name, "members": members, "uuid": a.uuid, "force": a.force, "export": a.export }),
+        json!({ "name": a.name, "members": members, "uuid": a.uuid, "force": a.force, "run": a.run, "export": a.export }),
     )?;
     println!("mdkit: array {} assembled", a.name);
+    for (member, reason) in left_out(&d) {
+        eprintln!("mdkit: {}: member {member} left out: {reason}", a.name);
+    }
     print!("{}", detail_text(&d, false));
     Ok(ExitCode::SUCCESS)
 }
@@ -484,6 +481,12 @@ pub fn progress_line(sync: &Value, bar: bool) -> Option<String> {
     Some(s)
 }
 
+/// The members assembly left out, from `md.detail` JSON: (member, reason).
+fn left_out(d: &Value) -> Vec<(String, String)> {
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    d["left_out"].as_array().into_iter().flatten().map(|r| (text(&r["member"]), text(&r["reason"]))).collect()
+}
+
 /// `mdadm --detail` style text from `md.detail` JSON.
 pub fn detail_text(d: &Value, bar: bool) -> String {
     let s = |k: &str| d[k].as_str().unwrap_or("").to_string();
@@ -546,6 +549,9 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
             state.join(","),
             m["name"].as_str().unwrap_or("")
         ));
+    }
+    for (member, reason) in left_out(d) {
+        o.push_str(&format!("{:>10} {:>10}   {:<28} {member}: {reason}\n", "-", "-", "left out"));
     }
     o
 }

@@ -5,7 +5,7 @@
 //! |---------------|-----------------------------------------------------------------------|
 //! | `md.create`   | name, members, level, raid_devices, chunk_kib, layout, bitmap,        |
 //! |               | assume_clean, metadata, member_size_bytes, export, force              |
-//! | `md.assemble` | name, members, uuid, force, export                                    |
+//! | `md.assemble` | name, members, uuid, force, run, export                               |
 //! | `md.detail`   | name                                                                  |
 //! | `md.stop`     | name                                                                  |
 //! | `md.manage`   | name, action (add, fail, remove, re-add, replace), member, with       |
@@ -29,6 +29,7 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array};
+use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
 
 /// File (in the data directory) recording run-time arrays.
 pub const STATE_FILE: &str = "md-arrays.json";
@@ -168,10 +169,12 @@ struct CreateArgs {
 }
 
 /// Refuses members another running array already uses (same file opened twice = corruption).
+/// Members assembly left out are not in use.
 async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
     let vols = svc.volumes.read().await;
     for v in vols.iter() {
         if let Some(m) = v.as_any().downcast_ref::<MdVolume>() {
+            drop_left_out_sources(m);
             for s in m.member_sources() {
                 if sources.contains(&s) {
                     bail!("member {s} is already used by md array {:?}", m.name);
@@ -230,6 +233,9 @@ struct AssembleArgs {
     uuid: Option<String>,
     #[serde(default)]
     force: bool,
+    /// Start with fewer members than were active at the last stop (mdadm --run).
+    #[serde(default)]
+    run: bool,
     export: Option<String>,
 }
 
@@ -250,8 +256,31 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
         open_members(&a.members, &svc.config.data_dir, &vols, MemberOpen::default())?
     };
     check_not_in_use(&svc, &opened.sources).await?;
-    let vol = start_array(&a.name, opened, None, uuid, a.force).await?;
+    let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
+    let partial = if a.run { PartialStart::Allowed } else { PartialStart::NeedsRun };
+    let assembled = assemble_with(opened.devs.clone(), opts, partial).await?;
+    for r in &assembled.refused {
+        tracing::warn!(array = %a.name, "member left out: {r}");
+    }
+    for n in &assembled.notes {
+        tracing::info!(array = %a.name, "{n}");
+    }
+    let sources = opened.devs.iter().zip(&opened.sources).map(|(d, s)| (d.name.clone(), s.clone())).collect();
+    let vol = Arc::new(MdVolume {
+        name: a.name.clone(),
+        array: Arc::new(assembled.array),
+        sources: parking_lot::Mutex::new(sources),
+    });
+    drop_left_out_sources(&vol);
     install(&svc, vol, a.export).await
+}
+
+/// Forgets where the members assembly left out came from: they are not part of the array, so
+/// they may be re-added or used elsewhere, and the state file does not list them.
+fn drop_left_out_sources(vol: &MdVolume) {
+    let in_array: Vec<String> = vol.array.core().slots().all_members().iter().map(|m| m.name().to_string()).collect();
+    let left_out: Vec<String> = vol.array.left_out().into_iter().map(|r| r.member).collect();
+    vol.sources.lock().retain(|(n, _)| in_array.contains(n) || !left_out.contains(n));
 }
 
 /// Registers a started array as a volume, exports it when asked, remembers it.
@@ -370,6 +399,7 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: ManageArgs = serde_json::from_value(args).context("md.manage arguments")?;
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
+    drop_left_out_sources(vol);
     let open_new = |spec: &str| -> Result<_> {
         let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
