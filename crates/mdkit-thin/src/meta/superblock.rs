@@ -132,6 +132,21 @@ impl Superblock {
             )));
         }
         check_data_block_size(self.data_block_size_sectors).map_err(Corruption::BadSuperblock)?;
+        if self.data_sm_root.nr_blocks > crate::meta::MAX_DATA_BLOCKS {
+            return Err(Corruption::BadSuperblock(format!(
+                "data space map of {} blocks (at most {} are possible)",
+                self.data_sm_root.nr_blocks,
+                crate::meta::MAX_DATA_BLOCKS
+            )));
+        }
+        for (what, root) in [("data", &self.data_sm_root), ("metadata", &self.metadata_sm_root)] {
+            if root.nr_allocated > root.nr_blocks {
+                return Err(Corruption::BadSuperblock(format!(
+                    "{what} space map has {} blocks allocated of {}",
+                    root.nr_allocated, root.nr_blocks
+                )));
+            }
+        }
         Ok(())
     }
 

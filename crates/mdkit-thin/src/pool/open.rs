@@ -63,7 +63,9 @@ impl fmt::Display for DeviceContents {
 pub fn inspect(io: &dyn MetaIo) -> Result<DeviceContents, MetaError> {
     match ThinMetadata::read_superblock(io) {
         Ok(sb) => Ok(pool_contents(&sb)),
-        Err(MetaError::Corrupt { block: 0, .. }) if block_is_zero(io, 0)? => scan_after_superblock(io),
+        Err(MetaError::Corrupt { block: 0, .. }) if io.nr_blocks() > 0 && block_is_zero(io, 0)? => {
+            scan_after_superblock(io)
+        }
         Err(e @ MetaError::Io { .. }) => Err(e),
         Err(e) => Ok(DeviceContents::Other { reason: e.to_string() }),
     }
