@@ -199,8 +199,8 @@ pub enum PoolErrorKind {
     NotBlank { device: String, contents: DeviceContents },
     /// Opening found no superblock at block 0 (all zeroes); nothing was written.
     #[error(
-        "metadata device {device}: no thin-pool superblock at block 0: {contents}. A new pool is formatted only by `mdkit thin pool-create` or a config pool with `create = true`, and only on a blank device; {}",
-        open::RECOVERY_HINT
+        "metadata device {device}: no thin-pool superblock at block 0: {contents}; {hint}",
+        hint = open::no_superblock_hint(contents)
     )]
     NoSuperblock { device: String, contents: DeviceContents },
     /// Opening found damaged metadata (the error names the block); nothing was written.

@@ -21,9 +21,29 @@ use crate::meta::{CheckOptions, FormatOptions, MetaError, MetaIo, OpenOptions, S
 /// Blocks that must be zeroes for a metadata device to count as blank (1 MiB).
 pub const BLANK_SCAN_BLOCKS: u64 = 256;
 
+macro_rules! recover_text {
+    () => {
+        "restore the metadata from a thin_dump XML with thin_restore, or repair it offline with thin_repair \
+         (check it with `mdkit thin check`)"
+    };
+}
+
 /// How to get a pool back when its metadata cannot be opened.
-pub const RECOVERY_HINT: &str = "nothing was written; to recover, restore the metadata from a thin_dump XML with \
-     thin_restore, or repair it offline with thin_repair (check it with `mdkit thin check`)";
+pub const RECOVER: &str = recover_text!();
+
+/// The tail of every refused open: nothing changed, and the way back.
+pub const RECOVERY_HINT: &str = concat!("nothing was written; to recover, ", recover_text!());
+
+/// What to do about a device with no superblock: format it if it is new, else recover.
+pub fn no_superblock_hint(contents: &DeviceContents) -> String {
+    let new = "a new pool is formatted only by `mdkit thin pool-create` or a config pool with `create = true`";
+    match contents {
+        DeviceContents::Blank => {
+            format!("nothing was written; if the device is new, {new}; if it held a pool, {RECOVER}")
+        }
+        _ => format!("{RECOVERY_HINT} ({new}, and only on a blank device)"),
+    }
+}
 
 /// What the first blocks of a metadata device hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
