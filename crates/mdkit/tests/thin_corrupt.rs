@@ -171,8 +171,16 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     assert!(log.contains("block 0") && log.contains("thin_restore") && log.contains("tp.meta"), "{log}");
     let e = err(&srv, &["thin", "status", "tp"]);
     assert!(e.contains("tp"), "{e}");
-    stop(&mut srv);
+    // pool-create will not format over the lost pool either, unless forced.
+    let e = err(&srv, &POOL_CREATE);
+    assert!(e.contains("superblock of a pool was lost") && e.contains("--force"), "{e}");
     assert_eq!((sha256(&meta), sha256(&srv.path("tp.data"))), (meta_hash, data_hash), "pool files unchanged");
+    let out = ok(&srv, &[&POOL_CREATE[..], &["--force"]].concat());
+    assert!(out.contains("created thin pool tp"), "{out}");
+    let list = json(&srv, &["thin", "list", "tp", "--json"]);
+    assert_eq!(list["thins"].as_array().map(Vec::len), Some(0), "a fresh pool: {list:#}");
+    stop(&mut srv);
+    thin_check_clean(&meta);
 }
 
 const CONFIG_POOL: &str = r#"
