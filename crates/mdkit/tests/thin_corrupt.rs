@@ -4,8 +4,9 @@
 //! - `thin pool-create / create / snapshot / status / list / delete / check` exactly as README.md
 //!   shows them (relative paths, `--block-size 64K`), then thin_check accepts the metadata;
 //!   `pool-create` on a device that holds a pool is refused unless `--force`;
-//! - a run-time pool whose superblock was zeroed: after a restart it is not opened (the log
-//!   names block 0 and thin_restore), the other export still serves, neither pool file changed;
+//! - a run-time pool with a damaged btree node, then with its superblock zeroed: after a restart
+//!   it is not opened (the log names the block and thin_restore), the other export still
+//!   serves, neither pool file changed; pool-create refuses the lost pool unless `--force`;
 //! - a config pool (`create = true`) whose superblock was zeroed is never formatted anew: its
 //!   files stay byte for byte the same and the error names block 0.
 
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MDKIT, Server, nbd_read, pattern, require_tool, restart, run, sha256};
+use common::{MDKIT, Server, nbd_read, pattern, read_file_at, require_tool, restart, run, sha256};
 use serde_json::Value;
 
 /// `mdkit ARGS --socket ...` run from the data directory (README paths are relative).
@@ -71,6 +72,23 @@ fn zero_superblock(meta: &Path) {
     f.seek(SeekFrom::Start(0)).unwrap();
     f.write_all(&[0u8; 4096]).unwrap();
     f.sync_all().unwrap();
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let b = read_file_at(path, offset, 1)[0];
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&[b ^ 0x5a]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Starts a stopped server again on its directory and config.
+fn start_again(mut srv: Server) -> Server {
+    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
+    let cfg = srv.config_path.clone();
+    drop(srv);
+    Server::start_with_config(dir, cfg)
 }
 
 fn stop(srv: &mut Server) {
@@ -156,13 +174,22 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     thin_check_clean(&meta);
     run(Command::new(MDKIT).args(["thin", "check", "tp.meta"]).current_dir(srv.dir.path()));
 
+    // A damaged btree node (the top-level mapping node, checksum broken): refused, named.
+    let root = u64::from_le_bytes(read_file_at(&meta, 320, 8).try_into().unwrap());
+    flip_byte(&meta, root * 4096 + 100);
+    let hashes = (sha256(&meta), sha256(&srv.path("tp.data")));
+    let mut srv = start_again(srv);
+    assert!(nbd_read(&srv, "plain", 1 << 20) == plain, "the other export keeps serving");
+    let log = srv.log_text();
+    assert!(log.contains(&format!("block {root}: checksum mismatch")) && log.contains("thin_restore"), "{log}");
+    stop(&mut srv);
+    assert_eq!((sha256(&meta), sha256(&srv.path("tp.data"))), hashes, "pool files unchanged");
+    flip_byte(&meta, root * 4096 + 100);
+
     // Lose the superblock: the next start must neither open nor format the pool.
     zero_superblock(&meta);
     let (meta_hash, data_hash) = (sha256(&meta), sha256(&srv.path("tp.data")));
-    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
-    let cfg = srv.config_path.clone();
-    drop(srv);
-    let mut srv = Server::start_with_config(dir, cfg);
+    let mut srv = start_again(srv);
     assert!(nbd_read(&srv, "plain", 1 << 20) == plain, "the other export keeps serving");
     let st = srv.status();
     let names: Vec<&str> = st["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();

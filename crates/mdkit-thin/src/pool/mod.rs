@@ -189,9 +189,10 @@ pub enum PoolErrorKind {
     },
     /// `check_on_open` found damage; nothing was written.
     #[error(
-        "metadata check found {nr_errors} error(s), first: {first}; refusing to open read-write (open read-only, or repair offline with thin_repair)"
+        "metadata device {device}: the check found {nr_errors} error(s), first: {first}; refusing to open read-write (read-only opens serve what is intact); {hint}",
+        hint = open::RECOVERY_HINT
     )]
-    CheckFailed { nr_errors: u64, first_block: Option<u64>, first: String },
+    CheckFailed { device: String, nr_errors: u64, first_block: Option<u64>, first: String },
     /// Formatting refused: the metadata device is not blank (and the mode does not overwrite).
     #[error(
         "metadata device {device}: {contents}; refusing to overwrite it (only `mdkit thin pool-create --force` formats a device that is not blank)"

@@ -224,6 +224,7 @@ fn refuse_if_damaged(name: &str, io: &dyn MetaIo) -> Result<(), PoolError> {
     Err(PoolError::new(
         name,
         PoolErrorKind::CheckFailed {
+            device: io.name().to_string(),
             nr_errors: report.errors.len() as u64 + report.errors_not_recorded,
             first_block: first.and_then(|i| i.block),
             first: first.map(|i| i.to_string()).unwrap_or_default(),
