@@ -41,9 +41,11 @@
 //!   space runs out the pool commits and goes read-only.
 //! * **Metadata I/O error or damage**: the transaction is aborted, NEEDS_CHECK is set in the
 //!   superblock, the pool fails every write; reads of committed mappings continue.
-//! * A pool whose superblock has NEEDS_CHECK opens read-only (status says why). A read-write
-//!   open runs [`crate::meta::check`] first (`check_on_open`) and refuses damaged metadata,
-//!   naming the block, without writing anything.
+//! * A pool whose superblock has NEEDS_CHECK opens read-only (status says why; the typed
+//!   [`ModeCause`] says it too). A read-write open runs [`crate::meta::check`] first
+//!   (`check_on_open`) and refuses damaged metadata, naming the block, without writing anything.
+//! * Opening never formats: only [`OpenMode::Create`] / [`OpenMode::OpenOrCreate`] format, and
+//!   only a blank device; [`OpenMode::Overwrite`] formats anything (see [`open`]).
 //!
 //! Thin volume sizes are not stored in dm-thin metadata; callers pass the size to
 //! [`Pool::thin`] (the `mdkit` service keeps them in its thin state file).
