@@ -239,7 +239,7 @@ fn start_or_exit(dir: &Path, cfg: &Path) -> String {
     let log_path = dir.join("mdkit-2.log");
     let mut child = Command::new(MDKIT)
         .args(["serve", "--config"])
-        .arg(&cfg)
+        .arg(cfg)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
