@@ -88,6 +88,7 @@ name = "pool"
 kind = "thin-pool"
 metadata = "thin-meta.img"
 metadata_size = "${meta_mib}MiB"
+create = true
 data = "thin-data.img"
 direct = "require"
 [[volume]]

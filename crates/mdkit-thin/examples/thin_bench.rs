@@ -458,7 +458,14 @@ async fn bench(a: Args) {
     );
     println!(
         "{:<24}{:>14}{:>14}{:>11} {:<14}{:>16}{:>14}   {}",
-        "workload", "plain IOPS", "thin IOPS", "thin/plain", "95% interval", "cpu us/io p/t", "user p/t", "upstream dm-thin/linear"
+        "workload",
+        "plain IOPS",
+        "thin IOPS",
+        "thin/plain",
+        "95% interval",
+        "cpu us/io p/t",
+        "user p/t",
+        "upstream dm-thin/linear"
     );
     for (name, p, t, ratio, (lo, hi), (pc, tc, pu, tu)) in rows {
         let upstream = if name.contains("FUA") {

@@ -1,7 +1,7 @@
 //! Thin pools and volumes in the service, end to end with the real binary, nbdcopy and
 //! thin-provisioning-tools:
 //! - a `kind = "thin-pool"` over an md raid1 (`data = "volume:md0"`) with a configured thin
-//!   volume: formatted on first start, serves data over NBD;
+//!   volume: formatted on first start (`create = true`, blank metadata), serves data over NBD;
 //! - `mdkit thin snapshot/create/list/status` at run time: the snapshot keeps the point-in-time
 //!   data while the origin is overwritten, the new volumes are exported;
 //! - after a restart everything (configured and run-time volumes) reads back the same;
@@ -53,6 +53,7 @@ metadata = "pool0.meta"
 metadata_size = "8MiB"
 data = "volume:md0"
 block_size = "64KiB"
+create = true
 
 [[volume]]
 name = "vol0"

@@ -569,15 +569,25 @@ fn compare_space_map_counted(
             let want = expected(b);
             if on_disk != want {
                 let kind = if on_disk > want { "leaked" } else { "under-counted" };
+                // Named by the bitmap block that holds the entry.
                 w.error(
-                    None,
+                    Some(ie.blocknr),
                     &[],
                     format!("{what} block {b}: reference count {on_disk} in the space map, {want} counted ({kind})"),
                 );
             }
         }
         let want_free = ENTRIES_PER_BITMAP as u32 - used;
-        if ie.nr_free != want_free {
+        if ie.nr_free > ENTRIES_PER_BITMAP as u32 || ie.none_free_before > ENTRIES_PER_BITMAP as u32 {
+            w.error(
+                Some(ie.blocknr),
+                &[],
+                format!(
+                    "{what} bitmap {bm}: impossible index entry (nr_free {}, none_free_before {}; a bitmap holds {ENTRIES_PER_BITMAP})",
+                    ie.nr_free, ie.none_free_before
+                ),
+            );
+        } else if ie.nr_free != want_free {
             w.warning(
                 Some(ie.blocknr),
                 format!("{what} bitmap {bm}: index entry says {} free, bitmap has {want_free}", ie.nr_free),

@@ -75,6 +75,10 @@ impl DataSm {
                 ));
                 return Ok(false);
             }
+            if let Some(why) = ie.impossible() {
+                bad = Some(tm.corrupt(root.bitmap_root, Corruption::BadSpaceMap(format!("data bitmap {k}: {why}"))));
+                return Ok(false);
+            }
             index.push(ie);
             Ok(true)
         })?;

@@ -77,6 +77,17 @@ impl IndexEntry {
         IndexEntry { blocknr: get_u64(b, 0), nr_free: get_u32(b, 8), none_free_before: get_u32(b, 12) }
     }
 
+    /// Why the entry cannot be (counts beyond what one bitmap holds), if so.
+    pub fn impossible(&self) -> Option<String> {
+        let max = ENTRIES_PER_BITMAP as u32;
+        (self.nr_free > max || self.none_free_before > max).then(|| {
+            format!(
+                "impossible index entry (nr_free {}, none_free_before {}; a bitmap holds {max})",
+                self.nr_free, self.none_free_before
+            )
+        })
+    }
+
     pub fn pack(&self, b: &mut [u8]) {
         put_u64(b, 0, self.blocknr);
         put_u32(b, 8, self.nr_free);

@@ -132,6 +132,21 @@ impl Superblock {
             )));
         }
         check_data_block_size(self.data_block_size_sectors).map_err(Corruption::BadSuperblock)?;
+        if self.data_sm_root.nr_blocks > crate::meta::MAX_DATA_BLOCKS {
+            return Err(Corruption::BadSuperblock(format!(
+                "data space map of {} blocks (at most {} are possible)",
+                self.data_sm_root.nr_blocks,
+                crate::meta::MAX_DATA_BLOCKS
+            )));
+        }
+        for (what, root) in [("data", &self.data_sm_root), ("metadata", &self.metadata_sm_root)] {
+            if root.nr_allocated > root.nr_blocks {
+                return Err(Corruption::BadSuperblock(format!(
+                    "{what} space map has {} blocks allocated of {}",
+                    root.nr_allocated, root.nr_blocks
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -167,8 +182,8 @@ mod tests {
             time: 7,
             trans_id: 99,
             held_root: 5,
-            data_sm_root: SmRoot { nr_blocks: 1, nr_allocated: 2, bitmap_root: 3, ref_count_root: 4 },
-            metadata_sm_root: SmRoot { nr_blocks: 5, nr_allocated: 6, bitmap_root: 7, ref_count_root: 8 },
+            data_sm_root: SmRoot { nr_blocks: 2, nr_allocated: 1, bitmap_root: 3, ref_count_root: 4 },
+            metadata_sm_root: SmRoot { nr_blocks: 6, nr_allocated: 5, bitmap_root: 7, ref_count_root: 8 },
             data_mapping_root: 10,
             device_details_root: 11,
             data_block_size_sectors: 128,
@@ -182,13 +197,17 @@ mod tests {
         sb.pack(&mut b);
         assert_eq!(Superblock::unpack(&b), sb);
         assert_eq!(get_u64(&b[..], 32), 27_022_010);
-        assert_eq!(get_u64(&b[..], 64), 1);
-        assert_eq!(get_u64(&b[..], 192), 5);
+        assert_eq!(get_u64(&b[..], 64), 2);
+        assert_eq!(get_u64(&b[..], 192), 6);
         assert_eq!(get_u64(&b[..], 320), 10);
         assert_eq!(get_u32(&b[..], 336), 128);
         assert!(b[364..].iter().all(|&x| x == 0));
         assert!(sb.validate().is_ok());
         assert!(Superblock { magic: 1, ..sb.clone() }.validate().is_err());
         assert!(Superblock { data_block_size_sectors: 100, ..sb.clone() }.validate().is_err());
+        let over = SmRoot { nr_allocated: 3, ..sb.data_sm_root };
+        assert!(Superblock { data_sm_root: over, ..sb.clone() }.validate().is_err(), "allocated > blocks");
+        let huge = SmRoot { nr_blocks: crate::meta::MAX_DATA_BLOCKS + 1, ..sb.data_sm_root };
+        assert!(Superblock { data_sm_root: huge, ..sb.clone() }.validate().is_err(), "beyond any data device");
     }
 }

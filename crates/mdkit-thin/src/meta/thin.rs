@@ -307,6 +307,9 @@ impl ThinMetadata {
     pub fn read_superblock(io: &dyn MetaIo) -> Result<Superblock> {
         let name = io.name().to_string();
         let corrupt = |reason| MetaError::Corrupt { device: name.clone(), block: 0, path: Default::default(), reason };
+        if io.nr_blocks() == 0 {
+            return Err(corrupt(Corruption::BadSuperblock("the metadata device is empty (no block 0)".into())));
+        }
         let mut buf = zeroed_block();
         io.read_block(0, &mut buf).map_err(|source| MetaError::Io {
             device: name.clone(),
@@ -1119,6 +1122,9 @@ fn load_metadata_sm(tm: &Tm, root: &SmRoot) -> Result<MetadataSm> {
                 root.bitmap_root,
                 Corruption::BadSpaceMap(format!("metadata bitmap {bm} at impossible block {}", ie.blocknr)),
             ));
+        }
+        if let Some(why) = ie.impossible() {
+            return Err(tm.corrupt(root.bitmap_root, Corruption::BadSpaceMap(format!("metadata bitmap {bm}: {why}"))));
         }
         let blk = tm.read(ie.blocknr, BlockKind::Bitmap)?;
         let start = bm * ENTRIES_PER_BITMAP as usize;

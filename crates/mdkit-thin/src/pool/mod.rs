@@ -41,9 +41,11 @@
 //!   space runs out the pool commits and goes read-only.
 //! * **Metadata I/O error or damage**: the transaction is aborted, NEEDS_CHECK is set in the
 //!   superblock, the pool fails every write; reads of committed mappings continue.
-//! * A pool whose superblock has NEEDS_CHECK opens read-only (status says why). A read-write
-//!   open runs [`crate::meta::check`] first (`check_on_open`) and refuses damaged metadata,
-//!   naming the block, without writing anything.
+//! * A pool whose superblock has NEEDS_CHECK opens read-only (status says why; the typed
+//!   [`ModeCause`] says it too). A read-write open runs [`crate::meta::check`] first
+//!   (`check_on_open`) and refuses damaged metadata, naming the block, without writing anything.
+//! * Opening never formats: only [`OpenMode::Create`] / [`OpenMode::OpenOrCreate`] format, and
+//!   only a blank device; [`OpenMode::Overwrite`] formats anything (see [`open`]).
 //!
 //! Thin volume sizes are not stored in dm-thin metadata; callers pass the size to
 //! [`Pool::thin`] (the `mdkit` service keeps them in its thin state file).
@@ -51,6 +53,7 @@
 //! The pool needs a tokio runtime with the time driver (`enable_all`): the periodic commit and
 //! the no-space timeout use timers.
 
+pub mod open;
 mod state;
 mod table;
 mod thin;
@@ -69,7 +72,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::meta::{DeviceDetails, DeviceMetaIo, Mapping, MetaError, MetaIo, SharedMetadata};
 
-pub use state::PoolMode;
+pub use open::{BLANK_SCAN_BLOCKS, DeviceContents};
+pub use state::{ModeCause, PoolMode};
 pub use table::TableCounters;
 pub use thin::ThinVolume;
 
@@ -148,14 +152,17 @@ impl Default for PoolOptions {
     }
 }
 
-/// How [`Pool::start`] treats the metadata device.
+/// How [`Pool::start`] treats the metadata device (see [`open`] for the blank rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
-    /// It must hold a pool.
+    /// It must hold a pool; nothing is ever formatted.
     Open,
-    /// It must be blank (block 0 all zeroes): format a new pool.
+    /// It must be blank (the first [`BLANK_SCAN_BLOCKS`] blocks zeroes): format a new pool.
     Create { data_block_bytes: u64 },
-    /// Format when blank (what the kernel does on first activation), else open.
+    /// Format whatever the device holds (`pool-create --force`): destroys any pool there.
+    Overwrite { data_block_bytes: u64 },
+    /// Format when blank, else open (a config pool with `create = true`). A device whose
+    /// superblock is zeroes but which holds other metadata is refused, never formatted.
     OpenOrCreate { data_block_bytes: u64 },
 }
 
@@ -184,9 +191,24 @@ pub enum PoolErrorKind {
     },
     /// `check_on_open` found damage; nothing was written.
     #[error(
-        "metadata check found {nr_errors} error(s), first: {first}; refusing to open read-write (open read-only, or repair offline with thin_repair)"
+        "metadata device {device}: the check found {nr_errors} error(s), first: {first}; refusing to open read-write (read-only opens serve what is intact); {hint}",
+        hint = open::RECOVERY_HINT
     )]
-    CheckFailed { nr_errors: u64, first_block: Option<u64>, first: String },
+    CheckFailed { device: String, nr_errors: u64, first_block: Option<u64>, first: String },
+    /// Formatting refused: the metadata device is not blank (and the mode does not overwrite).
+    #[error(
+        "metadata device {device}: {contents}; refusing to overwrite it (only `mdkit thin pool-create --force` formats a device that is not blank)"
+    )]
+    NotBlank { device: String, contents: DeviceContents },
+    /// Opening found no superblock at block 0 (all zeroes); nothing was written.
+    #[error(
+        "metadata device {device}: no thin-pool superblock at block 0: {contents}; {hint}",
+        hint = open::no_superblock_hint(contents)
+    )]
+    NoSuperblock { device: String, contents: DeviceContents },
+    /// Opening found damaged metadata (the error names the block); nothing was written.
+    #[error("{err}; {hint}", err = .0, hint = open::RECOVERY_HINT)]
+    Damaged(MetaError),
     #[error("{0}")]
     InvalidArgument(String),
     /// The thin device is open (in use by a volume or export).
@@ -208,7 +230,8 @@ impl PoolError {
     /// The metadata block a corruption is about, if this is one.
     pub fn corrupt_block(&self) -> Option<u64> {
         match &self.kind {
-            PoolErrorKind::Meta(e) => e.corrupt_block(),
+            PoolErrorKind::Meta(e) | PoolErrorKind::Damaged(e) => e.corrupt_block(),
+            PoolErrorKind::NoSuperblock { .. } => Some(0),
             PoolErrorKind::CheckFailed { first_block, .. } => *first_block,
             _ => None,
         }
@@ -457,7 +480,7 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Formats a new pool on a blank metadata device (block 0 all zeroes) and opens it.
+    /// Formats a new pool on a blank metadata device (see [`open`]) and opens it.
     pub async fn create(
         name: &str,
         metadata: DeviceRef,
@@ -562,6 +585,11 @@ impl Pool {
     /// Why the pool is read-only or failed ("" when read-write).
     pub fn mode_reason(&self) -> String {
         self.inner.state.mode_reason()
+    }
+
+    /// Why the pool is in its mode, as a value to match on.
+    pub fn mode_cause(&self) -> ModeCause {
+        self.inner.state.mode_cause()
     }
 
     /// The metadata engine (for diagnostics and tests; take the read lock briefly).

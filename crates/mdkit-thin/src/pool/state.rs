@@ -22,6 +22,30 @@ pub enum PoolMode {
     Failed,
 }
 
+/// Why the pool is in its mode: what the volume layer and status match on (never the text of
+/// the reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ModeCause {
+    /// Read-write, nothing to report.
+    #[default]
+    None,
+    /// Opened read-only on request (`read_only` option).
+    ReadOnlyOption,
+    /// NEEDS_CHECK was set in the superblock when the pool opened: check/repair offline.
+    NeedsCheck,
+    /// Metadata space ran out; growing the metadata device cures it.
+    MetadataSpaceExhausted,
+    /// A metadata operation failed: transaction aborted, NEEDS_CHECK set (mode `Failed`).
+    MetadataFailure,
+}
+
+impl ModeCause {
+    /// True when the metadata must be checked offline before the pool is used read-write.
+    pub fn needs_check(self) -> bool {
+        matches!(self, ModeCause::NeedsCheck | ModeCause::MetadataFailure)
+    }
+}
+
 const MODE_RW: u8 = 0;
 const MODE_RO: u8 = 1;
 const MODE_FAILED: u8 = 2;
@@ -56,7 +80,7 @@ pub(crate) struct PoolState {
     /// Uncommitted metadata changes exist (mappings, devices, transaction id).
     pub meta_dirty: AtomicBool,
     mode: AtomicU8,
-    mode_reason: Mutex<String>,
+    mode_reason: Mutex<(ModeCause, String)>,
     pub closed: AtomicBool,
     pub free_data_blocks: AtomicU64,
     pub total_data_blocks: AtomicU64,
@@ -78,7 +102,7 @@ impl PoolState {
             committed_txn: AtomicU64::new(0),
             meta_dirty: AtomicBool::new(false),
             mode: AtomicU8::new(MODE_RW),
-            mode_reason: Mutex::new(String::new()),
+            mode_reason: Mutex::new((ModeCause::None, String::new())),
             closed: AtomicBool::new(false),
             free_data_blocks: AtomicU64::new(0),
             total_data_blocks: AtomicU64::new(0),
@@ -98,16 +122,21 @@ impl PoolState {
     }
 
     pub fn mode_reason(&self) -> String {
-        self.mode_reason.lock().clone()
+        self.mode_reason.lock().1.clone()
     }
 
-    /// Moves to `mode` (never back from Failed) with a reason for status and errors.
-    pub fn set_mode(&self, mode: PoolMode, reason: impl Into<String>) {
+    pub fn mode_cause(&self) -> ModeCause {
+        self.mode_reason.lock().0
+    }
+
+    /// Moves to `mode` (never back from Failed) with its cause and a reason for status and
+    /// errors.
+    pub fn set_mode(&self, mode: PoolMode, cause: ModeCause, reason: impl Into<String>) {
         let mut r = self.mode_reason.lock();
         if self.mode() == PoolMode::Failed {
             return;
         }
-        *r = reason.into();
+        *r = (cause, reason.into());
         let v = match mode {
             PoolMode::ReadWrite => MODE_RW,
             PoolMode::ReadOnly => MODE_RO,

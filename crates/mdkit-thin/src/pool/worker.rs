@@ -26,10 +26,10 @@ use std::sync::atomic::Ordering;
 use mdkit_io::DeviceRef;
 use tokio::sync::{mpsc, oneshot};
 
-use super::state::{PoolMode, PoolState};
+use super::state::{ModeCause, PoolMode, PoolState};
 use super::table::{Cached, Known};
 use super::{OpenMode, PoolError, PoolErrorKind, PoolOptions};
-use crate::meta::{CheckOptions, FormatOptions, MetaError, MetaIo, OpenOptions, SharedMetadata, ThinMetadata, check};
+use crate::meta::{MetaError, MetaIo, SharedMetadata, ThinMetadata};
 
 /// Commands handled per batch at most.
 const BATCH_MAX: usize = 256;
@@ -101,84 +101,8 @@ impl Worker {
         mode: OpenMode,
     ) -> Result<Started, PoolError> {
         let data_bytes = data.topology().size_bytes;
-        let sb = ThinMetadata::read_superblock(&*io);
-        let blank = matches!(&sb, Err(MetaError::Corrupt { block: 0, .. }) if io_block0_is_zero(&*io));
-        let engine_opts =
-            OpenOptions { read_only: false, cache_blocks: opts.metadata_cache_blocks, ..OpenOptions::default() };
-        let (md, created, reason_ro) = match (mode, sb) {
-            (OpenMode::Create { data_block_bytes } | OpenMode::OpenOrCreate { data_block_bytes }, _) if blank => {
-                if opts.read_only {
-                    return Err(PoolError::new(
-                        name,
-                        PoolErrorKind::InvalidArgument("cannot create a pool read-only".into()),
-                    ));
-                }
-                let sectors = data_block_sectors(name, data_block_bytes)?;
-                let nr_data_blocks = data_bytes / data_block_bytes;
-                if nr_data_blocks == 0 {
-                    return Err(PoolError::new(
-                        name,
-                        PoolErrorKind::InvalidArgument(format!(
-                            "data device {} ({data_bytes} bytes) is smaller than one {data_block_bytes}-byte data block",
-                            data.name()
-                        )),
-                    ));
-                }
-                let fo = FormatOptions { data_block_size_sectors: sectors, nr_data_blocks, metadata_nr_blocks: None };
-                let md = ThinMetadata::format_with(io.clone(), fo, engine_opts).map_err(|e| meta_err(name, e))?;
-                tracing::info!(pool = name, data_block_bytes, nr_data_blocks, "formatted a new thin pool");
-                (md, true, None)
-            }
-            (OpenMode::Create { .. }, Ok(sb)) => {
-                return Err(PoolError::new(
-                    name,
-                    PoolErrorKind::InvalidArgument(format!(
-                        "metadata device {} already holds a thin pool (transaction id {}, {} KiB data blocks); refusing to overwrite it",
-                        io.name(),
-                        sb.trans_id,
-                        u64::from(sb.data_block_size_sectors) / 2
-                    )),
-                ));
-            }
-            (OpenMode::Create { .. }, Err(e)) => {
-                return Err(PoolError::new(
-                    name,
-                    PoolErrorKind::InvalidArgument(format!(
-                        "metadata device {} is neither blank nor a thin pool ({e}); refusing to overwrite it",
-                        io.name()
-                    )),
-                ));
-            }
-            (_, Err(e)) => return Err(meta_err(name, e)),
-            (_, Ok(sb)) => {
-                let needs_check = sb.needs_check();
-                let read_only = opts.read_only || needs_check;
-                if !read_only && opts.check_on_open {
-                    let report = check(&*io, &CheckOptions::default());
-                    if !report.is_clean() {
-                        let first = report.errors.first();
-                        return Err(PoolError::new(
-                            name,
-                            PoolErrorKind::CheckFailed {
-                                nr_errors: report.errors.len() as u64 + report.errors_not_recorded,
-                                first_block: first.and_then(|i| i.block),
-                                first: first.map(|i| i.to_string()).unwrap_or_default(),
-                            },
-                        ));
-                    }
-                }
-                let md = ThinMetadata::open_with(io.clone(), OpenOptions { read_only, ..engine_opts })
-                    .map_err(|e| meta_err(name, e))?;
-                let reason = if needs_check {
-                    Some("NEEDS_CHECK is set in the metadata superblock: run `mdkit thin check` (or thin_check/thin_repair) offline before using it read-write".to_string())
-                } else if opts.read_only {
-                    Some("opened read-only".to_string())
-                } else {
-                    None
-                };
-                (md, false, reason)
-            }
-        };
+        let super::open::Opened { md, created, read_only: reason_ro } =
+            super::open::open_or_format(name, &io, data_bytes, &opts, mode)?;
         let block_bytes = u64::from(md.data_block_size_sectors()) * 512;
         if let OpenMode::Create { data_block_bytes } | OpenMode::OpenOrCreate { data_block_bytes } = mode
             && !created
@@ -214,8 +138,8 @@ impl Worker {
         }
         let passdown = opts.discard == super::DiscardMode::Passdown && topo.supports_discard;
         let state = Arc::new(PoolState::new(name.to_string(), block_bytes, opts, passdown));
-        if let Some(r) = reason_ro {
-            state.set_mode(PoolMode::ReadOnly, r);
+        if let Some((cause, r)) = reason_ro {
+            state.set_mode(PoolMode::ReadOnly, cause, r);
         }
         let mut md = md;
         if data_blocks > md.nr_data_blocks() && !md.is_read_only() {
@@ -452,7 +376,11 @@ impl Worker {
         if let Err(f) = self.commit_round() {
             tracing::error!(pool = %self.state.name, "commit before going read-only failed: {}", f.message);
         }
-        self.state.set_mode(PoolMode::ReadOnly, format!("metadata space exhausted ({e}); grow the metadata device"));
+        self.state.set_mode(
+            PoolMode::ReadOnly,
+            ModeCause::MetadataSpaceExhausted,
+            format!("metadata space exhausted ({e}); grow the metadata device"),
+        );
     }
 
     /// Metadata I/O error or damage: stop writing, abort the transaction, set NEEDS_CHECK.
@@ -461,7 +389,7 @@ impl Worker {
             return;
         }
         tracing::error!(pool = %self.state.name, "{reason}: aborting the transaction, setting needs_check, failing writes");
-        self.state.set_mode(PoolMode::Failed, reason);
+        self.state.set_mode(PoolMode::Failed, ModeCause::MetadataFailure, reason);
         let mut md = self.md.write();
         if let Err(e) = md.abort() {
             tracing::error!(pool = %self.state.name, "abort after failure: {e}");
@@ -697,24 +625,4 @@ pub(crate) fn known_from(state: &PoolState, m: Option<crate::meta::Mapping>, cha
             txn: if changed_this_txn { state.open_txn.load(Ordering::Acquire) } else { 0 },
         }),
     }
-}
-
-fn data_block_sectors(pool: &str, bytes: u64) -> Result<u32, PoolError> {
-    let sectors = bytes / 512;
-    let ok = bytes.is_multiple_of(512)
-        && u32::try_from(sectors).is_ok_and(|s| crate::meta::superblock::check_data_block_size(s).is_ok());
-    if !ok {
-        return Err(PoolError::new(
-            pool,
-            PoolErrorKind::InvalidArgument(format!(
-                "data block size {bytes} bytes: must be a multiple of 64 KiB between 64 KiB and 1 GiB"
-            )),
-        ));
-    }
-    Ok(sectors as u32)
-}
-
-fn io_block0_is_zero(io: &dyn MetaIo) -> bool {
-    let mut b = crate::meta::block::zeroed_block();
-    io.read_block(0, &mut b).is_ok() && b.iter().all(|&x| x == 0)
 }

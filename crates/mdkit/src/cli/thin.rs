@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! mdkit thin pool-create NAME --metadata DEV --data DEV [--block-size 64K] [--no-zeroing]
-//!                        [--error-if-no-space] [--metadata-size S] [--data-size S]
+//!                        [--error-if-no-space] [--metadata-size S] [--data-size S] [--force]
 //! mdkit thin status POOL [--json]
 //! mdkit thin check METADATA-DEV [--clear-needs-check] [--json]
 //! mdkit thin create POOL ID --size S [--name VOLUME] [--export NAME | --no-export]
@@ -78,6 +78,9 @@ pub struct PoolCreateArgs {
     /// Create the data file with this size if it does not exist.
     #[arg(long, value_name = "SIZE")]
     pub data_size: Option<String>,
+    /// Format the metadata device even when it is not blank: DESTROYS any pool on it.
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub control: ControlArgs,
 }
@@ -209,6 +212,9 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         "block_size": a.block_size,
         "options": options,
     });
+    if a.force {
+        args["force"] = Value::Bool(true);
+    }
     for (k, v) in [
         ("metadata_size", a.metadata_size.map(Value::from)),
         ("data_size", a.data_size.map(Value::from)),

@@ -3,8 +3,9 @@
 //!
 //! | command            | args                                                             |
 //! |--------------------|------------------------------------------------------------------|
-//! | `thin.pool-create` | name, metadata, data, block_size, options, metadata_size,        |
+//! | `thin.pool-create` | name, force, metadata, data, block_size, options, metadata_size, |
 //! |                    | data_size, no_space_timeout_s, low_water_blocks, ...             |
+//! |                    | (formats a blank metadata device; `force` formats anything)      |
 //! | `thin.status`      | pool                                                             |
 //! | `thin.create`      | pool, id, size, name (default POOL.ID), export (default the name; |
 //! |                    | "" = none)                                                       |
@@ -25,8 +26,8 @@ use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::thin::{
-    PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinVolumeVol, find_pool, load_state, open_pool, open_thin,
-    size_key, update_state,
+    PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinVolumeVol, find_pool, load_state, open_pool,
+    open_thin, size_key, update_state,
 };
 
 pub fn register(r: &mut Registry) {
@@ -54,29 +55,51 @@ fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
     serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `thin.pool-create` arguments: `name`, `force` and the `thin-pool` keys ([`PoolParams`],
+/// which rejects unknown keys). Split by hand: serde's `flatten` cannot be combined with
+/// `deny_unknown_fields`.
+#[derive(Debug)]
 struct PoolCreateArgs {
     name: String,
-    #[serde(flatten)]
-    params: serde_json::Map<String, Value>,
+    force: bool,
+    /// The `thin-pool` keys as given (remembered for the next start).
+    params_json: serde_json::Map<String, Value>,
+    params: PoolParams,
+}
+
+fn parse_pool_create(args: Value) -> Result<PoolCreateArgs> {
+    let Value::Object(mut map) = args else { bail!("thin.pool-create: bad arguments: expected an object") };
+    let name = match map.remove("name") {
+        Some(Value::String(n)) if !n.is_empty() => n,
+        _ => bail!("thin.pool-create: bad arguments: name (a non-empty string) is required"),
+    };
+    let force = match map.remove("force") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(v) => bail!("thin.pool-create: bad arguments: force must be true or false, not {v}"),
+    };
+    if map.contains_key("create") {
+        bail!("thin.pool-create: bad arguments: `create` is a config-file key (pool-create always formats)");
+    }
+    let params: PoolParams =
+        serde_json::from_value(Value::Object(map.clone())).context("thin.pool-create: bad arguments")?;
+    Ok(PoolCreateArgs { name, force, params_json: map, params })
 }
 
 async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: PoolCreateArgs = parse(args, "thin.pool-create")?;
-    let params: PoolParams = serde_json::from_value(Value::Object(a.params.clone())).context("thin.pool-create")?;
+    let a = parse_pool_create(args)?;
     if svc.volumes.read().await.get(&a.name).is_some() {
         bail!("a volume named {:?} already exists", a.name);
     }
     let vol = {
         let vols = svc.volumes.read().await;
-        open_pool(&a.name, &params, true, &svc.config.data_dir, &vols).await?
+        open_pool(&a.name, &a.params, PoolOpen::Format { force: a.force }, &svc.config.data_dir, &vols).await?
     };
     let st = vol.pool().status().await?;
     svc.volumes.write().await.insert(vol)?;
     update_state(&svc.config.data_dir, |s| {
         s.pools.retain(|p| p.name != a.name);
-        s.pools.push(RememberedPool { name: a.name.clone(), params: Value::Object(a.params) });
+        s.pools.push(RememberedPool { name: a.name.clone(), params: Value::Object(a.params_json) });
     })?;
     Ok(json!({ "pool": a.name, "status": st.to_string(), "data_block_bytes": st.data_block_bytes }))
 }
@@ -331,7 +354,7 @@ pub async fn restore(svc: &Arc<Service>) {
             let params: PoolParams = serde_json::from_value(p.params.clone()).context("remembered parameters")?;
             let vol = {
                 let vols = svc.volumes.read().await;
-                open_pool(&p.name, &params, false, &svc.config.data_dir, &vols).await?
+                open_pool(&p.name, &params, PoolOpen::Remembered, &svc.config.data_dir, &vols).await?
             };
             svc.volumes.write().await.insert(vol)?;
             Ok(())
@@ -367,5 +390,27 @@ pub async fn restore(svc: &Arc<Service>) {
             Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
             Err(e) => tracing::error!(volume = %v.name, "remembered thin volume not opened: {e:#}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_create_arguments_as_the_cli_sends_them() {
+        let a = parse_pool_create(json!({
+            "name": "tp", "metadata": "/m", "data": "/d", "block_size": "64K", "options": ["skip_block_zeroing"],
+            "metadata_size": "8M", "force": true,
+        }))
+        .unwrap();
+        assert_eq!((a.name.as_str(), a.force, a.params.block_size.map(|s| s.bytes())), ("tp", true, Some(64 << 10)));
+        assert!(!a.params_json.contains_key("name") && !a.params_json.contains_key("force"));
+        let e = parse_pool_create(json!({ "name": "tp", "metadata": "/m", "data": "/d", "bogus": 1 })).unwrap_err();
+        assert!(format!("{e:#}").contains("bogus"), "{e:#}");
+        let e = parse_pool_create(json!({ "metadata": "/m", "data": "/d" })).unwrap_err();
+        assert!(e.to_string().contains("name"), "{e}");
+        let e = parse_pool_create(json!({ "name": "tp", "metadata": "/m", "data": "/d", "create": true })).unwrap_err();
+        assert!(e.to_string().contains("config-file key"), "{e}");
     }
 }

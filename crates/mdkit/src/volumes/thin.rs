@@ -9,8 +9,10 @@
 //! metadata_size = "64MiB"       # create a missing metadata file sparse with this size
 //! data = "volume:md0"           # e.g. an md array defined above
 //! data_size = "100GiB"          # create a missing data file sparse with this size
+//! create = true                 # format the metadata when it is blank (its first MiB all
+//!                               # zeroes: a new device); default false: only ever open
 //! block_size = "64KiB"          # data block size, 64 KiB..1 GiB, a multiple of 64 KiB; used to
-//!                               # format blank metadata (default 64 KiB), checked otherwise
+//!                               # format (default 64 KiB), checked against an existing pool
 //! options = ["error_if_no_space"]   # dm-thin features: skip_block_zeroing, error_if_no_space,
 //!                               # no_discard_passdown, ignore_discard, read_only
 //! no_space_timeout_s = 60       # queue writes this long when out of data space, then fail
@@ -43,10 +45,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use mdkit_io::{
-    BlockDevice, BlockDeviceExt, DeviceRef, DirectMode, FileDevice, FileOptions, IoFuture, IoOp, ReadResult, SharedBuf,
-    Topology, WriteFlags, ZeroFlags, check_io,
+    BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, IoFuture, IoOp, ReadResult, SharedBuf, Topology,
+    WriteFlags, ZeroFlags, check_io,
 };
-use mdkit_thin::pool::{DiscardMode, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
+use mdkit_thin::pool::{DiscardMode, ModeCause, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
 use serde::{Deserialize, Serialize};
 
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
@@ -78,6 +80,10 @@ pub struct PoolParams {
     pub metadata_size: Option<Size>,
     pub data_size: Option<Size>,
     pub block_size: Option<Size>,
+    /// Config pools: format the metadata device when it is blank (a new device). Never
+    /// formats a device holding anything, a pool whose superblock was lost included.
+    #[serde(default)]
+    pub create: bool,
     #[serde(default)]
     pub options: Vec<String>,
     pub no_space_timeout_s: Option<u64>,
@@ -249,37 +255,53 @@ fn open_device(
     Ok((dev.clone(), path.display().to_string(), Some(dev)))
 }
 
-/// Opens (or, with `create`, formats) a pool and wraps it as a volume.
+/// What opening a pool may do to its metadata device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolOpen {
+    /// A config pool: open; format only a blank device and only with `create = true`.
+    Config,
+    /// A pool remembered from `thin.pool-create`: open, never format.
+    Remembered,
+    /// `thin.pool-create`: format a blank device; `force` formats whatever is there.
+    Format { force: bool },
+}
+
+impl PoolOpen {
+    fn mode(self, p: &PoolParams) -> OpenMode {
+        let data_block_bytes = p.block_bytes().unwrap_or(DEFAULT_BLOCK_BYTES);
+        match self {
+            PoolOpen::Format { force: true } => OpenMode::Overwrite { data_block_bytes },
+            PoolOpen::Format { force: false } => OpenMode::Create { data_block_bytes },
+            PoolOpen::Config if p.create => OpenMode::OpenOrCreate { data_block_bytes },
+            PoolOpen::Config | PoolOpen::Remembered => OpenMode::Open,
+        }
+    }
+}
+
+/// Opens (or, as `how` allows, formats) a pool and wraps it as a volume.
 pub async fn open_pool(
     name: &str,
     p: &PoolParams,
-    create: bool,
+    how: PoolOpen,
     data_dir: &Path,
     volumes: &Volumes,
 ) -> Result<Arc<ThinPoolVolume>> {
     let opts = p.pool_options()?;
     let (meta, meta_src, _) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
     let (data, data_src, data_file) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
-    let mode = if create {
-        OpenMode::Create { data_block_bytes: p.block_bytes().unwrap_or(DEFAULT_BLOCK_BYTES) }
-    } else if let Some(bs) = p.block_bytes() {
-        OpenMode::OpenOrCreate { data_block_bytes: bs }
-    } else if metadata_is_blank(&meta).await? {
-        OpenMode::Create { data_block_bytes: DEFAULT_BLOCK_BYTES }
-    } else {
-        OpenMode::Open
-    };
-    let pool = Pool::start(name, meta, data, opts, mode).await?;
+    let pool = Pool::start(name, meta, data, opts, how.mode(p)).await?;
+    if let Some(bs) = p.block_bytes()
+        && bs != pool.data_block_bytes()
+    {
+        let found = pool.data_block_bytes();
+        pool.close().await?;
+        bail!("thin pool {name}: its data block size is {found} bytes, not the configured block_size {bs}");
+    }
     if pool.mode() != PoolMode::ReadWrite {
         tracing::warn!(pool = name, "thin pool is {:?}: {}", pool.mode(), pool.mode_reason());
     }
     let placeholder: DeviceRef = Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") });
     Ok(Arc::new(ThinPoolVolume { name: name.to_string(), pool, meta_src, data_src, data_file, placeholder }))
-}
-
-async fn metadata_is_blank(meta: &DeviceRef) -> Result<bool> {
-    let b = meta.read_vec(0, 4096).await.with_context(|| format!("reading the superblock of {}", meta.name()))?;
-    Ok(b.iter().all(|&x| x == 0))
 }
 
 impl VolumeKind for ThinPoolKind {
@@ -290,7 +312,7 @@ impl VolumeKind for ThinPoolKind {
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
         Box::pin(async move {
             let p: PoolParams = spec.parse_params()?;
-            let v = open_pool(&spec.name, &p, false, ctx.data_dir, ctx.volumes).await?;
+            let v = open_pool(&spec.name, &p, PoolOpen::Config, ctx.data_dir, ctx.volumes).await?;
             Ok(v as Arc<dyn Volume>)
         })
     }
@@ -314,11 +336,16 @@ impl ThinPoolVolume {
 }
 
 fn mode_state(pool: &Pool) -> String {
-    match pool.mode() {
-        PoolMode::ReadWrite => "active".into(),
-        PoolMode::ReadOnly if pool.mode_reason().contains("NEEDS_CHECK") => "needs-check".into(),
-        PoolMode::ReadOnly => "read-only".into(),
-        PoolMode::Failed => "failed".into(),
+    state_word(pool.mode(), pool.mode_cause()).to_string()
+}
+
+/// The volume state shown by `mdkit status`, from the pool's typed mode and cause.
+fn state_word(mode: PoolMode, cause: ModeCause) -> &'static str {
+    match (mode, cause) {
+        (PoolMode::ReadWrite, _) => "active",
+        (PoolMode::ReadOnly, ModeCause::NeedsCheck) => "needs-check",
+        (PoolMode::ReadOnly, _) => "read-only",
+        (PoolMode::Failed, _) => "failed",
     }
 }
 
@@ -547,6 +574,26 @@ mod tests {
         assert!(e.contains("unknown thin-pool option") && e.contains("skip_block_zeroing"), "{e}");
         assert!(params("no_space_timeout_s = 0").pool_options().is_err());
         assert_eq!(params("block_size = \"128KiB\"").block_bytes(), Some(128 << 10));
+    }
+
+    #[test]
+    fn state_follows_the_typed_mode_cause() {
+        assert_eq!(state_word(PoolMode::ReadOnly, ModeCause::NeedsCheck), "needs-check");
+        assert_eq!(state_word(PoolMode::ReadOnly, ModeCause::ReadOnlyOption), "read-only");
+        assert_eq!(state_word(PoolMode::ReadOnly, ModeCause::MetadataSpaceExhausted), "read-only");
+        assert_eq!(state_word(PoolMode::Failed, ModeCause::MetadataFailure), "failed");
+        assert_eq!(state_word(PoolMode::ReadWrite, ModeCause::None), "active");
+    }
+
+    #[test]
+    fn config_pools_format_only_with_create_and_pool_create_only_overwrites_with_force() {
+        let bs = DEFAULT_BLOCK_BYTES;
+        assert_eq!(PoolOpen::Config.mode(&params("")), OpenMode::Open);
+        assert_eq!(PoolOpen::Config.mode(&params("create = true")), OpenMode::OpenOrCreate { data_block_bytes: bs });
+        assert_eq!(PoolOpen::Remembered.mode(&params("create = true")), OpenMode::Open);
+        assert_eq!(PoolOpen::Format { force: false }.mode(&params("")), OpenMode::Create { data_block_bytes: bs });
+        let forced = PoolOpen::Format { force: true }.mode(&params("block_size = \"128KiB\""));
+        assert_eq!(forced, OpenMode::Overwrite { data_block_bytes: 128 << 10 });
     }
 
     #[test]

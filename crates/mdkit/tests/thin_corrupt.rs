@@ -1,0 +1,290 @@
+//! Thin pools in the service: the README's `mdkit thin` command lines work as written, and a
+//! pool whose metadata is damaged is refused without being written to or formatted, while the
+//! service keeps serving everything else.
+//! - `thin pool-create / create / snapshot / status / list / delete / check` exactly as README.md
+//!   shows them (relative paths, `--block-size 64K`), then thin_check accepts the metadata;
+//!   `pool-create` on a device that holds a pool is refused unless `--force`;
+//! - a run-time pool with a damaged btree node, then with its superblock zeroed: after a restart
+//!   it is not opened (the log names the block and thin_restore), the other export still
+//!   serves, neither pool file changed; pool-create refuses the lost pool unless `--force`;
+//! - a config pool (`create = true`) whose superblock was zeroed is never formatted anew: its
+//!   files stay byte for byte the same and the error names block 0.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MDKIT, Server, nbd_read, pattern, read_file_at, require_tool, restart, run, sha256};
+use serde_json::Value;
+
+/// `mdkit ARGS --socket ...` run from the data directory (README paths are relative).
+fn mdkit_in_dir(srv: &Server, args: &[&str]) -> Output {
+    Command::new(MDKIT).args(args).arg("--socket").arg(&srv.control).current_dir(srv.dir.path()).output().unwrap()
+}
+
+fn ok(srv: &Server, args: &[&str]) -> String {
+    let out = mdkit_in_dir(srv, args);
+    assert!(
+        out.status.success(),
+        "mdkit {args:?} failed:\n{}{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        srv.log_text()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn err(srv: &Server, args: &[&str]) -> String {
+    let out = mdkit_in_dir(srv, args);
+    assert!(!out.status.success(), "mdkit {args:?} should fail: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(srv: &Server, args: &[&str]) -> Value {
+    serde_json::from_str(&ok(srv, args)).unwrap()
+}
+
+fn qemu_write(srv: &Server, export: &str, offset: u64, data: &[u8]) {
+    let f = srv.path(&format!("{export}-{offset}.src"));
+    std::fs::write(&f, data).unwrap();
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c"])
+        .arg(format!("write -s {} {offset} {}", f.display(), data.len()))
+        .arg(srv.uri(export)));
+}
+
+fn thin_check_clean(meta: &Path) {
+    let chk = Command::new("thin_check").arg(meta).output().unwrap();
+    assert!(
+        chk.status.success(),
+        "thin_check {}: {}{}",
+        meta.display(),
+        String::from_utf8_lossy(&chk.stdout),
+        String::from_utf8_lossy(&chk.stderr)
+    );
+}
+
+fn zero_superblock(meta: &Path) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(meta).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(&[0u8; 4096]).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let b = read_file_at(path, offset, 1)[0];
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&[b ^ 0x5a]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Starts a stopped server again on its directory and config.
+fn start_again(mut srv: Server) -> Server {
+    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
+    let cfg = srv.config_path.clone();
+    drop(srv);
+    Server::start_with_config(dir, cfg)
+}
+
+fn stop(srv: &mut Server) {
+    assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
+}
+
+/// Another volume, exported, that must keep serving whatever happens to the pool.
+const OTHER_EXPORT: &str = r#"
+[[volume]]
+name = "plain"
+kind = "file"
+path = "plain.img"
+size = "4MiB"
+
+[[export]]
+name = "plain"
+volume = "plain"
+"#;
+
+const POOL_CREATE: [&str; 13] = [
+    "thin",
+    "pool-create",
+    "tp",
+    "--metadata",
+    "tp.meta",
+    "--data",
+    "tp.data",
+    "--block-size",
+    "64K",
+    "--metadata-size",
+    "8M",
+    "--data-size",
+    "64M",
+];
+
+#[test]
+fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_serving() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    require_tool("thin_check", "thin-provisioning-tools");
+    let srv = Server::start(OTHER_EXPORT);
+    let plain = pattern(9, 1 << 20);
+    qemu_write(&srv, "plain", 0, &plain);
+
+    let out = ok(&srv, &POOL_CREATE);
+    assert!(out.contains("created thin pool tp (64 KiB blocks)"), "{out}");
+    let out = ok(&srv, &["thin", "create", "tp", "0", "--size", "16M"]);
+    assert!(out.contains("volume tp.0") && out.contains("\"tp.0\""), "{out}");
+    let a = pattern(1, 1 << 20);
+    qemu_write(&srv, "tp.0", 0, &a);
+    let out = ok(&srv, &["thin", "snapshot", "tp", "1", "0"]);
+    assert!(out.contains("tp.1"), "{out}");
+    ok(&srv, &["thin", "create", "tp", "2", "--size", "8M", "--name", "scratch", "--no-export"]);
+    let text = ok(&srv, &["thin", "status", "tp"]);
+    assert!(text.contains("16/1024") && text.contains(" rw "), "dmsetup-style line with 16 used of 1024: {text}");
+    let st = json(&srv, &["thin", "status", "tp", "--json"]);
+    assert_eq!((st["used_data_blocks"].as_u64(), st["mode"].as_str()), (Some(16), Some("rw")), "{st:#}");
+    let text = ok(&srv, &["thin", "list", "tp"]);
+    assert!(text.lines().count() == 4 && text.contains("scratch"), "{text}");
+    let list = json(&srv, &["thin", "list", "tp", "--json"]);
+    let rows = list["thins"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["mapped_blocks"].as_u64().unwrap()).collect::<Vec<_>>(), [16, 16, 0]);
+    let out = ok(&srv, &["thin", "delete", "tp", "1"]);
+    assert!(out.contains("deleted thin device 1") && out.contains("removed volume tp.1"), "{out}");
+    assert!(nbd_read(&srv, "tp.0", 1 << 20) == a);
+
+    // The metadata now holds a pool: pool-create refuses it, naming what is there.
+    let mut again = POOL_CREATE;
+    again[2] = "tp2";
+    let e = err(&srv, &again);
+    assert!(e.contains("already holds a thin pool") && e.contains("--force"), "{e}");
+    let bad_block = ["--metadata-size", "1M", "--block-size", "3K"];
+    let e = err(
+        &srv,
+        &[&["thin", "pool-create", "tp3", "--metadata", "x.meta", "--data", "tp.data"][..], &bad_block].concat(),
+    );
+    assert!(e.contains("3K") || e.contains("3072"), "{e}");
+
+    let mut srv = restart(srv);
+    assert!(nbd_read(&srv, "tp.0", 1 << 20) == a, "run-time thin volume after a restart");
+    stop(&mut srv);
+    let meta = srv.path("tp.meta");
+    thin_check_clean(&meta);
+    run(Command::new(MDKIT).args(["thin", "check", "tp.meta"]).current_dir(srv.dir.path()));
+
+    // A damaged btree node (the top-level mapping node, checksum broken): refused, named.
+    let root = u64::from_le_bytes(read_file_at(&meta, 320, 8).try_into().unwrap());
+    flip_byte(&meta, root * 4096 + 100);
+    let hashes = (sha256(&meta), sha256(&srv.path("tp.data")));
+    let mut srv = start_again(srv);
+    assert!(nbd_read(&srv, "plain", 1 << 20) == plain, "the other export keeps serving");
+    let log = srv.log_text();
+    assert!(log.contains(&format!("block {root}: checksum mismatch")) && log.contains("thin_restore"), "{log}");
+    stop(&mut srv);
+    assert_eq!((sha256(&meta), sha256(&srv.path("tp.data"))), hashes, "pool files unchanged");
+    flip_byte(&meta, root * 4096 + 100);
+
+    // Lose the superblock: the next start must neither open nor format the pool.
+    zero_superblock(&meta);
+    let (meta_hash, data_hash) = (sha256(&meta), sha256(&srv.path("tp.data")));
+    let mut srv = start_again(srv);
+    assert!(nbd_read(&srv, "plain", 1 << 20) == plain, "the other export keeps serving");
+    let st = srv.status();
+    let names: Vec<&str> = st["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(!names.contains(&"tp") && !names.contains(&"tp.0"), "{names:?}");
+    let log = srv.log_text();
+    assert!(log.contains("block 0") && log.contains("thin_restore") && log.contains("tp.meta"), "{log}");
+    let e = err(&srv, &["thin", "status", "tp"]);
+    assert!(e.contains("tp"), "{e}");
+    // pool-create will not format over the lost pool either, unless forced.
+    let e = err(&srv, &POOL_CREATE);
+    assert!(e.contains("superblock of a pool was lost") && e.contains("--force"), "{e}");
+    assert_eq!((sha256(&meta), sha256(&srv.path("tp.data"))), (meta_hash, data_hash), "pool files unchanged");
+    let out = ok(&srv, &[&POOL_CREATE[..], &["--force"]].concat());
+    assert!(out.contains("created thin pool tp"), "{out}");
+    let list = json(&srv, &["thin", "list", "tp", "--json"]);
+    assert_eq!(list["thins"].as_array().map(Vec::len), Some(0), "a fresh pool: {list:#}");
+    stop(&mut srv);
+    thin_check_clean(&meta);
+}
+
+const CONFIG_POOL: &str = r#"
+[[volume]]
+name = "cp"
+kind = "thin-pool"
+metadata = "cp.meta"
+metadata_size = "8MiB"
+data = "cp.data"
+data_size = "32MiB"
+create = true
+
+[[volume]]
+name = "cv"
+kind = "thin"
+pool = "cp"
+id = 0
+size = "8MiB"
+create = true
+
+[[export]]
+name = "cv"
+volume = "cv"
+"#;
+
+/// Starts `mdkit serve` on an existing directory and returns its log once it either exited
+/// (a refused config volume may stop the whole service) or served and was stopped.
+fn start_or_exit(dir: &Path, cfg: &Path) -> String {
+    let log_path = dir.join("mdkit-2.log");
+    let mut child = Command::new(MDKIT)
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let control = dir.join("mdkit.sock");
+    let _ = std::fs::remove_file(&control);
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return std::fs::read_to_string(&log_path).unwrap_or_default();
+        }
+        let ready = control.exists()
+            && Command::new(MDKIT)
+                .args(["status", "--socket"])
+                .arg(&control)
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if ready {
+            // SAFETY: kill(2) on our own child's pid.
+            assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+            let _ = child.wait();
+            return std::fs::read_to_string(&log_path).unwrap_or_default();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "mdkit neither served nor exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_config_pool_with_a_zeroed_superblock_is_never_formatted_anew() {
+    require_tool("qemu-io", "qemu-utils");
+    let srv = Server::start(CONFIG_POOL);
+    qemu_write(&srv, "cv", 0, &pattern(5, 256 << 10));
+    let mut srv = srv;
+    stop(&mut srv);
+    let meta = srv.path("cp.meta");
+    zero_superblock(&meta);
+    let hashes = (sha256(&meta), sha256(&srv.path("cp.data")));
+    let log = start_or_exit(srv.dir.path(), &srv.config_path);
+    let keep = srv.dir.path();
+    assert!(
+        log.contains("block 0") && log.contains("thin_restore") && log.contains("superblock of a pool was lost"),
+        "{log}"
+    );
+    assert!(!log.contains("formatted a new thin pool"), "{log}");
+    assert_eq!((sha256(&keep.join("cp.meta")), sha256(&keep.join("cp.data"))), hashes, "pool files unchanged");
+}
