@@ -44,8 +44,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         for l in &config.nbd.listen {
             println!("listen: {l}");
         }
+        crate::volumes::check_specs(&config.volumes)?;
         for v in &config.volumes {
-            crate::volumes::kind_for(&v.kind).with_context(|| format!("volume {:?}", v.name))?;
             println!("volume: {} (kind {})", v.name, v.kind);
         }
         for e in &config.exports {

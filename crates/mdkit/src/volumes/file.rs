@@ -58,6 +58,10 @@ impl VolumeKind for FileKind {
         "file"
     }
 
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        spec.parse_params::<FileParams>().map(|_| ())
+    }
+
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
         Box::pin(async move {
             let p: FileParams = spec.parse_params()?;
