@@ -145,8 +145,10 @@ impl Member {
         self.corrected_reads.load(Ordering::Relaxed)
     }
 
+    /// Saturates at `u32::MAX`: the count starts from the superblock's `cnt_corrected_read`,
+    /// which a damaged or crafted member may set to the maximum.
     pub(crate) fn note_corrected_read(&self) {
-        self.corrected_reads.fetch_add(1, Ordering::Relaxed);
+        let _ = self.corrected_reads.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
     }
 
     /// A copy of the member's superblock as last written.
