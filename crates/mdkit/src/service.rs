@@ -23,7 +23,7 @@ use tokio::sync::RwLock;
 
 use crate::config::{Config, ExportSpec};
 use crate::control::{self, ControlServer};
-use crate::volumes::{FailedVolume, Volumes};
+use crate::volumes::{FailedVolume, Volumes, catch_panic};
 
 /// An export that is not served because its volume failed.
 #[derive(Clone, Debug)]
@@ -168,10 +168,15 @@ async fn start(svc: &Arc<Service>) -> Result<ControlServer> {
     for spec in &svc.config.exports {
         svc.add_export(spec.clone()).await?;
     }
-    // md arrays created or assembled at run time earlier (md-arrays.json).
-    control::md::restore(svc).await;
+    // md arrays created or assembled at run time earlier (md-arrays.json). Each array is
+    // guarded inside; this guard is for the rest of the restore.
+    if let Err(panic) = catch_panic(control::md::restore(svc)).await {
+        tracing::error!("restoring md arrays panicked: {panic}; starting without the rest of them");
+    }
     // Thin pools and volumes created at run time earlier (thin-pools.json), after md arrays.
-    control::thin::restore(svc).await;
+    if let Err(panic) = catch_panic(control::thin::restore(svc)).await {
+        tracing::error!("restoring thin pools panicked: {panic}; starting without the rest of them");
+    }
     for addr in &svc.config.nbd.listen {
         svc.nbd.listen(addr).await.with_context(|| format!("NBD listener {addr}"))?;
     }

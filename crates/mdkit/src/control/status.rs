@@ -1,7 +1,9 @@
 //! `status`: volumes, exports, listeners, connections and per-export counters.
 //!
 //! Volumes that failed to open are listed with `"state": "failed"` and `"error"`; exports of
-//! a failed volume with `"state": "failed"` and the reason (served ones: `"serving"`).
+//! a failed volume with `"state": "failed"` and the reason (served ones: `"serving"`). A volume
+//! that failed at run time keeps its state word (`broken`, `needs-check`, `lost-write`) and
+//! gets an `"error"` too.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -27,14 +29,18 @@ pub fn register(r: &mut Registry) {
 fn volume_json(v: &Arc<dyn Volume>) -> Value {
     let entry = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let t = v.device().topology();
-        json!({
+        let mut entry = json!({
             "name": v.name(),
             "kind": v.kind(),
             "size_bytes": t.size_bytes,
             "logical_block_bytes": t.logical_block_bytes,
             "state": v.state(),
             "details": v.details(),
-        })
+        });
+        if let Some(error) = v.error() {
+            entry["error"] = json!(error);
+        }
+        entry
     }));
     entry.unwrap_or_else(|payload| {
         let error = format!("reporting its status panicked: {}", panic_message(payload.as_ref()));

@@ -142,6 +142,10 @@ impl Volume for FileVolume {
             "active".into()
         }
     }
+    fn error(&self) -> Option<String> {
+        let lost = self.write_back.as_ref()?.lost_write()?;
+        Some(format!("an acknowledged write was lost ({lost}); flushes fail until the volume reopens"))
+    }
     fn details(&self) -> serde_json::Value {
         serde_json::json!({
             "path": self.dev.path().display().to_string(),

@@ -388,6 +388,13 @@ impl Volume for MdVolume {
     fn state(&self) -> String {
         state_word(&self.array)
     }
+    fn error(&self) -> Option<String> {
+        let core = self.array.core();
+        if let Some(why) = core.needs_check() {
+            return Some(why);
+        }
+        core.is_broken().then(|| "a member failed and the level has no redundancy: I/O fails".to_string())
+    }
     fn details(&self) -> serde_json::Value {
         let mut d = self.array.detail();
         d["member_sources"] = serde_json::json!(

@@ -98,6 +98,12 @@ pub trait Volume: Send + Sync + 'static {
     fn device(&self) -> DeviceRef;
     /// One word for `mdkit status`: "active", "degraded", "resyncing", "needs-check", ...
     fn state(&self) -> String;
+    /// Why the volume failed at run time (`None` while it works), shown by `status` next to
+    /// the state word. A volume failed at run time stays registered and exported (its
+    /// clients get I/O errors rather than a vanished export) until it is stopped or repaired.
+    fn error(&self) -> Option<String> {
+        None
+    }
     /// Kind-specific details for `mdkit status --json` (members, paths, progress, ...).
     fn details(&self) -> serde_json::Value;
     /// For kind-specific control commands: `vol.as_any().downcast_ref::<MdVolume>()`.
