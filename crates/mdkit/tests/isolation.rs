@@ -191,6 +191,9 @@ fn remembered_array_corrupted_between_restarts_stays_listed_failed_until_stopped
         assert!(r1["error"].as_str().unwrap().contains("remembered md array not assembled"), "{r1:#}");
         assert_eq!(status_entry(&st, "exports", "r1")["state"], "failed", "{st:#}");
         assert_eq!(remembered_names(&srv), ["r1"], "still remembered until stopped");
+        let out = mdkit(&srv, &["detail", "r1"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("failed to open") && err.contains("mdkit stop r1"), "{err}");
         let data = pattern(5, 1 << 20);
         nbd_write(&srv, "keep", &data);
         assert_eq!(nbd_read(&srv, "keep", data.len()), data);

@@ -139,7 +139,10 @@ struct NameArg {
 async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
     let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
     let vols = svc.volumes.read().await;
-    let v = vols.get(&a.name).ok_or_else(|| anyhow!("no volume named {:?}", a.name))?;
+    let v = vols.get(&a.name).ok_or_else(|| match vols.get_failed(&a.name) {
+        Some(f) => anyhow!("volume {:?} failed to open: {} (`mdkit stop {}` forgets it)", a.name, f.error, a.name),
+        None => anyhow!("no volume named {:?}", a.name),
+    })?;
     if v.as_any().downcast_ref::<MdVolume>().is_none() {
         bail!("volume {:?} is a {} volume, not an md array", a.name, v.kind());
     }
