@@ -14,8 +14,8 @@
 //! Nothing else changes: config parsing, exports, `mdkit status` and shutdown work on the
 //! [`Volume`] trait. A volume whose open fails (or panics) becomes a [`FailedVolume`] and the
 //! service carries on without it (see `failed.rs`); only config mistakes found by
-//! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting. Kind-specific control commands reach their volume through
-//! [`Volume::as_any`] and downcast.
+//! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting.
+//! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
 pub mod failed;
 pub mod file;
