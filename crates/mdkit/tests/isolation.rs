@@ -7,6 +7,8 @@
 //! - a remembered (run-time) array whose members are corrupted between restarts: the service
 //!   comes up, lists it failed (still remembered, not retried in a loop), serves the rest;
 //!   `stop` forgets it for good;
+//! - a remembered array whose assembly killed a start (left in `md-restore.json`) is not
+//!   assembled again at later starts, until `stop` forgets it;
 //! - output into a closed pipe (`examine | head -c1`, `status`) ends without a panic;
 //! - an event count at 2^64-2 saturates at 2^64-1 through writes and a stop (no wrap to 0).
 
@@ -166,7 +168,7 @@ fn serve_starts_with_bad_volumes_and_serves_the_good_ones() {
 #[test]
 fn remembered_array_corrupted_between_restarts_stays_listed_failed_until_stopped() {
     require_tool("nbdcopy", "libnbd-bin");
-    let mut srv = Server::start(
+    let srv = Server::start(
         "[[volume]]\nname = \"keep\"\nkind = \"mem\"\nsize = \"8MiB\"\n[[export]]\nname = \"keep\"\nvolume = \"keep\"\n",
     );
     let members: Vec<String> = (0..2).map(|i| srv.path(&format!("r-{i}.img")).display().to_string()).collect();
@@ -175,16 +177,16 @@ fn remembered_array_corrupted_between_restarts_stays_listed_failed_until_stopped
     mdkit_ok(&srv, &args);
     assert_eq!(remembered_names(&srv), ["r1"]);
 
-    assert!(srv.signal_and_wait(libc::SIGTERM, std::time::Duration::from_secs(30)).success(), "{}", srv.log_text());
-    for (i, m) in members.iter().enumerate() {
-        corrupt_superblock(Path::new(m), 10 + i as u64);
-    }
+    let mut srv = restart_with(srv, |_| {
+        for (i, m) in members.iter().enumerate() {
+            corrupt_superblock(Path::new(m), 10 + i as u64);
+        }
+    });
     // Twice: a remembered array that fails does not keep the service from coming up again.
-    for _ in 0..2 {
-        let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
-        let cfg = srv.config_path.clone();
-        drop(srv);
-        srv = Server::start_with_config(dir, cfg);
+    for round in 0..2 {
+        if round > 0 {
+            srv = restart_with(srv, |_| {});
+        }
         let st = srv.status();
         let r1 = status_entry(&st, "volumes", "r1");
         assert_eq!((r1["state"].as_str(), r1["origin"].as_str()), (Some("failed"), Some("md-arrays.json")), "{st:#}");
@@ -197,17 +199,55 @@ fn remembered_array_corrupted_between_restarts_stays_listed_failed_until_stopped
         let data = pattern(5, 1 << 20);
         nbd_write(&srv, "keep", &data);
         assert_eq!(nbd_read(&srv, "keep", data.len()), data);
-        assert!(srv.signal_and_wait(libc::SIGTERM, std::time::Duration::from_secs(30)).success());
     }
-    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
-    let cfg = srv.config_path.clone();
-    drop(srv);
-    let srv = Server::start_with_config(dir, cfg);
     mdkit_ok(&srv, &["stop", "r1"]);
     assert!(remembered_names(&srv).is_empty(), "stop forgets the failed array");
     assert!(status_entry(&srv.status(), "volumes", "r1").is_null());
     let out = mdkit(&srv, &["stop", "r1"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no volume named \"r1\""));
+}
+
+/// Stops the server (cleanly), runs `between`, starts it again on the same data dir and config.
+fn restart_with(mut srv: Server, between: impl FnOnce(&Path)) -> Server {
+    assert!(srv.signal_and_wait(libc::SIGTERM, std::time::Duration::from_secs(30)).success(), "{}", srv.log_text());
+    let dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
+    let cfg = srv.config_path.clone();
+    drop(srv);
+    between(dir.path());
+    Server::start_with_config(dir, cfg)
+}
+
+#[test]
+fn an_array_whose_assembly_killed_a_start_is_not_assembled_again_until_stopped() {
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start("");
+    let members: Vec<String> = (0..2).map(|i| srv.path(&format!("k-{i}.img")).display().to_string()).collect();
+    let mut create = vec!["create", "k", "--level", "raid1", "--member-size", "16M", "--export", "k"];
+    create.extend(members.iter().map(String::as_str));
+    mdkit_ok(&srv, &create);
+    let data = pattern(7, 1 << 20);
+    nbd_write(&srv, "k", &data);
+    // What a start that died (abort, OOM kill) in the middle of assembling "k" leaves behind.
+    let srv = restart_with(srv, |dir| {
+        std::fs::write(dir.join("md-restore.json"), r#"{"assembling": "k", "crashed": []}"#).unwrap();
+    });
+    let assert_crashed = |srv: &Server| {
+        let k = status_entry(&srv.status(), "volumes", "k");
+        assert_eq!(k["state"], "failed", "not assembled again: {k:#}");
+        assert!(k["error"].as_str().unwrap().contains("died while assembling"), "{k:#}");
+        assert_eq!(remembered_names(srv), ["k"]);
+    };
+    assert_crashed(&srv);
+    let srv = restart_with(srv, |_| {});
+    assert_crashed(&srv);
+    // The operator forgets it, then assembles it by hand: the data is there.
+    mdkit_ok(&srv, &["stop", "k"]);
+    let mut assemble = vec!["assemble", "k", "--export", "k"];
+    assemble.extend(members.iter().map(String::as_str));
+    mdkit_ok(&srv, &assemble);
+    assert_eq!(nbd_read(&srv, "k", data.len()), data);
+    let srv = restart_with(srv, |_| {});
+    assert_eq!(nbd_read(&srv, "k", data.len()), data, "assembled again at start once forgotten and re-added");
 }
 
 /// Exit status of mdkit from a shell pipeline: 0 or death by SIGPIPE (141), never a panic (101).

@@ -18,6 +18,7 @@
 
 pub mod client;
 pub mod md;
+mod restore_guard;
 mod status;
 pub mod thin;
 
