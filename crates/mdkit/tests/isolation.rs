@@ -7,8 +7,8 @@
 //! - a remembered (run-time) array whose members are corrupted between restarts: the service
 //!   comes up, lists it failed (still remembered, not retried in a loop), serves the rest;
 //!   `stop` forgets it for good;
-//! - a remembered array whose assembly killed a start (left in `md-restore.json`) is not
-//!   assembled again at later starts, until `stop` forgets it;
+//! - a config volume or remembered array whose open killed a start (left in
+//!   `open-guard.json`) is not opened again at later starts, until `stop` forgets it;
 //! - output into a closed pipe (`examine | head -c1`, `status`) ends without a panic;
 //! - an event count at 2^64-2 saturates at 2^64-1 through writes and a stop (no wrap to 0).
 
@@ -218,35 +218,42 @@ fn restart_with(mut srv: Server, between: impl FnOnce(&Path)) -> Server {
 }
 
 #[test]
-fn an_array_whose_assembly_killed_a_start_is_not_assembled_again_until_stopped() {
+fn a_volume_whose_open_killed_a_start_is_not_opened_again_until_stopped() {
     require_tool("nbdcopy", "libnbd-bin");
-    let srv = Server::start("");
+    let srv = Server::start("[[volume]]\nname = \"cfg\"\nkind = \"mem\"\nsize = \"8MiB\"\n");
     let members: Vec<String> = (0..2).map(|i| srv.path(&format!("k-{i}.img")).display().to_string()).collect();
     let mut create = vec!["create", "k", "--level", "raid1", "--member-size", "16M", "--export", "k"];
     create.extend(members.iter().map(String::as_str));
     mdkit_ok(&srv, &create);
     let data = pattern(7, 1 << 20);
     nbd_write(&srv, "k", &data);
-    // What a start that died (abort, OOM kill) in the middle of assembling "k" leaves behind.
+    // What starts that died (abort, OOM kill) while opening "cfg", then "k", leave behind.
     let srv = restart_with(srv, |dir| {
-        std::fs::write(dir.join("md-restore.json"), r#"{"assembling": "k", "crashed": []}"#).unwrap();
+        std::fs::write(dir.join("open-guard.json"), r#"{"opening": "k", "crashed": ["cfg"]}"#).unwrap();
     });
     let assert_crashed = |srv: &Server| {
-        let k = status_entry(&srv.status(), "volumes", "k");
-        assert_eq!(k["state"], "failed", "not assembled again: {k:#}");
-        assert!(k["error"].as_str().unwrap().contains("died while assembling"), "{k:#}");
+        let st = srv.status();
+        for name in ["cfg", "k"] {
+            let v = status_entry(&st, "volumes", name);
+            assert_eq!(v["state"], "failed", "{name} not opened again: {st:#}");
+            assert!(v["error"].as_str().unwrap().contains("died while opening"), "{v:#}");
+        }
         assert_eq!(remembered_names(srv), ["k"]);
     };
     assert_crashed(&srv);
     let srv = restart_with(srv, |_| {});
     assert_crashed(&srv);
-    // The operator forgets it, then assembles it by hand: the data is there.
+    // The operator forgets both: the config volume opens at the next start, the array is
+    // assembled by hand (its data is there) and then at every start.
+    mdkit_ok(&srv, &["stop", "cfg"]);
     mdkit_ok(&srv, &["stop", "k"]);
     let mut assemble = vec!["assemble", "k", "--export", "k"];
     assemble.extend(members.iter().map(String::as_str));
     mdkit_ok(&srv, &assemble);
     assert_eq!(nbd_read(&srv, "k", data.len()), data);
     let srv = restart_with(srv, |_| {});
+    let st = srv.status();
+    assert_eq!(status_entry(&st, "volumes", "cfg")["state"], "active", "{st:#}");
     assert_eq!(nbd_read(&srv, "k", data.len()), data, "assembled again at start once forgotten and re-added");
 }
 

@@ -17,7 +17,7 @@
 //! mdadm.conf: name, uuid, members, export) and assembled again when the service starts;
 //! `md.stop` forgets them. One that fails to assemble at start is listed as failed (not
 //! retried in a loop, not fatal to the service) until `md.stop` forgets it; one whose assembly
-//! killed the process is not tried again (`restore_guard.rs`).
+//! killed the process is not tried again (`volumes/open_guard.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,10 +27,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Registry;
-use super::restore_guard::{GUARD_FILE, RestoreGuard};
 use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array};
+use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::{FailedVolume, Volume};
 
 /// File (in the data directory) recording run-time arrays.
@@ -292,23 +292,20 @@ pub async fn restore(svc: &Arc<Service>) {
             return;
         }
     };
-    let data_dir = svc.config.data_dir.as_path();
-    let mut guard = match RestoreGuard::load(data_dir) {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::error!("md arrays not restored: {e:#}");
-            return;
-        }
-    };
+    let mut guard = OpenGuard::load_or_empty(&svc.config.data_dir);
     for r in st.arrays {
         if svc.volumes.read().await.contains(&r.name) {
             tracing::warn!(array = %r.name, "remembered md array has the name of a configured volume; skipped");
             continue;
         }
         let started = if guard.crashed(&r.name) {
-            Err(anyhow!("an earlier start of mdkit died while assembling it ({GUARD_FILE}); not assembled again"))
+            Err(OpenGuard::crashed_error())
         } else {
-            start_guarded(svc, &r, &mut guard).await
+            let start = crate::volumes::catch_panic(start_remembered(svc, &r));
+            guard
+                .guarded(&svc.config.data_dir, &r.name, start)
+                .await
+                .unwrap_or_else(|panic| Err(anyhow!("assembling panicked: {panic}")))
         };
         match started {
             Ok(()) => tracing::info!(array = %r.name, "remembered md array assembled"),
@@ -332,17 +329,6 @@ pub async fn restore(svc: &Arc<Service>) {
     }
 }
 
-/// [`start_remembered`] with the crash-loop breaker around it and the panic guard inside.
-async fn start_guarded(svc: &Arc<Service>, r: &Remembered, guard: &mut RestoreGuard) -> Result<()> {
-    let data_dir = svc.config.data_dir.as_path();
-    guard.set_assembling(data_dir, Some(&r.name))?;
-    let started = crate::volumes::catch_panic(start_remembered(svc, r))
-        .await
-        .unwrap_or_else(|panic| Err(anyhow!("assembling panicked: {panic}")));
-    guard.set_assembling(data_dir, None)?;
-    started
-}
-
 /// Assembles one remembered array and registers it.
 async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
@@ -358,7 +344,7 @@ async fn stop(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
     if let Some(exports) = svc.forget_failed(&a.name).await {
         forget(&svc, &a.name)?;
-        RestoreGuard::clear_crashed(&svc.config.data_dir, &a.name)?;
+        OpenGuard::clear_crashed(&svc.config.data_dir, &a.name)?;
         return Ok(json!({ "stopped": a.name, "was_failed": true, "exports_removed": exports }));
     }
     let v = md_volume(&svc, &args).await?;

@@ -18,7 +18,6 @@
 
 pub mod client;
 pub mod md;
-mod restore_guard;
 mod status;
 pub mod thin;
 

@@ -21,6 +21,7 @@ pub mod failed;
 pub mod file;
 pub mod md;
 pub mod mem;
+pub mod open_guard;
 pub mod thin;
 
 use std::any::Any;
@@ -34,6 +35,7 @@ use mdkit_io::DeviceRef;
 
 use crate::config::VolumeSpec;
 pub use failed::{FailedVolume, Origin, catch_panic};
+use open_guard::OpenGuard;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -194,14 +196,19 @@ impl Volumes {
 
     /// Opens every spec in order, each able to see the ones before it. A spec that fails to
     /// open (error or panic) is recorded as failed and the rest are still opened; a volume
-    /// stacked on a failed one fails in turn (its base is not there).
+    /// stacked on a failed one fails in turn (its base is not there). A volume whose open
+    /// killed an earlier start is not opened again (`open_guard.rs`).
     pub async fn open_all(specs: &[VolumeSpec], data_dir: &Path) -> Volumes {
         let mut vols = Volumes::default();
+        let mut guard = OpenGuard::load_or_empty(data_dir);
         for spec in specs {
             let opened = match kind_for(&spec.kind) {
+                Ok(_) if guard.crashed(&spec.name) => {
+                    Err(anyhow!("volume {:?}: {}", spec.name, OpenGuard::crashed_error()))
+                }
                 Ok(kind) => {
                     let ctx = OpenContext { data_dir, volumes: &vols };
-                    open_one(kind.as_ref(), spec, &ctx).await
+                    guard.guarded(data_dir, &spec.name, open_one(kind.as_ref(), spec, &ctx)).await
                 }
                 Err(e) => Err(anyhow!("volume {:?}: {e}", spec.name)),
             };
