@@ -16,6 +16,10 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // CLI output into a closed pipe (`mdkit examine M | head -1`) ends the process quietly, as
+    // for any Unix filter, instead of a panic in println!. `mdkit serve` ignores SIGPIPE again
+    // before it opens any socket; the control client sends with MSG_NOSIGNAL.
+    default_sigpipe();
     let cli = cli::Cli::parse();
     let default_level = if matches!(cli.command, cli::Command::Serve(_)) { "info" } else { "warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
@@ -28,4 +32,16 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// SIGPIPE terminates the process (the Rust runtime ignores it by default).
+fn default_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_DFL; called before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// SIGPIPE is ignored: writes to a closed socket or pipe fail with EPIPE.
+pub fn ignore_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_IGN.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }

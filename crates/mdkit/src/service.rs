@@ -2,10 +2,16 @@
 //! and shut down cleanly on SIGINT/SIGTERM.
 //!
 //! ```text
-//!   start:    data dir → volumes (config order) → NBD exports → listeners → control socket
+//!   start:    config check → data dir → volumes (config order) → NBD exports → listeners →
+//!             control socket
 //!   SIGTERM:  control socket off → NBD: stop accepting, drain in-flight requests (bounded by
 //!             nbd.shutdown_grace_ms), flush exports → volumes closed newest first (flush)
 //! ```
+//!
+//! Fault isolation: a volume that fails to open is recorded as failed (`volumes/failed.rs`)
+//! and the service starts with the others; an export of a failed volume is not served and is
+//! listed as failed (with the reason) by `status`. Only config mistakes (unknown kind, bad
+//! keys: [`crate::volumes::check_specs`]) and listener/control-socket errors stop start-up.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,13 +23,22 @@ use tokio::sync::RwLock;
 
 use crate::config::{Config, ExportSpec};
 use crate::control::{self, ControlServer};
-use crate::volumes::Volumes;
+use crate::volumes::{FailedVolume, Volumes, catch_panic};
+
+/// An export that is not served because its volume failed.
+#[derive(Clone, Debug)]
+pub struct FailedExport {
+    pub spec: ExportSpec,
+    pub error: String,
+}
 
 /// Everything the control commands can reach.
 pub struct Service {
     pub config: Config,
     pub volumes: RwLock<Volumes>,
     pub exports: RwLock<Vec<ExportSpec>>,
+    /// Exports not served because their volume failed.
+    pub failed_exports: RwLock<Vec<FailedExport>>,
     pub default_export: Option<String>,
     pub nbd: NbdServer,
     pub started: Instant,
@@ -31,9 +46,16 @@ pub struct Service {
 
 impl Service {
     /// Exports `spec` over NBD (also used by later commands that create volumes at run time).
+    /// The export of a failed volume is not served but listed as failed (logged, `Ok`).
     pub async fn add_export(&self, spec: ExportSpec) -> Result<()> {
         let device = {
             let vols = self.volumes.read().await;
+            if let Some(f) = vols.get_failed(&spec.volume) {
+                let error = format!("volume {:?} failed: {}", f.name, f.error);
+                tracing::error!(export = %spec.name, "export not served: {error}");
+                self.failed_exports.write().await.push(FailedExport { spec, error });
+                return Ok(());
+            }
             let v = vols
                 .get(&spec.volume)
                 .ok_or_else(|| anyhow!("export {:?}: no volume named {:?}", spec.name, spec.volume))?;
@@ -48,6 +70,22 @@ impl Service {
         self.exports.write().await.push(spec);
         Ok(())
     }
+
+    /// Records a volume that failed to open at run time (a remembered md array).
+    pub async fn volume_failed(&self, f: FailedVolume) {
+        self.volumes.write().await.insert_failed(f);
+    }
+
+    /// Forgets the failed volume `name` and its failed exports (`mdkit stop`). Returns the
+    /// names of the exports forgotten, or `None` when `name` is not a failed volume.
+    pub async fn forget_failed(&self, name: &str) -> Option<Vec<String>> {
+        self.volumes.write().await.remove_failed(name)?;
+        let mut failed = self.failed_exports.write().await;
+        let exports = failed.iter().filter(|e| e.spec.volume == name).map(|e| e.spec.name.clone()).collect();
+        failed.retain(|e| e.spec.volume != name);
+        tracing::info!(volume = name, "failed volume forgotten");
+        Some(exports)
+    }
 }
 
 /// Runs the service until SIGINT/SIGTERM. Returns an error if start-up or the final flush failed.
@@ -56,10 +94,15 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
+    crate::volumes::check_specs(&config.volumes)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     tracing::info!(config = %config.source, data_dir = %config.data_dir.display(), "starting mdkit {}", env!("CARGO_PKG_VERSION"));
-    let volumes = Volumes::open_all(&config.volumes, &config.data_dir).await?;
+    let volumes = Volumes::open_all(&config.volumes, &config.data_dir).await;
+    let failed = volumes.failed().count();
+    if failed > 0 {
+        tracing::warn!(failed, "starting without the volumes that failed (`mdkit status` lists them)");
+    }
 
     let default_export = config
         .nbd
@@ -73,6 +116,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         config: config.clone(),
         volumes: RwLock::new(volumes),
         exports: RwLock::new(Vec::new()),
+        failed_exports: RwLock::new(Vec::new()),
         default_export,
         nbd: nbd.clone(),
         started: Instant::now(),
@@ -124,10 +168,15 @@ async fn start(svc: &Arc<Service>) -> Result<ControlServer> {
     for spec in &svc.config.exports {
         svc.add_export(spec.clone()).await?;
     }
-    // md arrays created or assembled at run time earlier (md-arrays.json).
-    control::md::restore(svc).await;
+    // md arrays created or assembled at run time earlier (md-arrays.json). Each array is
+    // guarded inside; this guard is for the rest of the restore.
+    if let Err(panic) = catch_panic(control::md::restore(svc)).await {
+        tracing::error!("restoring md arrays panicked: {panic}; starting without the rest of them");
+    }
     // Thin pools and volumes created at run time earlier (thin-pools.json), after md arrays.
-    control::thin::restore(svc).await;
+    if let Err(panic) = catch_panic(control::thin::restore(svc)).await {
+        tracing::error!("restoring thin pools panicked: {panic}; starting without the rest of them");
+    }
     for addr in &svc.config.nbd.listen {
         svc.nbd.listen(addr).await.with_context(|| format!("NBD listener {addr}"))?;
     }

@@ -15,7 +15,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mdkit_io::SharedBuf;
@@ -33,6 +33,8 @@ pub struct SbState {
     completed: AtomicU64,
     events: AtomicU64,
     rounds: AtomicU64,
+    /// The "event count saturated" error was logged (once per assembly).
+    saturated_logged: AtomicBool,
 }
 
 impl SbState {
@@ -43,12 +45,31 @@ impl SbState {
             completed: AtomicU64::new(0),
             events: AtomicU64::new(events),
             rounds: AtomicU64::new(0),
+            saturated_logged: AtomicBool::new(false),
         }
     }
 
     /// The array's event count (last round written).
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::Acquire)
+    }
+
+    /// The event count for the next round: `events + 1`, saturating at `u64::MAX` like the
+    /// kernel's md_update_sb (which undoes an increment that wrapped to 0, with a warning). A
+    /// count that wrapped to 0 would make every member look stale to the next assembly; one
+    /// at the maximum can only come from a damaged or crafted superblock.
+    fn next_events(&self, array: &str) -> u64 {
+        let events = self.events.load(Ordering::Acquire);
+        events.checked_add(1).unwrap_or_else(|| {
+            if !self.saturated_logged.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    array,
+                    "event count is at its maximum (2^64-1) and stays there; re-create the array \
+                     to reset it"
+                );
+            }
+            u64::MAX
+        })
     }
 
     /// Superblock rounds written since assembly.
@@ -161,7 +182,7 @@ impl ArrayCore {
         if members.is_empty() {
             return Err(RoundError::Fatal("no working member left to write superblocks to".into()));
         }
-        let events = self.sb.events.load(Ordering::Acquire) + 1;
+        let events = self.sb.next_events(self.name());
         let utime = now_md_time();
         let resync_offset = if self.gate.want_active.load(Ordering::Acquire) { 0 } else { self.resync_checkpoint() };
         let min_max_dev = members.iter().map(|m| m.superblock().max_dev() as usize).max().unwrap_or(0);
@@ -286,5 +307,25 @@ mod tests {
         assert_eq!(sb.recovery_offset_sectors, 300);
         let sc = compose(&c, &t, &roles, 7, 1, 0);
         assert_eq!(sc.feature_map & feature::RECOVERY_OFFSET, 0, "spare: no recovery");
+    }
+
+    #[test]
+    fn event_count_saturates_instead_of_wrapping() {
+        let st = SbState::new(u64::MAX - 1);
+        assert_eq!(st.next_events("md0"), u64::MAX);
+        st.events.store(u64::MAX, Ordering::Release);
+        assert_eq!(st.next_events("md0"), u64::MAX, "no wrap to 0");
+        assert!(st.saturated_logged.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn corrected_reads_saturate() {
+        let mut sb = Superblock::empty();
+        sb.cnt_corrected_read = u32::MAX - 1;
+        sb.dev_roles = vec![0];
+        let m = Member::new("a", Arc::new(MemDevice::new("a", 1 << 20)), sb);
+        m.note_corrected_sectors(1);
+        m.note_corrected_sectors(1);
+        assert_eq!(m.corrected_reads(), u32::MAX);
     }
 }

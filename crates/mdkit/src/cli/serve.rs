@@ -44,8 +44,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         for l in &config.nbd.listen {
             println!("listen: {l}");
         }
+        crate::volumes::check_specs(&config.volumes)?;
         for v in &config.volumes {
-            crate::volumes::kind_for(&v.kind).with_context(|| format!("volume {:?}", v.name))?;
             println!("volume: {} (kind {})", v.name, v.kind);
         }
         for e in &config.exports {
@@ -53,6 +53,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // The service writes to sockets whose peers may vanish: EPIPE, not a signal.
+    crate::ignore_sigpipe();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Control plane (control socket, accept, volume management, md daemons): a small
     // multi-thread runtime. Data path: one current-thread runtime per core, where connections

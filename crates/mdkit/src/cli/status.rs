@@ -54,7 +54,7 @@ fn human(v: &Value) -> String {
         "\n{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",
         "EXPORT", "VOLUME", "MODE", "CONNS", "READS", "WRITES", "READ", "WRITTEN", "ERRORS", "INFLT"
     );
-    for e in v["exports"].as_array().into_iter().flatten() {
+    for e in v["exports"].as_array().into_iter().flatten().filter(|e| e["state"] != "failed") {
         let st = &e["stats"];
         out += &format!(
             "{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",
@@ -69,6 +69,37 @@ fn human(v: &Value) -> String {
             u(&st["errors"]),
             u(&st["in_flight"]),
         );
+    }
+    out += &failures(v);
+    out
+}
+
+/// The failed volumes and the exports not served because of them, with the reasons.
+fn failures(v: &Value) -> String {
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let failed = |list: &Value| -> Vec<Value> {
+        list.as_array().into_iter().flatten().filter(|x| x["state"] == "failed").cloned().collect()
+    };
+    let (vols, exports) = (failed(&v["volumes"]), failed(&v["exports"]));
+    // Volumes failed at run time keep their own state word and carry an error.
+    let at_run_time: Vec<&Value> = v["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["state"] != "failed" && x["error"].is_string())
+        .collect();
+    if vols.is_empty() && exports.is_empty() && at_run_time.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nFAILED\n");
+    for f in &vols {
+        out += &format!("volume {}: {}\n", s(&f["name"]), s(&f["error"]));
+    }
+    for f in at_run_time {
+        out += &format!("volume {} ({}): {}\n", s(&f["name"]), s(&f["state"]), s(&f["error"]));
+    }
+    for e in &exports {
+        out += &format!("export {} (not served): {}\n", s(&e["name"]), s(&e["error"]));
     }
     out
 }
@@ -108,5 +139,19 @@ mod tests {
         let h = human(&v);
         assert!(h.contains("vol0") && h.contains("1.0 GiB") && h.contains("active"), "{h}");
         assert!(h.contains("default") && h.contains("127.0.0.1:10809"), "{h}");
+        assert!(!h.contains("FAILED"), "{h}");
+    }
+
+    #[test]
+    fn human_output_lists_failed_volumes_and_exports_with_the_reason() {
+        let v = serde_json::json!({
+            "volumes": [{"name": "md1", "kind": "md", "size_bytes": 0, "state": "failed", "error": "bad superblock"},
+                        {"name": "md2", "kind": "md", "size_bytes": 0, "state": "broken", "error": "member gone"}],
+            "exports": [{"name": "e1", "volume": "md1", "state": "failed", "error": "volume \"md1\" failed"}]
+        });
+        let h = human(&v);
+        assert!(h.contains("md1") && h.contains("failed") && h.contains("volume md1: bad superblock"), "{h}");
+        assert!(h.contains("export e1 (not served)") && h.contains("volume md2 (broken): member gone"), "{h}");
+        assert!(!h.lines().any(|l| l.starts_with("e1 ")), "a failed export is not in the served table: {h}");
     }
 }

@@ -1,6 +1,7 @@
 //! Client side of the control socket, used by the CLI verbs (blocking; one request at a time).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,7 +35,7 @@ impl ControlClient {
     pub fn call(&mut self, cmd: &str, args: Value) -> Result<Value> {
         let mut line = serde_json::to_vec(&Request { cmd: cmd.to_string(), args })?;
         line.push(b'\n');
-        self.writer.write_all(&line).with_context(|| format!("sending {cmd:?} to {}", self.path.display()))?;
+        send_all(&self.writer, &line).with_context(|| format!("sending {cmd:?} to {}", self.path.display()))?;
         let mut resp = Vec::new();
         (&mut self.reader).take(RESPONSE_MAX_BYTES).read_until(b'\n', &mut resp)?;
         if resp.is_empty() {
@@ -47,4 +48,23 @@ impl ControlClient {
             Err(anyhow!("{}", resp.error.unwrap_or_else(|| "unknown error".into())))
         }
     }
+}
+
+/// Writes all of `buf` with MSG_NOSIGNAL: a service that closed the socket is an EPIPE error,
+/// not a SIGPIPE (the CLI keeps SIGPIPE's default action for its stdout).
+fn send_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: the fd is open for the life of `sock`; ptr/len describe the live slice `buf`.
+        let n = unsafe { libc::send(sock.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // n >= 0 and at most buf.len() (send(2)).
+        buf = &buf[n as usize..];
+    }
+    Ok(())
 }

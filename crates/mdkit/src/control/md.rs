@@ -15,7 +15,9 @@
 //! Members are paths (relative to the data directory) or `volume:NAME`. Arrays created or
 //! assembled through these commands are remembered in `<data_dir>/md-arrays.json` (like
 //! mdadm.conf: name, uuid, members, export) and assembled again when the service starts;
-//! `md.stop` forgets them.
+//! `md.stop` forgets them. One that fails to assemble at start is listed as failed (not
+//! retried in a loop, not fatal to the service) until `md.stop` forgets it; one whose assembly
+//! killed the process is not tried again (`volumes/open_guard.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,8 +29,9 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
-use crate::volumes::Volume;
 use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array};
+use crate::volumes::open_guard::OpenGuard;
+use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
 
 /// File (in the data directory) recording run-time arrays.
@@ -139,7 +142,10 @@ struct NameArg {
 async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
     let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
     let vols = svc.volumes.read().await;
-    let v = vols.get(&a.name).ok_or_else(|| anyhow!("no volume named {:?}", a.name))?;
+    let v = vols.get(&a.name).ok_or_else(|| match vols.get_failed(&a.name) {
+        Some(f) => anyhow!("volume {:?} failed to open: {} (`mdkit stop {}` forgets it)", a.name, f.error, a.name),
+        None => anyhow!("no volume named {:?}", a.name),
+    })?;
     if v.as_any().downcast_ref::<MdVolume>().is_none() {
         bail!("volume {:?} is a {} volume, not an md array", a.name, v.kind());
     }
@@ -190,7 +196,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     if !valid_name(&a.name) {
         bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
     }
-    if svc.volumes.read().await.get(&a.name).is_some() {
+    if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
     // Refuse bad parameters before any member file is created.
@@ -244,7 +250,7 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     if !valid_name(&a.name) {
         bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
     }
-    if svc.volumes.read().await.get(&a.name).is_some() {
+    if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
     let uuid = match &a.uuid {
@@ -304,8 +310,9 @@ async fn install(svc: &Arc<Service>, vol: Arc<MdVolume>, export: Option<String>)
     Ok(vol.details())
 }
 
-/// Assembles the arrays remembered in the state file (service start-up). Failures are logged:
-/// the service starts without that array.
+/// Assembles the arrays remembered in the state file (service start-up). An array that fails
+/// to start (error or panic) stays remembered and is listed as failed, with its export; the
+/// service starts without it and `md.stop` forgets it.
 pub async fn restore(svc: &Arc<Service>) {
     let st = match load_state(&svc.config.data_dir) {
         Ok(s) => s,
@@ -314,40 +321,61 @@ pub async fn restore(svc: &Arc<Service>) {
             return;
         }
     };
+    let mut guard = OpenGuard::load_or_empty(&svc.config.data_dir);
     for r in st.arrays {
-        if svc.volumes.read().await.get(&r.name).is_some() {
+        if svc.volumes.read().await.contains(&r.name) {
             tracing::warn!(array = %r.name, "remembered md array has the name of a configured volume; skipped");
             continue;
         }
-        let result: Result<()> = async {
-            let uuid = mdkit_md::format::parse_uuid(&r.uuid)
-                .ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
-            let opened = {
-                let vols = svc.volumes.read().await;
-                open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default())?
-            };
-            let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
-            svc.volumes.write().await.insert(vol)?;
-            if let Some(e) = &r.export {
-                let spec = ExportSpec {
-                    name: e.clone(),
-                    volume: r.name.clone(),
-                    read_only: false,
-                    description: format!("md array {}", r.name),
-                };
-                svc.add_export(spec).await?;
-            }
-            Ok(())
-        }
-        .await;
-        match result {
+        let started = if guard.crashed(&r.name) {
+            Err(OpenGuard::crashed_error())
+        } else {
+            let start = crate::volumes::catch_panic(start_remembered(svc, &r));
+            guard
+                .guarded(&svc.config.data_dir, &r.name, start)
+                .await
+                .unwrap_or_else(|panic| Err(anyhow!("assembling panicked: {panic}")))
+        };
+        match started {
             Ok(()) => tracing::info!(array = %r.name, "remembered md array assembled"),
-            Err(e) => tracing::error!(array = %r.name, "remembered md array not assembled: {e:#}"),
+            Err(e) => {
+                let error = format!("remembered md array not assembled: {e:#}");
+                let origin = crate::volumes::Origin::Remembered;
+                svc.volume_failed(FailedVolume { name: r.name.clone(), kind: "md".into(), origin, error }).await;
+            }
+        }
+        if let Some(e) = &r.export {
+            let spec = ExportSpec {
+                name: e.clone(),
+                volume: r.name.clone(),
+                read_only: false,
+                description: format!("md array {}", r.name),
+            };
+            if let Err(err) = svc.add_export(spec).await {
+                tracing::error!(array = %r.name, "export {e:?} not added: {err:#}");
+            }
         }
     }
 }
 
+/// Assembles one remembered array and registers it.
+async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
+    let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
+    let opened = {
+        let vols = svc.volumes.read().await;
+        open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default())?
+    };
+    let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
+    svc.volumes.write().await.insert(vol)
+}
+
 async fn stop(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
+    if let Some(exports) = svc.forget_failed(&a.name).await {
+        forget(&svc, &a.name)?;
+        OpenGuard::clear_crashed(&svc.config.data_dir, &a.name)?;
+        return Ok(json!({ "stopped": a.name, "was_failed": true, "exports_removed": exports }));
+    }
     let v = md_volume(&svc, &args).await?;
     let name = v.name().to_string();
     {

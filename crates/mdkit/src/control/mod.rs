@@ -82,9 +82,14 @@ impl Registry {
             let known: Vec<&str> = self.commands.keys().copied().collect();
             return Response::err(format!("unknown command {:?} (known: {})", req.cmd, known.join(", ")));
         };
-        match h(service, req.args).await {
-            Ok(v) => Response { ok: true, result: Some(v), error: None },
-            Err(e) => Response::err(format!("{e:#}")),
+        // A panicking command answers with an error; the service and its volumes carry on.
+        match crate::volumes::catch_panic(h(service, req.args)).await {
+            Ok(Ok(v)) => Response { ok: true, result: Some(v), error: None },
+            Ok(Err(e)) => Response::err(format!("{e:#}")),
+            Err(panic) => {
+                tracing::error!(cmd = %req.cmd, "control command panicked: {panic}");
+                Response::err(format!("{}: internal error (panicked: {panic}); the service keeps running", req.cmd))
+            }
         }
     }
 

@@ -1,12 +1,22 @@
 //! `status`: volumes, exports, listeners, connections and per-export counters.
+//!
+//! Volumes that failed to open are listed with `"state": "failed"` and `"error"`; exports of
+//! a failed volume with `"state": "failed"` and the reason (served ones: `"serving"`). A volume
+//! that failed at run time keeps its state word (`broken`, `needs-check`, `lost-write`) and
+//! gets an `"error"` too.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Registry;
-use crate::service::Service;
+use crate::config::ExportSpec;
+use crate::service::{FailedExport, Service};
+use crate::volumes::Volume;
+use crate::volumes::failed::panic_message;
+use mdkit_nbd::ExportStatsSnapshot;
 
 pub fn register(r: &mut Registry) {
     r.register("status", "volumes (kind, size, state), exports with counters, listeners, connections", |svc, _args| {
@@ -14,24 +24,67 @@ pub fn register(r: &mut Registry) {
     });
 }
 
+/// One open volume's entry; a panic in the volume's reporting shows as a failed entry instead
+/// of failing the whole `status`.
+fn volume_json(v: &Arc<dyn Volume>) -> Value {
+    let entry = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let t = v.device().topology();
+        let mut entry = json!({
+            "name": v.name(),
+            "kind": v.kind(),
+            "size_bytes": t.size_bytes,
+            "logical_block_bytes": t.logical_block_bytes,
+            "state": v.state(),
+            "details": v.details(),
+        });
+        if let Some(error) = v.error() {
+            entry["error"] = json!(error);
+        }
+        entry
+    }));
+    entry.unwrap_or_else(|payload| {
+        let error = format!("reporting its status panicked: {}", panic_message(payload.as_ref()));
+        tracing::error!(volume = v.name(), "{error}");
+        json!({ "name": v.name(), "kind": v.kind(), "size_bytes": 0, "state": "failed", "error": error })
+    })
+}
+
+fn export_json(e: &ExportSpec, s: &ExportStatsSnapshot, size_bytes: u64) -> Value {
+    json!({
+        "name": e.name,
+        "volume": e.volume,
+        "read_only": e.read_only,
+        "state": "serving",
+        "size_bytes": size_bytes,
+        "connections": s.connections,
+        "stats": {
+            "reads": s.reads, "writes": s.writes, "flushes": s.flushes, "trims": s.trims,
+            "write_zeroes": s.write_zeroes, "read_bytes": s.read_bytes,
+            "written_bytes": s.written_bytes, "errors": s.errors, "in_flight": s.in_flight,
+            "rmw_cycles": s.rmw_cycles,
+        },
+    })
+}
+
+fn failed_export_json(f: &FailedExport) -> Value {
+    json!({
+        "name": f.spec.name,
+        "volume": f.spec.volume,
+        "read_only": f.spec.read_only,
+        "state": "failed",
+        "error": f.error,
+        "size_bytes": 0,
+        "connections": 0,
+        "stats": {},
+    })
+}
+
 pub async fn status(svc: Arc<Service>) -> Result<Value> {
     let volumes = svc.volumes.read().await;
-    let vols: Vec<Value> = volumes
-        .iter()
-        .map(|v| {
-            let t = v.device().topology();
-            json!({
-                "name": v.name(),
-                "kind": v.kind(),
-                "size_bytes": t.size_bytes,
-                "logical_block_bytes": t.logical_block_bytes,
-                "state": v.state(),
-                "details": v.details(),
-            })
-        })
-        .collect();
+    let mut vols: Vec<Value> = volumes.iter().map(volume_json).collect();
+    vols.extend(volumes.failed().map(|f| f.status_json()));
     let stats = svc.nbd.export_stats();
-    let exports: Vec<Value> = svc
+    let mut exports: Vec<Value> = svc
         .exports
         .read()
         .await
@@ -39,21 +92,10 @@ pub async fn status(svc: Arc<Service>) -> Result<Value> {
         .map(|e| {
             let s = stats.iter().find(|(n, _)| n == &e.name).map(|(_, s)| s.clone()).unwrap_or_default();
             let size = volumes.get(&e.volume).map(|v| v.device().topology().size_bytes).unwrap_or(0);
-            json!({
-                "name": e.name,
-                "volume": e.volume,
-                "read_only": e.read_only,
-                "size_bytes": size,
-                "connections": s.connections,
-                "stats": {
-                    "reads": s.reads, "writes": s.writes, "flushes": s.flushes, "trims": s.trims,
-                    "write_zeroes": s.write_zeroes, "read_bytes": s.read_bytes,
-                    "written_bytes": s.written_bytes, "errors": s.errors, "in_flight": s.in_flight,
-                    "rmw_cycles": s.rmw_cycles,
-                },
-            })
+            export_json(e, &s, size)
         })
         .collect();
+    exports.extend(svc.failed_exports.read().await.iter().map(failed_export_json));
     Ok(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),

@@ -58,6 +58,10 @@ impl VolumeKind for FileKind {
         "file"
     }
 
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        spec.parse_params::<FileParams>().map(|_| ())
+    }
+
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
         Box::pin(async move {
             let p: FileParams = spec.parse_params()?;
@@ -137,6 +141,10 @@ impl Volume for FileVolume {
         } else {
             "active".into()
         }
+    }
+    fn error(&self) -> Option<String> {
+        let lost = self.write_back.as_ref()?.lost_write()?;
+        Some(format!("an acknowledged write was lost ({lost}); flushes fail until the volume reopens"))
     }
     fn details(&self) -> serde_json::Value {
         serde_json::json!({

@@ -277,48 +277,24 @@ impl VolumeKind for MdKind {
         "md"
     }
 
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        let parsed = parse(spec)?;
+        if let Some(c) = &parsed.create {
+            c.to_options(&spec.name, parsed.params.members.len(), false)?;
+        }
+        Ok(())
+    }
+
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
         Box::pin(async move {
-            let p: MdParams = spec.parse_params()?;
+            let Parsed { params: p, uuid, create } = parse(spec)?;
             let how = MemberOpen {
                 direct: p.direct,
                 queue_depth: p.queue_depth,
                 create_size_bytes: p.member_size.map(Size::bytes),
             };
             let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how)?;
-            let uuid = match &p.uuid {
-                Some(u) => Some(parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
-                None => None,
-            };
-            let create_params = if p.create {
-                let level = p.level.clone().ok_or_else(|| anyhow!("create = true needs `level`"))?;
-                let chunk_kib = match p.chunk {
-                    Some(c) if c.bytes() % 1024 != 0 || c.bytes() == 0 => {
-                        bail!("chunk {} bytes is not a whole number of KiB", c.bytes())
-                    }
-                    Some(c) => Some(u32::try_from(c.bytes() / 1024).map_err(|_| anyhow!("chunk too large"))?),
-                    None => None,
-                };
-                let bitmap_chunk_bytes = p
-                    .bitmap_chunk
-                    .map(|c| {
-                        u32::try_from(c.bytes()).map_err(|_| anyhow!("bitmap_chunk {} bytes is above 2 GiB", c.bytes()))
-                    })
-                    .transpose()?;
-                Some(CreateParams {
-                    level,
-                    raid_devices: p.raid_devices,
-                    chunk_kib,
-                    layout: p.layout.clone(),
-                    bitmap: p.bitmap.clone(),
-                    bitmap_chunk_bytes,
-                    assume_clean: p.assume_clean,
-                    metadata: p.metadata.clone(),
-                })
-            } else {
-                None
-            };
-            let vol = start_array(&spec.name, opened, create_params.as_ref(), uuid, p.force).await?;
+            let vol = start_array(&spec.name, opened, create.as_ref(), uuid, p.force).await?;
             let attrs: BTreeMap<String, String> = p
                 .attributes
                 .iter()
@@ -328,6 +304,48 @@ impl VolumeKind for MdKind {
             Ok(vol as Arc<dyn Volume>)
         })
     }
+}
+
+/// An md volume's keys, with the uuid and the create parameters parsed.
+struct Parsed {
+    params: MdParams,
+    uuid: Option<[u8; 16]>,
+    create: Option<CreateParams>,
+}
+
+fn parse(spec: &VolumeSpec) -> Result<Parsed> {
+    let p: MdParams = spec.parse_params()?;
+    let uuid = match &p.uuid {
+        Some(u) => Some(parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
+        None => None,
+    };
+    let create = if p.create {
+        let level = p.level.clone().ok_or_else(|| anyhow!("create = true needs `level`"))?;
+        let chunk_kib = match p.chunk {
+            Some(c) if c.bytes() % 1024 != 0 || c.bytes() == 0 => {
+                bail!("chunk {} bytes is not a whole number of KiB", c.bytes())
+            }
+            Some(c) => Some(u32::try_from(c.bytes() / 1024).map_err(|_| anyhow!("chunk too large"))?),
+            None => None,
+        };
+        let bitmap_chunk_bytes = p
+            .bitmap_chunk
+            .map(|c| u32::try_from(c.bytes()).map_err(|_| anyhow!("bitmap_chunk {} bytes is above 2 GiB", c.bytes())))
+            .transpose()?;
+        Some(CreateParams {
+            level,
+            raid_devices: p.raid_devices,
+            chunk_kib,
+            layout: p.layout.clone(),
+            bitmap: p.bitmap.clone(),
+            bitmap_chunk_bytes,
+            assume_clean: p.assume_clean,
+            metadata: p.metadata.clone(),
+        })
+    } else {
+        None
+    };
+    Ok(Parsed { params: p, uuid, create })
 }
 
 /// A running md array as a volume.
@@ -382,6 +400,13 @@ impl Volume for MdVolume {
     }
     fn state(&self) -> String {
         state_word(&self.array)
+    }
+    fn error(&self) -> Option<String> {
+        let core = self.array.core();
+        if let Some(why) = core.needs_check() {
+            return Some(why);
+        }
+        core.is_broken().then(|| "a member failed and the level has no redundancy: I/O fails".to_string())
     }
     fn details(&self) -> serde_json::Value {
         let mut d = self.array.detail();

@@ -38,22 +38,33 @@ impl VolumeKind for MemKind {
         "mem"
     }
 
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        parse(spec).map(|_| ())
+    }
+
     fn open<'a>(&'a self, spec: &'a VolumeSpec, _ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
         Box::pin(async move {
-            let p: MemParams = spec.parse_params()?;
-            if !matches!(p.logical_block_bytes, 512 | 4096) {
-                bail!("logical_block_bytes must be 512 or 4096, not {}", p.logical_block_bytes);
-            }
+            let p = parse(spec)?;
             let size = p.size.bytes();
-            if size == 0 || !size.is_multiple_of(u64::from(p.logical_block_bytes)) {
-                bail!("size {size} bytes is not a non-zero multiple of {} bytes", p.logical_block_bytes);
-            }
             let mut topo = Topology::simple(size);
             topo.logical_block_bytes = p.logical_block_bytes;
             let dev = Arc::new(MemDevice::with_topology(format!("mem:{}", spec.name), topo));
             Ok(Arc::new(MemVolume { name: spec.name.clone(), dev }) as Arc<dyn Volume>)
         })
     }
+}
+
+/// The keys, checked: block size 512 or 4096, size a non-zero multiple of it.
+fn parse(spec: &VolumeSpec) -> Result<MemParams> {
+    let p: MemParams = spec.parse_params()?;
+    if !matches!(p.logical_block_bytes, 512 | 4096) {
+        bail!("logical_block_bytes must be 512 or 4096, not {}", p.logical_block_bytes);
+    }
+    let size = p.size.bytes();
+    if size == 0 || !size.is_multiple_of(u64::from(p.logical_block_bytes)) {
+        bail!("size {size} bytes is not a non-zero multiple of {} bytes", p.logical_block_bytes);
+    }
+    Ok(p)
 }
 
 struct MemVolume {

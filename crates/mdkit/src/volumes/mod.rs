@@ -12,12 +12,16 @@
 //! 2. add `pub mod md;` below and `Box::new(md::MdKind)` to [`kinds()`].
 //!
 //! Nothing else changes: config parsing, exports, `mdkit status` and shutdown work on the
-//! [`Volume`] trait. Kind-specific control commands reach their volume through
-//! [`Volume::as_any`] and downcast.
+//! [`Volume`] trait. A volume whose open fails (or panics) becomes a [`FailedVolume`] and the
+//! service carries on without it (see `failed.rs`); only config mistakes found by
+//! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting.
+//! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
+pub mod failed;
 pub mod file;
 pub mod md;
 pub mod mem;
+pub mod open_guard;
 pub mod thin;
 
 use std::any::Any;
@@ -30,6 +34,8 @@ use anyhow::{Result, anyhow, bail};
 use mdkit_io::DeviceRef;
 
 use crate::config::VolumeSpec;
+pub use failed::{FailedVolume, Origin, catch_panic};
+use open_guard::OpenGuard;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -56,6 +62,14 @@ pub fn kind_for(name: &str) -> Result<Box<dyn VolumeKind>> {
 pub trait VolumeKind: Send + Sync {
     /// The `kind = "..."` string.
     fn kind(&self) -> &'static str;
+
+    /// Checks the config keys without opening anything (`serve --check-config`, and before
+    /// start-up: a mistake here stops `mdkit serve`, while an open that fails only marks the
+    /// volume failed).
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        let _ = spec;
+        Ok(())
+    }
 
     /// Opens the volume described by `spec`, creating its backing storage if the kind and the
     /// config say so. Volumes defined earlier in the config are in `ctx.volumes`.
@@ -86,6 +100,12 @@ pub trait Volume: Send + Sync + 'static {
     fn device(&self) -> DeviceRef;
     /// One word for `mdkit status`: "active", "degraded", "resyncing", "needs-check", ...
     fn state(&self) -> String;
+    /// Why the volume failed at run time (`None` while it works), shown by `status` next to
+    /// the state word. A volume failed at run time stays registered and exported (its
+    /// clients get I/O errors rather than a vanished export) until it is stopped or repaired.
+    fn error(&self) -> Option<String> {
+        None
+    }
     /// Kind-specific details for `mdkit status --json` (members, paths, progress, ...).
     fn details(&self) -> serde_json::Value;
     /// For kind-specific control commands: `vol.as_any().downcast_ref::<MdVolume>()`.
@@ -96,10 +116,28 @@ pub trait Volume: Send + Sync + 'static {
     fn close(&self) -> BoxFuture<'_, Result<()>>;
 }
 
-/// Opened volumes by name, in opening order.
+/// Checks every spec's kind and keys (see [`VolumeKind::check`]).
+pub fn check_specs(specs: &[VolumeSpec]) -> Result<()> {
+    for spec in specs {
+        let kind = kind_for(&spec.kind).map_err(|e| anyhow!("volume {:?}: {e}", spec.name))?;
+        kind.check(spec).map_err(|e| anyhow!("volume {:?} (kind {}): {e:#}", spec.name, spec.kind))?;
+    }
+    Ok(())
+}
+
+/// Opens one volume; an error or a panic in the kind's open becomes an error naming the volume.
+async fn open_one(kind: &dyn VolumeKind, spec: &VolumeSpec, ctx: &OpenContext<'_>) -> Result<Arc<dyn Volume>> {
+    match catch_panic(kind.open(spec, ctx)).await {
+        Ok(r) => r.map_err(|e| anyhow!("opening volume {:?} (kind {}): {e:#}", spec.name, spec.kind)),
+        Err(panic) => Err(anyhow!("opening volume {:?} (kind {}) panicked: {panic}", spec.name, spec.kind)),
+    }
+}
+
+/// Opened volumes by name, in opening order, and the volumes that failed to open.
 #[derive(Default)]
 pub struct Volumes {
     list: Vec<Arc<dyn Volume>>,
+    failed: Vec<FailedVolume>,
 }
 
 impl Volumes {
@@ -107,12 +145,42 @@ impl Volumes {
         self.list.iter().find(|v| v.name() == name)
     }
 
+    /// Whether `name` is taken, by an open or a failed volume.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some() || self.get_failed(name).is_some()
+    }
+
     pub fn insert(&mut self, v: Arc<dyn Volume>) -> Result<()> {
         if self.get(v.name()).is_some() {
             bail!("volume {:?} is already open", v.name());
         }
+        if self.get_failed(v.name()).is_some() {
+            bail!("volume {:?} is listed as failed; `mdkit stop {}` forgets it", v.name(), v.name());
+        }
         self.list.push(v);
         Ok(())
+    }
+
+    pub fn get_failed(&self, name: &str) -> Option<&FailedVolume> {
+        self.failed.iter().find(|f| f.name == name)
+    }
+
+    /// Records a volume that failed to open (logged here). A name already taken keeps its entry.
+    pub fn insert_failed(&mut self, f: FailedVolume) {
+        tracing::error!(volume = %f.name, kind = %f.kind, origin = f.origin.as_str(), "volume failed: {}", f.error);
+        if !self.contains(&f.name) {
+            self.failed.push(f);
+        }
+    }
+
+    /// Forgets a failed volume (`mdkit stop`).
+    pub fn remove_failed(&mut self, name: &str) -> Option<FailedVolume> {
+        let i = self.failed.iter().position(|f| f.name == name)?;
+        Some(self.failed.remove(i))
+    }
+
+    pub fn failed(&self) -> impl Iterator<Item = &FailedVolume> {
+        self.failed.iter()
     }
 
     /// Removes a volume (e.g. `mdkit stop`); the caller must have removed its exports.
@@ -126,26 +194,40 @@ impl Volumes {
         self.list.iter()
     }
 
-    /// Opens every spec in order, each able to see the ones before it.
-    pub async fn open_all(specs: &[VolumeSpec], data_dir: &Path) -> Result<Volumes> {
+    /// Opens every spec in order, each able to see the ones before it. A spec that fails to
+    /// open (error or panic) is recorded as failed and the rest are still opened; a volume
+    /// stacked on a failed one fails in turn (its base is not there). A volume whose open
+    /// killed an earlier start is not opened again (`open_guard.rs`).
+    pub async fn open_all(specs: &[VolumeSpec], data_dir: &Path) -> Volumes {
         let mut vols = Volumes::default();
+        let mut guard = OpenGuard::load_or_empty(data_dir);
         for spec in specs {
-            let kind = kind_for(&spec.kind).map_err(|e| anyhow!("volume {:?}: {e}", spec.name))?;
-            let v = {
-                let ctx = OpenContext { data_dir, volumes: &vols };
-                kind.open(spec, &ctx)
-                    .await
-                    .map_err(|e| anyhow!("opening volume {:?} (kind {}): {e:#}", spec.name, spec.kind))?
+            let opened = match kind_for(&spec.kind) {
+                Ok(_) if guard.crashed(&spec.name) => {
+                    Err(anyhow!("volume {:?}: {}", spec.name, OpenGuard::crashed_error()))
+                }
+                Ok(kind) => {
+                    let ctx = OpenContext { data_dir, volumes: &vols };
+                    guard.guarded(data_dir, &spec.name, open_one(kind.as_ref(), spec, &ctx)).await
+                }
+                Err(e) => Err(anyhow!("volume {:?}: {e}", spec.name)),
             };
-            tracing::info!(
-                volume = v.name(),
-                kind = v.kind(),
-                size_bytes = v.device().topology().size_bytes,
-                "volume open"
-            );
-            vols.insert(v)?;
+            let inserted = opened.and_then(|v| {
+                let size_bytes = v.device().topology().size_bytes;
+                tracing::info!(volume = v.name(), kind = v.kind(), size_bytes, "volume open");
+                vols.insert(v)
+            });
+            if let Err(e) = inserted {
+                let error = format!("{e:#}");
+                vols.insert_failed(FailedVolume {
+                    name: spec.name.clone(),
+                    kind: spec.kind.clone(),
+                    origin: Origin::Config,
+                    error,
+                });
+            }
         }
-        Ok(vols)
+        vols
     }
 
     /// Closes every volume, most recently opened first (stacked volumes before their base).
@@ -153,7 +235,10 @@ impl Volumes {
     pub async fn close_all(&self) -> Vec<anyhow::Error> {
         let mut errors = Vec::new();
         for v in self.list.iter().rev() {
-            match v.close().await {
+            let closed = catch_panic(v.close())
+                .await
+                .unwrap_or_else(|panic| Err(anyhow!("closing volume {:?} panicked: {panic}", v.name())));
+            match closed {
                 Ok(()) => tracing::info!(volume = v.name(), "volume flushed and closed"),
                 Err(e) => {
                     tracing::error!(volume = v.name(), "closing volume failed: {e:#}");
@@ -162,5 +247,57 @@ impl Volumes {
             }
         }
         errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct PanicKind;
+
+    impl VolumeKind for PanicKind {
+        fn kind(&self) -> &'static str {
+            "panic"
+        }
+        fn open<'a>(&'a self, spec: &'a VolumeSpec, _: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
+            Box::pin(async move { panic!("superblock of {} says 2^60 devices", spec.name) })
+        }
+    }
+
+    fn spec(toml_text: &str) -> VolumeSpec {
+        let mut params: toml::Table = toml_text.parse().expect("test spec");
+        let name = params.remove("name").and_then(|v| v.as_str().map(str::to_string)).expect("name");
+        let kind = params.remove("kind").and_then(|v| v.as_str().map(str::to_string)).expect("kind");
+        VolumeSpec { name, kind, params }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_open_is_an_error_naming_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let vols = Volumes::default();
+        let ctx = OpenContext { data_dir: dir.path(), volumes: &vols };
+        let s = spec("name = \"md9\"\nkind = \"panic\"");
+        let e = open_one(&PanicKind, &s, &ctx).await.err().expect("open panicked");
+        let e = format!("{e:#}");
+        assert!(e.contains("\"md9\"") && e.contains("panicked") && e.contains("2^60 devices"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_volume_does_not_stop_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = [
+            spec("name = \"ram0\"\nkind = \"mem\"\nsize = \"1MiB\""),
+            spec("name = \"gone\"\nkind = \"file\"\npath = \"missing.img\""),
+            spec("name = \"ram1\"\nkind = \"mem\"\nsize = \"1MiB\""),
+        ];
+        let vols = Volumes::open_all(&specs, dir.path()).await;
+        assert!(vols.get("ram0").is_some() && vols.get("ram1").is_some());
+        let f = vols.get_failed("gone").expect("listed as failed");
+        assert!(f.error.contains("missing.img") && f.origin == Origin::Config, "{}", f.error);
+        assert!(vols.contains("gone") && vols.get("gone").is_none());
+        let mut vols = vols;
+        assert!(vols.remove_failed("gone").is_some() && !vols.contains("gone"));
+        assert!(vols.close_all().await.is_empty());
     }
 }
