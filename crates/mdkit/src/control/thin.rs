@@ -54,8 +54,9 @@ fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
     serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
 }
 
+// No `deny_unknown_fields` here: serde rejects every field a `flatten` map captures when it is
+// set, so each pool-create failed. `PoolParams` (deny_unknown_fields) still refuses unknown keys.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct PoolCreateArgs {
     name: String,
     #[serde(flatten)]
