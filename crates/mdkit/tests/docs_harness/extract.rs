@@ -5,7 +5,7 @@
 //! when every line starts with a command (`mdkit`, a tool on PATH, an executable under the
 //! repository) or continues one, it is a shell block too, unless it shows grammar (`[--opt]`,
 //! `A|B`, `...`, `NAME` placeholders), which makes it a usage *synopsis*: recognised, counted,
-//! not run. Anything else (`toml`, `rust`, layout trees, benchmark tables) is *text*.
+//! not run here (`synopsis` checks its verbs and flags against `--help`). Anything else (`toml`, `rust`, layout trees, benchmark tables) is *text*.
 
 use std::path::Path;
 

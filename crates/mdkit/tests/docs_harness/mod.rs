@@ -5,6 +5,7 @@
 pub mod extract;
 pub mod listing;
 pub mod session;
+pub mod synopsis;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -95,6 +96,11 @@ pub fn check_file(file: &str, execute: bool) -> Coverage {
             BlockKind::Synopsis => {
                 cov.blocks_synopsis += 1;
                 cov.synopsis_lines += block.commands.len();
+                if execute {
+                    synopsis::check(file, &block).iter().for_each(|p| {
+                        let _ = writeln!(failures, "usage synopsis at {file}:{}: {p}", block.first_line);
+                    });
+                }
             }
             BlockKind::Shell => {
                 cov.blocks_shell += 1;
