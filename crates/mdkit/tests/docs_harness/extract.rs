@@ -13,6 +13,7 @@ use std::path::Path;
 pub enum BlockKind {
     Shell,
     Synopsis,
+    Config,
     Text,
 }
 
@@ -22,6 +23,8 @@ pub struct Block {
     pub first_line: usize,
     pub kind: BlockKind,
     pub commands: Vec<DocCommand>,
+    /// The block's text, for config blocks.
+    pub text: String,
 }
 
 /// One command as printed: its lines joined by newlines (continuations kept), the 1-based
@@ -52,8 +55,12 @@ pub fn blocks(markdown: &str, repo_root: &Path) -> Vec<Block> {
         .into_iter()
         .map(|raw| {
             let kind = classify(&raw, repo_root);
-            let commands = if kind == BlockKind::Text { Vec::new() } else { commands(&raw.lines) };
-            Block { first_line: raw.first_line, kind, commands }
+            let commands = match kind {
+                BlockKind::Shell | BlockKind::Synopsis => commands(&raw.lines),
+                BlockKind::Config | BlockKind::Text => Vec::new(),
+            };
+            let text = if kind == BlockKind::Config { raw_text(&raw.lines) } else { String::new() };
+            Block { first_line: raw.first_line, kind, commands, text }
         })
         .collect()
 }
@@ -78,6 +85,7 @@ fn raw_blocks(markdown: &str) -> Vec<RawBlock> {
 fn classify(raw: &RawBlock, repo_root: &Path) -> BlockKind {
     match raw.lang.as_str() {
         "sh" | "bash" | "shell" => return BlockKind::Shell,
+        "toml" => return BlockKind::Config,
         "" => {}
         _ => return BlockKind::Text,
     }
@@ -91,6 +99,10 @@ fn classify(raw: &RawBlock, repo_root: &Path) -> BlockKind {
     } else {
         BlockKind::Shell
     }
+}
+
+fn raw_text(lines: &[(usize, String)]) -> String {
+    lines.iter().map(|(_, l)| format!("{l}\n")).collect()
 }
 
 fn is_continuation(line: &str) -> bool {

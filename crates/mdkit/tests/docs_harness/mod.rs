@@ -61,6 +61,7 @@ pub fn blocks_of(root: &Path, file: &str) -> Vec<Block> {
 pub struct Coverage {
     pub blocks_shell: usize,
     pub blocks_synopsis: usize,
+    pub blocks_config: usize,
     pub blocks_text: usize,
     pub commands: usize,
     pub run: usize,
@@ -71,9 +72,10 @@ pub struct Coverage {
 impl Coverage {
     pub fn line(&self, file: &str) -> String {
         format!(
-            "{file:<32} blocks: {} shell, {} synopsis, {} text; commands: {} found, {} run, {} excepted; {} synopsis lines",
+            "{file:<32} blocks: {} shell, {} synopsis, {} config (served), {} text; commands: {} found, {} run, {} excepted; {} synopsis lines",
             self.blocks_shell,
             self.blocks_synopsis,
+            self.blocks_config,
             self.blocks_text,
             self.commands,
             self.run,
@@ -90,8 +92,15 @@ pub fn check_file(file: &str, execute: bool) -> Coverage {
     let listing = Listing::load(&root.join(LISTING));
     let mut cov = Coverage::default();
     let mut failures = String::new();
+    let mut last_full_config: Option<String> = None;
     for block in blocks_of(&root, file) {
         match block.kind {
+            BlockKind::Config => {
+                cov.blocks_config += 1;
+                if let Err(report) = config_block(file, &block, &listing, execute, &mut last_full_config) {
+                    let _ = writeln!(failures, "{report}");
+                }
+            }
             BlockKind::Text => cov.blocks_text += 1,
             BlockKind::Synopsis => {
                 cov.blocks_synopsis += 1;
@@ -115,6 +124,37 @@ pub fn check_file(file: &str, execute: bool) -> Coverage {
     cov
 }
 
+/// Serves a config block: a complete one (with `data_dir` or `[[export]]`) as it is, a
+/// fragment appended to the complete example before it, as the text around it reads.
+fn config_block(
+    file: &str,
+    block: &Block,
+    listing: &Listing,
+    execute: bool,
+    last_full: &mut Option<String>,
+) -> Result<(), String> {
+    let complete = block.text.contains("data_dir") || block.text.contains("[[export]]");
+    let config = match (complete, last_full.as_ref()) {
+        (true, _) => block.text.clone(),
+        (false, Some(full)) => format!("{full}\n{}", block.text),
+        (false, None) => {
+            return Err(format!("{file}:{}: a config fragment with no example before it", block.first_line));
+        }
+    };
+    if complete {
+        *last_full = Some(block.text.clone());
+    }
+    if !execute {
+        return Ok(());
+    }
+    println!(
+        "  {file}:{} serve: the config block{}",
+        block.first_line,
+        if complete { "" } else { " after the example" }
+    );
+    Session { file, block_line: block.first_line, commands: Vec::new(), config: Some(config) }.run(listing)
+}
+
 fn shell_block(file: &str, block: &Block, listing: &Listing, execute: bool, cov: &mut Coverage) -> Result<(), String> {
     let mut to_run = Vec::new();
     for cmd in &block.commands {
@@ -134,7 +174,7 @@ fn shell_block(file: &str, block: &Block, listing: &Listing, execute: bool, cov:
     for cmd in &to_run {
         println!("  {file}:{} run: `{}`", cmd.line, cmd.key);
     }
-    Session { file, block_line: block.first_line, commands: to_run }.run(listing)
+    Session { file, block_line: block.first_line, commands: to_run, config: None }.run(listing)
 }
 
 /// Exceptions and expectations that name no command the docs still print.

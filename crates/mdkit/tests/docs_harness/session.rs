@@ -22,6 +22,9 @@ pub struct Session<'a> {
     pub file: &'a str,
     pub block_line: usize,
     pub commands: Vec<&'a DocCommand>,
+    /// A config from the docs: the service runs on it (`mdkit serve --config doc-config.toml`)
+    /// instead of the embedded default.
+    pub config: Option<String>,
 }
 
 impl Session<'_> {
@@ -36,13 +39,17 @@ impl Session<'_> {
         for input in &listing.input {
             prepare_input(s, input);
         }
+        if let Some(config) = &self.config {
+            std::fs::write(s.join("cwd").join(CONFIG_FILE), config).expect("doc config");
+        }
         std::fs::write(s.join("session.sh"), self.script(listing)).expect("session script");
         let harness_out = run_namespaced(s);
         self.report(s, listing, &harness_out)
     }
 
     fn script(&self, listing: &Listing) -> String {
-        let mut sh = String::from(PROLOGUE);
+        let config_args = if self.config.is_some() { format!("--config {CONFIG_FILE}") } else { String::new() };
+        let mut sh = format!("config_args=\"{config_args}\"\n{PROLOGUE}");
         for (i, cmd) in self.commands.iter().enumerate() {
             let ready_path = listing.ready_path(self.file, &cmd.key);
             let _ = writeln!(sh, "# {}:{}", self.file, cmd.line);
@@ -71,7 +78,10 @@ impl Session<'_> {
             }
         }
         if failures.is_empty() && read(&s.join("out/serve.rc")).trim() != "0" {
-            let _ = writeln!(failures, "the scratch `mdkit serve` did not exit 0 on SIGTERM");
+            let _ = writeln!(
+                failures,
+                "the scratch `mdkit serve` did not start, or did not exit 0 on SIGTERM (harness and serve log below)"
+            );
         }
         if failures.is_empty() {
             return Ok(());
@@ -86,6 +96,8 @@ impl Session<'_> {
     }
 }
 
+const CONFIG_FILE: &str = "doc-config.toml";
+
 const PROLOGUE: &str = r#"set -u
 fail() { echo "harness: $*" >&2; exit 90; }
 ip link set lo up || fail "ip link set lo up"
@@ -99,11 +111,11 @@ mount --bind "$S/mnt" /mnt || fail "bind /mnt"
 export PATH="$S/bin:$PATH"
 cd "$S/cwd" || fail "cd"
 # As scripts/serve does (after its build): `mdkit serve` from the directory of ./mdkit-data.
-mdkit serve >"$S/serve.log" 2>&1 &
+mdkit serve $config_args >"$S/serve.log" 2>&1 &
 serve_pid=$!
 ready=0
 for _ in $(seq 600); do
-    if mdkit status >/dev/null 2>&1; then ready=1; break; fi
+    if mdkit status $config_args >/dev/null 2>&1; then ready=1; break; fi
     kill -0 $serve_pid 2>/dev/null || break
     sleep 0.05
 done
