@@ -100,6 +100,7 @@ const CONFIG_FILE: &str = "doc-config.toml";
 
 const PROLOGUE: &str = r#"set -u
 fail() { echo "harness: $*" >&2; exit 90; }
+command -v ip >/dev/null || fail "ip not found: install the Debian package iproute2"
 ip link set lo up || fail "ip link set lo up"
 if [ -d /var/lib/mdkit ]; then
     mount --bind "$S/varlib" /var/lib/mdkit || fail "bind /var/lib/mdkit"
@@ -151,6 +152,9 @@ fn command_problem(s: &Path, i: usize, cmd: &DocCommand, file: &str, listing: &L
     let rc = read(&s.join(format!("out/{i}.rc")));
     if rc.is_empty() {
         return Some("not run (the session stopped before it)".into());
+    }
+    if rc.trim() == "127" {
+        return Some("command not found: a tool the docs use is missing (scripts/test installs them)".into());
     }
     if rc.trim() != "0" {
         return Some(format!("exit status {}", rc.trim()));
