@@ -177,3 +177,35 @@ fn command(line: usize, lines: &[&str]) -> DocCommand {
     let key = lines.iter().map(|l| strip_comment(l)).collect::<Vec<_>>().join("\n");
     DocCommand { line, printed, key }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(md: &str) -> Vec<BlockKind> {
+        blocks(md, Path::new("/nonexistent")).iter().map(|b| b.kind).collect()
+    }
+
+    #[test]
+    fn plain_blocks_are_commands_synopses_or_text() {
+        let md = "```\nmdkit status --json\nmdkit detail md0\n```\n\
+                  ```\nmdkit stop NAME\nmdkit attr NAME [KEY[=VALUE]]\n    [--json]\n```\n\
+                  ```\nworkload   raw   mdkit\nrandread 4k 1000 900\n```\n\
+                  ```toml\ndata_dir = \"x\"\n```\n```rust\nfn main() {}\n```\n";
+        assert_eq!(
+            kinds(md),
+            [BlockKind::Shell, BlockKind::Synopsis, BlockKind::Text, BlockKind::Config, BlockKind::Text]
+        );
+    }
+
+    #[test]
+    fn continuations_join_and_comments_are_not_part_of_the_key() {
+        let md = "intro\n```sh\n# a comment line\nmdkit create a \\\n   b   # trailing\n\nqemu-io -c 'write #1' x # c\nnbdfuse /mnt/x u &  # bg\n```\n";
+        let b = &blocks(md, Path::new("/"))[0];
+        let keys: Vec<&str> = b.commands.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(keys, ["mdkit create a \\\nb", "qemu-io -c 'write #1' x", "nbdfuse /mnt/x u &"]);
+        assert_eq!(b.commands.iter().map(|c| c.line).collect::<Vec<_>>(), [4, 7, 8]);
+        assert_eq!(b.commands[0].printed, "mdkit create a \\\n   b   # trailing");
+        assert!(b.commands[2].is_background() && !b.commands[0].is_background());
+    }
+}
