@@ -5,7 +5,10 @@
 //! when every line starts with a command (`mdkit`, a tool on PATH, an executable under the
 //! repository) or continues one, it is a shell block too, unless it shows grammar (`[--opt]`,
 //! `A|B`, `...`, `NAME` placeholders), which makes it a usage *synopsis*: recognised, counted,
-//! not run here (`synopsis` checks its verbs and flags against `--help`). Anything else (`toml`, `rust`, layout trees, benchmark tables) is *text*.
+//! not run here (`synopsis` checks its verbs and flags against `--help`). A `toml` block is a
+//! *config*: the service is started on it. `rust`, `json`, `text`, `diff` blocks and plain
+//! blocks of anything else (layout trees, benchmark tables) are *text*; a language the harness
+//! does not know fails the file.
 
 use std::path::Path;
 
@@ -15,6 +18,9 @@ pub enum BlockKind {
     Synopsis,
     Config,
     Text,
+    /// A language the harness does not know (`console`, `zsh`, ...): it might hold commands,
+    /// so it fails the file until the harness learns it.
+    Unknown,
 }
 
 /// One fenced block; `first_line` is the 1-based line of its opening fence.
@@ -57,7 +63,7 @@ pub fn blocks(markdown: &str, repo_root: &Path) -> Vec<Block> {
             let kind = classify(&raw, repo_root);
             let commands = match kind {
                 BlockKind::Shell | BlockKind::Synopsis => commands(&raw.lines),
-                BlockKind::Config | BlockKind::Text => Vec::new(),
+                BlockKind::Config | BlockKind::Text | BlockKind::Unknown => Vec::new(),
             };
             let text = if kind == BlockKind::Config { raw_text(&raw.lines) } else { String::new() };
             Block { first_line: raw.first_line, kind, commands, text }
@@ -87,7 +93,8 @@ fn classify(raw: &RawBlock, repo_root: &Path) -> BlockKind {
         "sh" | "bash" | "shell" => return BlockKind::Shell,
         "toml" => return BlockKind::Config,
         "" => {}
-        _ => return BlockKind::Text,
+        "rust" | "json" | "text" | "diff" => return BlockKind::Text,
+        _ => return BlockKind::Unknown,
     }
     let lines: Vec<&str> = raw.lines.iter().map(|(_, l)| l.as_str()).filter(|l| !l.trim().is_empty()).collect();
     let all_commands =

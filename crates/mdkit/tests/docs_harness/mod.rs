@@ -102,6 +102,13 @@ pub fn check_file(file: &str, execute: bool) -> Coverage {
                 }
             }
             BlockKind::Text => cov.blocks_text += 1,
+            BlockKind::Unknown => {
+                let _ = writeln!(
+                    failures,
+                    "{file}:{}: a code block in a language the docs harness does not know (extract.rs): neither run nor excepted",
+                    block.first_line
+                );
+            }
             BlockKind::Synopsis => {
                 cov.blocks_synopsis += 1;
                 cov.synopsis_lines += block.commands.len();
