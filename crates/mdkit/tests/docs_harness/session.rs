@@ -110,6 +110,7 @@ else
 fi
 mount --bind "$S/mnt" /mnt || fail "bind /mnt"
 export PATH="$S/bin:$PATH"
+unset MDKIT_DATA_DIR  # a new user's shell: the defaults the docs describe
 cd "$S/cwd" || fail "cd"
 # As scripts/serve does (after its build): `mdkit serve` from the directory of ./mdkit-data.
 mdkit serve $config_args >"$S/serve.log" 2>&1 &
