@@ -320,11 +320,12 @@ fn list(a: PoolJsonArgs) -> Result<ExitCode> {
             t["volumes"].as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect();
         println!(
             "{:<8} {:>12} {:>12} {:>12} {:>16} {:>16}  {}",
-            t["id"],
-            t["mapped_blocks"],
-            t["exclusive_blocks"],
-            t["shared_blocks"],
-            t["mapped_bytes"],
+            // Value's Display ignores width and alignment; its string form does not.
+            t["id"].to_string(),
+            t["mapped_blocks"].to_string(),
+            t["exclusive_blocks"].to_string(),
+            t["shared_blocks"].to_string(),
+            t["mapped_bytes"].to_string(),
             t["size_bytes"].as_u64().map_or("?".to_string(), |b| b.to_string()),
             if vols.is_empty() { "-".to_string() } else { vols.join(",") },
         );
