@@ -15,27 +15,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{MDKIT, Server, mdkit, mdkit_ok, nbd_read, pattern, require_tool, restart, run};
-use serde_json::Value;
-
-fn mdkit_err(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit(srv, args);
-    assert!(!out.status.success(), "mdkit {args:?} should fail: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn json(srv: &Server, args: &[&str]) -> Value {
-    serde_json::from_str(&mdkit_ok(srv, args)).unwrap()
-}
-
-fn nbd_write_at(srv: &Server, export: &str, offset: u64, data: &[u8]) {
-    let f = srv.path(&format!("{export}-{offset}.src"));
-    std::fs::write(&f, data).unwrap();
-    run(Command::new("qemu-io")
-        .args(["-f", "raw", "-c"])
-        .arg(format!("write -s {} {offset} {}", f.display(), data.len()))
-        .arg(srv.uri(export)));
-}
+use common::{
+    MDKIT, Server, mdkit_err, mdkit_json as json, mdkit_ok, nbd_read, nbd_write_at, pattern, require_tool, restart, run,
+};
 
 const POOL_ON_MD: &str = r#"
 [[volume]]

@@ -16,7 +16,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MDKIT, Server, nbd_read, pattern, read_file_at, require_tool, restart, run, sha256};
+use common::{
+    MDKIT, Server, expect_err, expect_ok, nbd_read, nbd_write_at, pattern, read_file_at, require_tool, restart, run,
+    sha256,
+};
 use serde_json::Value;
 
 /// `mdkit ARGS --socket ...` run from the data directory (README paths are relative).
@@ -25,34 +28,15 @@ fn mdkit_in_dir(srv: &Server, args: &[&str]) -> Output {
 }
 
 fn ok(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit_in_dir(srv, args);
-    assert!(
-        out.status.success(),
-        "mdkit {args:?} failed:\n{}{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        srv.log_text()
-    );
-    String::from_utf8(out.stdout).unwrap()
+    expect_ok(srv, args, mdkit_in_dir(srv, args))
 }
 
 fn err(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit_in_dir(srv, args);
-    assert!(!out.status.success(), "mdkit {args:?} should fail: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    expect_err(args, mdkit_in_dir(srv, args))
 }
 
 fn json(srv: &Server, args: &[&str]) -> Value {
     serde_json::from_str(&ok(srv, args)).unwrap()
-}
-
-fn qemu_write(srv: &Server, export: &str, offset: u64, data: &[u8]) {
-    let f = srv.path(&format!("{export}-{offset}.src"));
-    std::fs::write(&f, data).unwrap();
-    run(Command::new("qemu-io")
-        .args(["-f", "raw", "-c"])
-        .arg(format!("write -s {} {offset} {}", f.display(), data.len()))
-        .arg(srv.uri(export)));
 }
 
 fn thin_check_clean(meta: &Path) {
@@ -131,14 +115,14 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     require_tool("thin_check", "thin-provisioning-tools");
     let srv = Server::start(OTHER_EXPORT);
     let plain = pattern(9, 1 << 20);
-    qemu_write(&srv, "plain", 0, &plain);
+    nbd_write_at(&srv, "plain", 0, &plain);
 
     let out = ok(&srv, &POOL_CREATE);
     assert!(out.contains("created thin pool tp (64 KiB blocks)"), "{out}");
     let out = ok(&srv, &["thin", "create", "tp", "0", "--size", "16M"]);
     assert!(out.contains("volume tp.0") && out.contains("\"tp.0\""), "{out}");
     let a = pattern(1, 1 << 20);
-    qemu_write(&srv, "tp.0", 0, &a);
+    nbd_write_at(&srv, "tp.0", 0, &a);
     let out = ok(&srv, &["thin", "snapshot", "tp", "1", "0"]);
     assert!(out.contains("tp.1"), "{out}");
     ok(&srv, &["thin", "create", "tp", "2", "--size", "8M", "--name", "scratch", "--no-export"]);
@@ -273,7 +257,7 @@ fn start_or_exit(dir: &Path, cfg: &Path) -> String {
 fn a_config_pool_with_a_zeroed_superblock_is_never_formatted_anew() {
     require_tool("qemu-io", "qemu-utils");
     let srv = Server::start(CONFIG_POOL);
-    qemu_write(&srv, "cv", 0, &pattern(5, 256 << 10));
+    nbd_write_at(&srv, "cv", 0, &pattern(5, 256 << 10));
     let mut srv = srv;
     stop(&mut srv);
     let meta = srv.path("cp.meta");

@@ -228,7 +228,21 @@ pub fn mdkit(srv: &Server, args: &[&str]) -> Output {
 
 /// Like [`mdkit`], asserting success; returns stdout.
 pub fn mdkit_ok(srv: &Server, args: &[&str]) -> String {
-    let out = mdkit(srv, args);
+    expect_ok(srv, args, mdkit(srv, args))
+}
+
+/// Like [`mdkit`], asserting failure; returns stderr.
+pub fn mdkit_err(srv: &Server, args: &[&str]) -> String {
+    expect_err(args, mdkit(srv, args))
+}
+
+/// Like [`mdkit_ok`], parsing stdout as JSON.
+pub fn mdkit_json(srv: &Server, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&mdkit_ok(srv, args)).expect("mdkit printed JSON")
+}
+
+/// `out` of `mdkit ARGS` succeeded (else panics with its output and the service log); its stdout.
+pub fn expect_ok(srv: &Server, args: &[&str], out: Output) -> String {
     assert!(
         out.status.success(),
         "mdkit {args:?} failed:\n{}{}\nlog:\n{}",
@@ -237,6 +251,22 @@ pub fn mdkit_ok(srv: &Server, args: &[&str]) -> String {
         srv.log_text()
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `out` of `mdkit ARGS` failed (else panics with its stdout); its stderr.
+pub fn expect_err(args: &[&str], out: Output) -> String {
+    assert!(!out.status.success(), "mdkit {args:?} should fail: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Writes `data` at `offset` of an export with qemu-io (the data staged in a file of the test dir).
+pub fn nbd_write_at(srv: &Server, export: &str, offset: u64, data: &[u8]) {
+    let f = srv.path(&format!("{export}-{offset}.src"));
+    std::fs::write(&f, data).unwrap();
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c"])
+        .arg(format!("write -s {} {offset} {}", f.display(), data.len()))
+        .arg(srv.uri(export)));
 }
 
 /// Reads the first `len` bytes of an export with nbdcopy.
