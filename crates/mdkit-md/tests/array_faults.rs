@@ -28,76 +28,6 @@ fn sb_of(m: &SimMember) -> Superblock {
     Superblock::decode(&b, 8).unwrap()
 }
 
-/// Concurrent verifying workload: `workers` tasks each own a region and keep a model of it.
-async fn run_workload(a: &'static Array, seed: u64, workers: u64, ops: usize, model: &mut Model) {
-    let size = model.data.len() as u64;
-    let region = size / workers / 4096 * 4096;
-    let mut futs = Vec::new();
-    for w in 0..workers {
-        let base = w * region;
-        let mut local = Model { data: model.data[base as usize..(base + region) as usize].to_vec() };
-        futs.push(async move {
-            let mut rng = Rng::new(seed * 1000 + w);
-            let view = Offset { a, base, size: region };
-            for i in 0..ops {
-                if i % 3 == 2 {
-                    random_verify(&view, &local, &mut rng, 32).await;
-                } else {
-                    random_write(&view, &mut local, &mut rng, 32).await;
-                }
-            }
-            (base, local)
-        });
-    }
-    let results = futures_join(futs).await;
-    for (base, local) in results {
-        model.apply(base, &local.data);
-    }
-}
-
-/// Runs futures concurrently on this task.
-async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    mdkit_md::array::io::join_all(futs).await
-}
-
-/// A window of an array as its own device (each worker sees offsets from 0).
-struct Offset<'a> {
-    a: &'a Array,
-    base: u64,
-    size: u64,
-}
-
-impl BlockDevice for Offset<'static> {
-    fn name(&self) -> &str {
-        self.a.name()
-    }
-    fn topology(&self) -> mdkit_io::Topology {
-        let mut t = self.a.topology();
-        t.size_bytes = self.size;
-        t
-    }
-    fn read(&self, off: u64, buf: mdkit_io::IoBuf) -> mdkit_io::IoFuture<'_, mdkit_io::ReadResult> {
-        self.a.read(self.base + off, buf)
-    }
-    fn write(
-        &self,
-        off: u64,
-        buf: mdkit_io::SharedBuf,
-        f: mdkit_io::WriteFlags,
-    ) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
-        self.a.write(self.base + off, buf, f)
-    }
-    fn flush(&self) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
-        self.a.flush()
-    }
-    fn discard(&self, off: u64, len: u64) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
-        self.a.discard(self.base + off, len)
-    }
-    fn write_zeroes(&self, off: u64, len: u64, f: mdkit_io::ZeroFlags) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
-        self.a.write_zeroes(self.base + off, len, f)
-    }
-}
-
 async fn pull_during_workload(level: Level, n: usize, layout: Option<u32>, pull: usize) {
     let name = format!("{}-pull{pull}", level.name());
     let s = seed(&name, 21);
@@ -107,16 +37,16 @@ async fn pull_during_workload(level: Level, n: usize, layout: Option<u32>, pull:
     fast_sync(&a);
     let a: &'static Array = Box::leak(Box::new(a));
     let mut model = Model::new(a.size_bytes());
-    run_workload(a, s, 4, 60, &mut model).await;
+    verifying_workload(a, s, 4, 60, 32, &mut model).await;
     // Pull the member while the next round of the workload runs.
     let h = active[pull].fault.clone().unwrap();
     let puller = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(2)).await;
         h.pull();
     });
-    run_workload(a, s + 1, 4, 120, &mut model).await;
+    verifying_workload(a, s + 1, 4, 120, 32, &mut model).await;
     puller.await.unwrap();
-    run_workload(a, s + 2, 4, 30, &mut model).await; // certainly after the pull
+    verifying_workload(a, s + 2, 4, 30, 32, &mut model).await; // certainly after the pull
     verify_all(a, &model).await;
     assert_eq!(a.get_attribute(&format!("dev-{name}-{pull}/state")).unwrap(), "faulty");
     assert_eq!(a.core().degraded(), 1);
@@ -128,7 +58,7 @@ async fn pull_during_workload(level: Level, n: usize, layout: Option<u32>, pull:
     // Rebuild onto a spare while the workload continues.
     a.remove_member(&format!("{name}-{pull}")).await.unwrap();
     a.add_member(spare[0].member_dev()).await.unwrap();
-    run_workload(a, s + 3, 4, 60, &mut model).await;
+    verifying_workload(a, s + 3, 4, 60, 32, &mut model).await;
     a.wait_sync_idle().await;
     assert_eq!(a.core().degraded(), 0, "{name}: rebuilt");
     assert!(a.get_attribute(&format!("dev-{name}-{n}/state")).unwrap().contains("in_sync"));

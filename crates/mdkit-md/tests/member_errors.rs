@@ -45,68 +45,9 @@ fn member(a: &Array, m: &SimMember) -> Arc<Member> {
     a.core().slots().find(&m.name).expect("member of the array")
 }
 
-/// A window of an array as its own device (each worker sees offsets from 0).
-struct Window {
-    a: &'static Array,
-    base: u64,
-    size: u64,
-}
-
-impl BlockDevice for Window {
-    fn name(&self) -> &str {
-        self.a.name()
-    }
-    fn topology(&self) -> Topology {
-        let mut t = self.a.topology();
-        t.size_bytes = self.size;
-        t
-    }
-    fn read(&self, off: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
-        self.a.read(self.base + off, buf)
-    }
-    fn write(&self, off: u64, buf: SharedBuf, f: WriteFlags) -> IoFuture<'_, io::Result<()>> {
-        self.a.write(self.base + off, buf, f)
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        self.a.flush()
-    }
-    fn discard(&self, off: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
-        self.a.discard(self.base + off, len)
-    }
-    fn write_zeroes(&self, off: u64, len: u64, f: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
-        self.a.write_zeroes(self.base + off, len, f)
-    }
-}
-
-/// Concurrent verifying workload: `workers` tasks each own a region and keep its model; any
-/// client-visible error or wrong byte panics.
-async fn workload(a: &'static Array, seed: u64, workers: u64, ops: usize, model: &mut Model) {
-    let size = model.data.len() as u64;
-    let region = size / workers / 4096 * 4096;
-    let futs = (0..workers).map(|w| {
-        let base = w * region;
-        let mut local = Model { data: model.data[base as usize..(base + region) as usize].to_vec() };
-        async move {
-            let mut rng = Rng::new(seed * 1000 + w);
-            let view = Window { a, base, size: region };
-            for i in 0..ops {
-                if i % 3 == 2 {
-                    random_verify(&view, &local, &mut rng, 32).await;
-                } else {
-                    random_write(&view, &mut local, &mut rng, 32).await;
-                }
-            }
-            (base, local)
-        }
-    });
-    for (base, local) in mdkit_md::array::io::join_all(futs).await {
-        model.apply(base, &local.data);
-    }
-}
-
 /// A workload round and a `check` at the same time; returns the check's mismatch count.
 async fn workload_with_check(a: &'static Array, seed: u64, model: &mut Model) -> u64 {
-    let (_, mismatches) = tokio::join!(workload(a, seed, 4, 45, model), check(a));
+    let (_, mismatches) = tokio::join!(verifying_workload(a, seed, 4, 45, 32, model), check(a));
     mismatches
 }
 
@@ -154,7 +95,7 @@ async fn mirror_read_faults(level: Level, n: usize, layout: Option<u32>, member_
     a.core().set_clock(clock.clone());
     let a: &'static Array = Box::leak(Box::new(a));
     let mut model = Model::new(a.size_bytes());
-    workload(a, s, 4, 45, &mut model).await;
+    verifying_workload(a, s, 4, 45, 32, &mut model).await;
     let x = &ms[1];
     let mx = member(a, x);
     // 20 fix attempts: at md's limit, not past it. The workload's reads and the check meet
@@ -235,7 +176,7 @@ async fn parity_read_faults(level: Level, n: usize, kind: ReadFault) {
     a.set_attribute("stripe_cache_size", "17").unwrap();
     let a: &'static Array = Box::leak(Box::new(a));
     let mut model = Model::new(a.size_bytes());
-    workload(a, s, 4, 45, &mut model).await;
+    verifying_workload(a, s, 4, 45, 32, &mut model).await;
     let x = &ms[2];
     let mx = member(a, x);
     let rules = arm(x, a, kind, 40, 192 * 1024, 0);
@@ -289,14 +230,14 @@ async fn member_dies(level: Level, n: usize, layout: Option<u32>, x: usize, how:
     fast_sync(&a);
     let a: &'static Array = Box::leak(Box::new(a));
     let mut model = Model::new(a.size_bytes());
-    workload(a, s, 4, 45, &mut model).await;
+    verifying_workload(a, s, 4, 45, 32, &mut model).await;
     match how {
         Death::WriteErrors => {
             fault(&ms[x]).add(FaultRule::error(OpMask::WRITE, None));
         }
         Death::Pulled => fault(&ms[x]).pull(),
     }
-    workload(a, s + 1, 4, 60, &mut model).await;
+    verifying_workload(a, s + 1, 4, 60, 32, &mut model).await;
     let mx = member(a, &ms[x]);
     assert!(mx.is_faulty(), "{test}: failed");
     assert_eq!(a.get_attribute(&format!("dev-{}/state", ms[x].name)).unwrap(), "faulty", "{test}");

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use array_util::*;
 use mdkit_io::{
-    BlockDevice, DeviceRef, FaultRule, FaultyDevice, FlashDevice, FlashModel, IoBuf, IoFuture, MemDevice, OpMask,
-    ReadResult, Rng, SharedBuf, Topology, WriteFlags, ZeroFlags,
+    BlockDevice, DeviceRef, FaultRule, FaultyDevice, FlashDevice, FlashModel, MemDevice, OpMask, Rng, SharedBuf,
+    WriteFlags,
 };
 use mdkit_md::array::{Array, AssembleOptions, assemble};
 use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
@@ -52,64 +52,6 @@ fn sb_of(m: &SimMember) -> Superblock {
     Superblock::decode(&b, 8).unwrap()
 }
 
-/// A window of an array as its own device (each worker sees offsets from 0).
-struct Window {
-    a: &'static Array,
-    base: u64,
-    size: u64,
-}
-
-impl BlockDevice for Window {
-    fn name(&self) -> &str {
-        self.a.name()
-    }
-    fn topology(&self) -> Topology {
-        let mut t = self.a.topology();
-        t.size_bytes = self.size;
-        t
-    }
-    fn read(&self, off: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
-        self.a.read(self.base + off, buf)
-    }
-    fn write(&self, off: u64, buf: SharedBuf, f: WriteFlags) -> IoFuture<'_, std::io::Result<()>> {
-        self.a.write(self.base + off, buf, f)
-    }
-    fn flush(&self) -> IoFuture<'_, std::io::Result<()>> {
-        self.a.flush()
-    }
-    fn discard(&self, off: u64, len: u64) -> IoFuture<'_, std::io::Result<()>> {
-        self.a.discard(self.base + off, len)
-    }
-    fn write_zeroes(&self, off: u64, len: u64, f: ZeroFlags) -> IoFuture<'_, std::io::Result<()>> {
-        self.a.write_zeroes(self.base + off, len, f)
-    }
-}
-
-/// Concurrent verifying workload: `workers` tasks each own a region and keep its model.
-async fn workload(a: &'static Array, seed: u64, workers: u64, ops: usize, model: &mut Model) {
-    let size = model.data.len() as u64;
-    let region = size / workers / 4096 * 4096;
-    let futs = (0..workers).map(|w| {
-        let base = w * region;
-        let mut local = Model { data: model.data[base as usize..(base + region) as usize].to_vec() };
-        async move {
-            let mut rng = Rng::new(seed * 1000 + w);
-            let view = Window { a, base, size: region };
-            for i in 0..ops {
-                if i % 3 == 2 {
-                    random_verify(&view, &local, &mut rng, 40).await;
-                } else {
-                    random_write(&view, &mut local, &mut rng, 40).await;
-                }
-            }
-            (base, local)
-        }
-    });
-    for (base, local) in mdkit_md::array::io::join_all(futs).await {
-        model.apply(base, &local.data);
-    }
-}
-
 async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
     let name = format!("{}-pull", level.name());
     let ms = members(&format!("{name}-"), n + pulls.len(), 12 * MIB);
@@ -118,7 +60,7 @@ async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
     fast_sync(&a);
     let a: &'static Array = Box::leak(Box::new(a));
     let mut model = Model::new(a.size_bytes());
-    workload(a, seed, 4, 60, &mut model).await;
+    verifying_workload(a, seed, 4, 60, 40, &mut model).await;
     for (k, &p) in pulls.iter().enumerate() {
         // Pull the member while the next round of the workload runs.
         let h = active[p].fault.clone().unwrap();
@@ -126,10 +68,10 @@ async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
             tokio::time::sleep(Duration::from_millis(3)).await;
             h.pull();
         });
-        workload(a, seed + 1 + k as u64, 4, 90, &mut model).await;
+        verifying_workload(a, seed + 1 + k as u64, 4, 90, 40, &mut model).await;
         puller.await.unwrap();
     }
-    workload(a, seed + 10, 4, 30, &mut model).await; // certainly after the pulls
+    verifying_workload(a, seed + 10, 4, 30, 40, &mut model).await; // certainly after the pulls
     verify_all(a, &model).await;
     assert_eq!(a.core().degraded() as usize, pulls.len(), "{name}");
     let survivor = active.iter().enumerate().find(|(i, _)| !pulls.contains(i)).unwrap().1;
@@ -144,7 +86,7 @@ async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
         a.remove_member(&format!("{name}-{p}")).await.unwrap();
         a.add_member(spares[k].member_dev()).await.unwrap();
     }
-    workload(a, seed + 20, 4, 60, &mut model).await;
+    verifying_workload(a, seed + 20, 4, 60, 40, &mut model).await;
     a.wait_sync_idle().await;
     assert_eq!(a.core().degraded(), 0, "{name}: rebuilt");
     assert_eq!(check(a).await, 0, "{name}: mismatches after the rebuild");

@@ -366,3 +366,71 @@ pub fn mdadm_examine_all(dir: &std::path::Path, ms: &[SimMember]) -> Vec<String>
         })
         .collect()
 }
+
+/// A window of an array as its own device (each worker of [`verifying_workload`] sees offsets
+/// from 0).
+pub struct Window {
+    pub a: &'static Array,
+    pub base: u64,
+    pub size: u64,
+}
+
+impl BlockDevice for Window {
+    fn name(&self) -> &str {
+        self.a.name()
+    }
+    fn topology(&self) -> mdkit_io::Topology {
+        let mut t = self.a.topology();
+        t.size_bytes = self.size;
+        t
+    }
+    fn read(&self, off: u64, buf: IoBuf) -> mdkit_io::IoFuture<'_, mdkit_io::ReadResult> {
+        self.a.read(self.base + off, buf)
+    }
+    fn write(&self, off: u64, buf: SharedBuf, f: WriteFlags) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        self.a.write(self.base + off, buf, f)
+    }
+    fn flush(&self) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        self.a.flush()
+    }
+    fn discard(&self, off: u64, len: u64) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        self.a.discard(self.base + off, len)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, f: mdkit_io::ZeroFlags) -> mdkit_io::IoFuture<'_, std::io::Result<()>> {
+        self.a.write_zeroes(self.base + off, len, f)
+    }
+}
+
+/// Concurrent verifying workload: `workers` tasks each own a region of the array and keep a
+/// model of it; two of three operations are random writes of up to `max_blocks` 4 KiB blocks,
+/// the third verifies a random range. Any client-visible error or wrong byte panics.
+pub async fn verifying_workload(
+    a: &'static Array,
+    seed: u64,
+    workers: u64,
+    ops: usize,
+    max_blocks: u64,
+    model: &mut Model,
+) {
+    let size = model.data.len() as u64;
+    let region = size / workers / 4096 * 4096;
+    let futs = (0..workers).map(|w| {
+        let base = w * region;
+        let mut local = Model { data: model.data[base as usize..(base + region) as usize].to_vec() };
+        async move {
+            let mut rng = Rng::new(seed * 1000 + w);
+            let view = Window { a, base, size: region };
+            for i in 0..ops {
+                if i % 3 == 2 {
+                    random_verify(&view, &local, &mut rng, max_blocks).await;
+                } else {
+                    random_write(&view, &mut local, &mut rng, max_blocks).await;
+                }
+            }
+            (base, local)
+        }
+    });
+    for (base, local) in mdkit_md::array::io::join_all(futs).await {
+        model.apply(base, &local.data);
+    }
+}
