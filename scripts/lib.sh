@@ -2,15 +2,18 @@
 #
 # ensure_packages: installs the apt packages below that are missing (no apt call at all when
 #                  everything is present, so a prepared machine pays nothing).
-# ensure_rust:     installs a Rust toolchain with rustup when `cargo` is missing.
+# ensure_rust:     installs a Rust toolchain with rustup when `cargo` is missing, and the
+#                  rustfmt and clippy components when they are (scripts/test's lint steps).
+# ensure_cargo_fuzz: installs cargo-fuzz when missing (scripts/test builds the fuzz targets).
 
 # Host tools the test suite drives (NBD clients incl. nbdfuse, which Debian 12 ships in
-# libnbd-bin; fio; md/thin tools; filesystems), what the
+# libnbd-bin; fio; md/thin tools; filesystems; `ip` from iproute2, which the docs tests'
+# private network namespaces need), what the
 # kernel lab's build.sh needs (qemu, cpio, kmod, zstd, xz), and what building needs.
 MDKIT_APT_PACKAGES=(
     build-essential pkg-config curl ca-certificates
     fio qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-client
-    mdadm thin-provisioning-tools e2fsprogs fuse3 util-linux
+    mdadm thin-provisioning-tools e2fsprogs fuse3 util-linux iproute2
     cpio kmod zstd xz-utils
 )
 
@@ -48,8 +51,19 @@ ensure_rust() {
     [ -x "$HOME/.cargo/bin/cargo" ] && PATH="$HOME/.cargo/bin:$PATH"
     if ! command -v cargo >/dev/null; then
         log "installing the Rust toolchain with rustup"
-        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain stable
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+            sh -s -- -y --profile minimal --default-toolchain stable --component rustfmt,clippy
         PATH="$HOME/.cargo/bin:$PATH"
     fi
     export PATH
+    if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+        log "installing the rustfmt and clippy components"
+        rustup component add rustfmt clippy
+    fi
+}
+
+ensure_cargo_fuzz() {
+    cargo fuzz --version >/dev/null 2>&1 && return 0
+    log "installing cargo-fuzz"
+    cargo install --locked cargo-fuzz
 }

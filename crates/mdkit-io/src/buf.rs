@@ -54,12 +54,12 @@ impl Alloc {
     }
 
     fn new(capacity_bytes: usize) -> Alloc {
-        assert!(capacity_bytes > 0 && capacity_bytes % BUF_ALIGN == 0);
-        if let Some(class) = pool_class(capacity_bytes) {
-            if let Some(a) = pool().classes[class].pop() {
-                debug_assert_eq!(a.capacity_bytes, capacity_bytes);
-                return a;
-            }
+        assert!(capacity_bytes > 0 && capacity_bytes.is_multiple_of(BUF_ALIGN));
+        if let Some(class) = pool_class(capacity_bytes)
+            && let Some(a) = pool().classes[class].pop()
+        {
+            debug_assert_eq!(a.capacity_bytes, capacity_bytes);
+            return a;
         }
         // SAFETY: the layout has non-zero size (asserted above).
         let ptr = unsafe { alloc_zeroed(Self::layout(capacity_bytes)) };

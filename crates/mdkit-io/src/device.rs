@@ -218,7 +218,7 @@ pub fn check_io(name: &str, topo: &Topology, op: IoOp, offset_bytes: u64, len_by
             format!("{name}: {} of {len_bytes} bytes at offset {offset_bytes}: {why}", op.as_str()),
         ))
     };
-    if offset_bytes % lbs != 0 || len_bytes % lbs != 0 {
+    if !offset_bytes.is_multiple_of(lbs) || !len_bytes.is_multiple_of(lbs) {
         return fail(&format!("not aligned to the {lbs}-byte logical block"));
     }
     let Some(end) = offset_bytes.checked_add(len_bytes) else {

@@ -1122,7 +1122,7 @@ impl Ring {
         {
             let Some(_cq) = self.cq_lock.try_lock() else { return false };
             // SAFETY: `cq_lock` is held, so this is the only CompletionQueue in existence.
-            if unsafe { self.ring.completion_shared() }.len() > 0 {
+            if !unsafe { self.ring.completion_shared() }.is_empty() {
                 return true;
             }
         }

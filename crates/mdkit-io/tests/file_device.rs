@@ -181,7 +181,7 @@ fn tmpfs_falls_back_to_buffered_io_with_a_warning() {
     assert_eq!(&on_shm[512..1024], &pattern(4, 512)[..]);
 
     let required = rt.block_on(async { FileDevice::open(&path, direct_options()) });
-    let err = required.err().expect("Require refuses tmpfs");
+    let err = required.expect_err("Require refuses tmpfs");
     assert_eq!(err.kind(), io::ErrorKind::Unsupported);
     assert!(err.to_string().contains(&path.display().to_string()), "{err}");
 }
@@ -344,7 +344,7 @@ fn open_outside_a_runtime_is_an_error_not_a_panic() {
     let dir = target_tmp();
     let path = dir.path().join("m0");
     FileDevice::create_sparse(&path, MIB).unwrap();
-    let e = FileDevice::open(&path, FileOptions::default()).err().expect("needs a runtime");
+    let e = FileDevice::open(&path, FileOptions::default()).expect_err("needs a runtime");
     assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
 

@@ -557,7 +557,7 @@ async fn bench_array_pair(a: &Args) -> Result<String, String> {
         let warm_windows = a.warmup_secs.div_ceil(a.secs.max(1));
         for w in 0..warm_windows {
             for array in &arrays {
-                random_writes(array, qd, blocks, window, 0x3a7 + (qd as u64) << 16 | w).await?;
+                random_writes(array, qd, blocks, window, (0x3a7 + (qd as u64)) << 16 | w).await?;
             }
         }
         let mut windows = Vec::new();
@@ -622,7 +622,7 @@ async fn touch_chunks(array: &Arc<mdkit_md::array::Array>, qd: usize, chunk_byte
         }
         a
     };
-    let mut stride = 0x9e37_79b9 % chunks.max(1) | 1;
+    let mut stride = (0x9e37_79b9 % chunks.max(1)) | 1;
     while gcd(stride, chunks) != 1 {
         stride += 2;
     }

@@ -12,6 +12,7 @@
 //! - degraded reads (raid1/raid10: one member failed): 1 MiB sequential and 4 KiB random,
 //! - a rebuild onto a fresh member file (MB/s of the member size) vs one raw file written
 //!   sequentially.
+//!
 //! Prints one `result key=value ...` line per measurement; `bench/md.sh` turns them into a
 //! table with ratios and the upstream references.
 

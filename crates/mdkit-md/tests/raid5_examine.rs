@@ -12,11 +12,14 @@ use common::require_tool;
 use mdkit_io::Rng;
 use mdkit_md::layout::{Level, format_layout};
 
+/// name, level, members, chunk KiB, layout (None: the level's default), internal bitmap.
+type Case = (&'static str, Level, usize, u32, Option<u32>, bool);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mdadm_examine_reads_runtime_parity_arrays() {
     require_tool("mdadm");
     let dir = tempfile::tempdir().unwrap();
-    let cases: Vec<(&str, Level, usize, u32, Option<u32>, bool)> = vec![
+    let cases: Vec<Case> = vec![
         ("r4", Level::Raid4, 3, 64, None, false),
         ("r5ls", Level::Raid5, 4, 64, None, true),
         ("r5ra", Level::Raid5, 3, 128, Some(1), false),

@@ -92,6 +92,11 @@ impl BlockDevice for Slice {
     }
 }
 
+/// An array mdkit makes: name, level, members, chunk KiB, layout, bitmap, members it loses.
+type MkSpec = (&'static str, Level, usize, u32, Option<u32>, bool, Vec<usize>);
+/// An array the kernel makes: name, level, members, chunk KiB, mdadm --layout, bitmap.
+type KmSpec = (&'static str, Level, usize, u32, Option<&'static str>, bool);
+
 /// An array mdkit makes for the kernel.
 struct Mk {
     name: &'static str,
@@ -263,7 +268,7 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
         next_region += n as u64;
         r
     };
-    let mk_spec: Vec<(&'static str, Level, usize, u32, Option<u32>, bool, Vec<usize>)> = vec![
+    let mk_spec: Vec<MkSpec> = vec![
         ("raid4", Level::Raid4, 3, 64, None, false, vec![]),
         ("raid5-ls-bitmap", Level::Raid5, 4, 64, None, true, vec![]),
         ("raid5-ra", Level::Raid5, 3, 128, Some(1), false, vec![]),
@@ -291,7 +296,7 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
             size_bytes: 0,
         })
         .collect();
-    let km_spec: Vec<(&'static str, Level, usize, u32, Option<&'static str>, bool)> = vec![
+    let km_spec: Vec<KmSpec> = vec![
         ("raid5-ls", Level::Raid5, 4, 64, None, false),
         ("raid6-la-bitmap", Level::Raid6, 6, 32, Some("left-asymmetric"), true),
         ("raid4", Level::Raid4, 3, 64, None, false),

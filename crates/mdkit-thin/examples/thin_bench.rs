@@ -101,7 +101,7 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown argument {k}")),
         }
     }
-    if a.size_bytes % BLOCK_BYTES != 0 || a.size_bytes == 0 || a.qd == 0 || a.reps == 0 || a.threads == 0 {
+    if !a.size_bytes.is_multiple_of(BLOCK_BYTES) || a.size_bytes == 0 || a.qd == 0 || a.reps == 0 || a.threads == 0 {
         return Err("size must be a non-zero multiple of 64 KiB; qd, reps, threads > 0".into());
     }
     Ok(a)
@@ -457,15 +457,8 @@ async fn bench(a: Args) {
         a.threads
     );
     println!(
-        "{:<24}{:>14}{:>14}{:>11} {:<14}{:>16}{:>14}   {}",
-        "workload",
-        "plain IOPS",
-        "thin IOPS",
-        "thin/plain",
-        "95% interval",
-        "cpu us/io p/t",
-        "user p/t",
-        "upstream dm-thin/linear"
+        "{:<24}{:>14}{:>14}{:>11} {:<14}{:>16}{:>14}   upstream dm-thin/linear",
+        "workload", "plain IOPS", "thin IOPS", "thin/plain", "95% interval", "cpu us/io p/t", "user p/t"
     );
     for (name, p, t, ratio, (lo, hi), (pc, tc, pu, tu)) in rows {
         let upstream = if name.contains("FUA") {

@@ -87,7 +87,7 @@ async fn writer(t: u64, vols: [ThinVolume; 2], sh: Arc<Shared>, seed: u64) -> Ve
     let mut log = Vec::new();
     let mut last: BTreeMap<(u64, u64), u64> = BTreeMap::new();
     let own: Vec<u64> = (0..REGION_A_BLOCKS * CHUNKS_PER_BLOCK).filter(|c| c % WRITERS == t).collect();
-    let b_block = (t % 3 == 0).then(|| 24 + t / 3);
+    let b_block = t.is_multiple_of(3).then(|| 24 + t / 3);
     for _ in 0..OPS_PER_TASK {
         let vi = rng.below(2);
         let v = &vols[vi as usize];
@@ -292,7 +292,7 @@ fn racing_writers_snapshots_and_discards_lose_nothing() {
     // No double allocation: within a device no data block twice; volumes 0 and 1 (and 0's
     // snapshots vs 1) share nothing.
     let blocks_of = |id: u64| -> Vec<u64> { mappings[&id].iter().map(|(_, m)| m.data_block).collect() };
-    for (&id, _) in &mappings {
+    for &id in mappings.keys() {
         let mut b = blocks_of(id);
         let n = b.len();
         b.sort_unstable();

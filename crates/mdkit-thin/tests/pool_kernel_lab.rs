@@ -9,6 +9,7 @@
 //! 2. The kernel formats a second pool from zeroes (128 KiB blocks) and populates it (volume,
 //!    snapshot, broken sharing, discard, another volume); mdkit's runtime opens it and reads
 //!    the same contents, and its status numbers equal `dmsetup status`.
+//!
 //! Every metadata device both sides wrote passes thin_check.
 
 mod common;

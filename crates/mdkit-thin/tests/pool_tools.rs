@@ -38,8 +38,8 @@ fn runtime_metadata_passes_thin_check_and_thin_dump_matches_what_it_reports() {
             contents.insert(id, vec![0u8; vol_bytes as usize]);
         }
         let mut tag = 1u64;
-        let mut next_id = 2u64;
-        for round in 0..6 {
+        // Snapshot ids start after the two volumes: round r creates snapshot 2 + r.
+        for (next_id, round) in (2u64..).zip(0..6) {
             let ids: Vec<u64> = contents.keys().copied().collect();
             for &id in &ids {
                 let v = pool.thin(id, vol_bytes).await.unwrap();
@@ -70,7 +70,6 @@ fn runtime_metadata_passes_thin_check_and_thin_dump_matches_what_it_reports() {
             pool.create_snapshot(next_id, origin).await.unwrap();
             let c = contents[&origin].clone();
             contents.insert(next_id, c);
-            next_id += 1;
             if round == 3 {
                 let victim = ids[0];
                 pool.delete_thin(victim).await.unwrap();

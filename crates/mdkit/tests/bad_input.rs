@@ -1,7 +1,8 @@
 //! Malformed and hostile NBD input against the real `mdkit serve`, with a raw client that
-//! writes protocol bytes by hand. Every case checks the documented reply (docs/NBD.md), and
-//! throughout, a healthy client on another connection keeps writing and verifying its own
-//! data, and a "victim" range that bad requests aim at must stay unchanged.
+//! writes protocol bytes by hand. Every case checks the documented reply (the "Replies to bad
+//! input" table of crates/mdkit-nbd/README.md), and throughout, a healthy client on another
+//! connection keeps writing and verifying its own data, and a "victim" range that bad requests
+//! aim at must stay unchanged.
 
 mod common;
 

@@ -450,7 +450,7 @@ impl Raid5 {
             }
         }
         let last = stripes.len().saturating_sub(1);
-        let ends_inside = (offset + len) % (c * self.data_disks) != 0;
+        let ends_inside = !(offset + len).is_multiple_of(c * self.data_disks);
         let wave = (self.cache.limit() / 8).max(1);
         let mut first_err = None;
         let mut it = stripes.into_iter().enumerate().peekable();

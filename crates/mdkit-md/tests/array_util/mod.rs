@@ -257,7 +257,7 @@ pub struct RegionDevice {
 impl RegionDevice {
     pub fn new(name: impl Into<String>, inner: DeviceRef, offset_bytes: u64, size_bytes: u64) -> RegionDevice {
         let mut topology = inner.topology();
-        assert!(offset_bytes % 4096 == 0 && size_bytes % 4096 == 0, "regions are 4 KiB aligned");
+        assert!(offset_bytes.is_multiple_of(4096) && size_bytes.is_multiple_of(4096), "regions are 4 KiB aligned");
         assert!(offset_bytes + size_bytes <= topology.size_bytes, "region beyond the device");
         topology.size_bytes = size_bytes;
         RegionDevice { name: name.into(), inner, offset_bytes, topology }

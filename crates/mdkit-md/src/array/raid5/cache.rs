@@ -104,9 +104,12 @@ pub(crate) struct StripeEntry {
     pub changed: Notify,
 }
 
+/// One shard of the stripe cache: stripe number to its entry.
+type Shard = Mutex<HashMap<u64, Arc<StripeEntry>>>;
+
 /// See the module documentation.
 pub(crate) struct StripeCache {
-    shards: Box<[Mutex<HashMap<u64, Arc<StripeEntry>>>]>,
+    shards: Box<[Shard]>,
     limit: AtomicUsize,
     /// Permits out: entries plus reserved-but-unused.
     used: AtomicUsize,
@@ -635,7 +638,7 @@ mod tests {
                                     let lead = Leadership { cache: &c, entry: tk.entry.clone() };
                                     let s = lead.entry.stripe as usize;
                                     assert_eq!(holders[s].fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                                    if delay % 2 == 0 {
+                                    if delay.is_multiple_of(2) {
                                         tokio::time::sleep(Duration::from_micros(delay)).await;
                                     }
                                     let batch = c.take_batch(&lead.entry);
