@@ -27,7 +27,7 @@ pub struct MonitorArgs {
     /// Report the current state of every volume once (DegradedArray, NeedsCheck, ...) and exit.
     #[arg(long, short = '1')]
     pub oneshot: bool,
-    /// Emit a TestMessage for every md array (with --oneshot: then exit).
+    /// Emit a TestMessage for every md array and thin pool (with --oneshot: then exit).
     #[arg(long, short = 't')]
     pub test: bool,
     /// Run PATH with EVENT VOLUME [MEMBER] for each event (no shell), like mdadm --program.

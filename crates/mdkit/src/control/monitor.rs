@@ -6,7 +6,7 @@
 //! | `monitor.stream`  | test (bool)         | streaming, see below                            |
 //!
 //! `monitor.stream` answers `{"ok": true, "result": {"streaming": true}}`, then one line per
-//! event `{"event": {...}}` (first a `TestMessage` per md array when `test` is set), and
+//! event `{"event": {...}}` (first a `TestMessage` per md array and thin pool when `test` is set), and
 //! `{"missed": N}` when the client fell behind the bus and lost N events. The stream ends when
 //! the client closes the connection or the service stops.
 
