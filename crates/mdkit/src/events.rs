@@ -408,6 +408,27 @@ mod tests {
     }
 
     #[test]
+    fn array_first_seen_degraded_raises_degraded_array() {
+        use MemberState::*;
+        let s = State::Md(md(&[("a", InSync)], 1, None));
+        assert_eq!(names(&first_sight("md0", &s, true)), ["NewArray", "DegradedArray"]);
+        let healthy = State::Md(md(&[("a", InSync), ("b", InSync)], 0, None));
+        assert_eq!(names(&first_sight("md0", &healthy, false)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn slow_subscriber_is_told_how_many_it_missed() {
+        let bus = EventBus::default();
+        let mut rx = bus.subscribe();
+        for _ in 0..BUS_CAPACITY + 5 {
+            bus.emit(Event::new("TestMessage", "md0", None, ""));
+        }
+        let missed = rx.try_recv().unwrap_err();
+        assert_eq!(missed, broadcast::error::TryRecvError::Lagged(5));
+        assert_eq!(rx.try_recv().unwrap().event, "TestMessage");
+    }
+
+    #[test]
     fn message_reads_like_mdadm() {
         let e = Event::new("Fail", "md0", Some("b.img"), "");
         assert_eq!(e.message(), "Fail event detected on md device md0, component device b.img");
