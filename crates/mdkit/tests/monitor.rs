@@ -2,6 +2,7 @@
 //! - a raid1 member failed under write load raises `Fail` (with the member) and
 //!   `DegradedArray`; the `--program` hook gets `EVENT VOLUME MEMBER` as arguments;
 //! - `--oneshot` then reports the degraded array, `--test --oneshot` a `TestMessage`;
+//! - a member added in its place raises `RebuildStarted`, `SpareActive`, `RebuildFinished`;
 //! - filling a thin pool raises `LowWater` and `OutOfDataSpace`.
 //!
 //! The streaming monitor is started with `--test`: its `TestMessage` lines prove it is
@@ -131,6 +132,18 @@ fn member_failure_under_load_raises_fail_and_degraded_and_runs_the_program() {
     let test = mdkit_ok(&srv, &["monitor", "--oneshot", "--test", "--json"]);
     let names: Vec<Value> = test.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["event"].clone()).collect();
     assert_eq!(names, ["TestMessage", "DegradedArray"], "{test}");
+
+    // A new member is rebuilt: the rebuild is announced, and the spare becomes active. The
+    // speed limit keeps the rebuild longer than a few watcher polls.
+    mdkit_ok(&srv, &["attr", "md0", "sync_speed_max=16000"]);
+    mdkit_ok(&srv, &["manage", "md0", "--remove", "md0-b.img"]);
+    mdkit_ok(&srv, &["manage", "md0", "--add", "md0-c.img", "--member-size", "32M"]);
+    mon.wait_for(&srv, "RebuildStarted", "md0");
+    let active = mon.wait_for(&srv, "SpareActive", "md0");
+    assert_eq!(active["member"], "md0-c.img", "{active}");
+    mon.wait_for(&srv, "RebuildFinished", "md0");
+    let hook_text = wait_file_contains(&hook_out, "RebuildFinished md0");
+    assert!(hook_text.contains("SpareActive md0 md0-c.img"), "{hook_text}");
 }
 
 const SMALL_POOL: &str = r#"
