@@ -7,6 +7,7 @@
 mod cli;
 mod config;
 mod control;
+mod events;
 mod service;
 mod volumes;
 

@@ -42,6 +42,8 @@ pub struct Service {
     pub default_export: Option<String>,
     pub nbd: NbdServer,
     pub started: Instant,
+    /// Events for `mdkit monitor` (`events.rs`).
+    pub events: crate::events::EventBus,
 }
 
 impl Service {
@@ -120,6 +122,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         default_export,
         nbd: nbd.clone(),
         started: Instant::now(),
+        events: Default::default(),
     });
 
     let control = match start(&svc).await {
@@ -130,6 +133,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
             return Err(e);
         }
     };
+    let watcher = crate::events::spawn_watcher(svc.clone());
     tracing::info!(listeners = ?nbd.listeners().iter().map(|l| l.to_string()).collect::<Vec<_>>(), "mdkit ready");
 
     let which = tokio::select! {
@@ -148,6 +152,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
     });
 
     control.stop();
+    watcher.abort();
     let report = nbd.shutdown(config.nbd.shutdown_grace).await;
     let mut errors: Vec<anyhow::Error> =
         report.flush_errors.into_iter().map(|(name, e)| anyhow!("flushing export {name:?}: {e}")).collect();

@@ -8,6 +8,7 @@
 //! (see `control/mod.rs`).
 
 pub mod md;
+pub mod monitor;
 pub mod serve;
 pub mod status;
 pub mod thin;
@@ -51,6 +52,8 @@ pub enum Command {
     Attr(md::AttrArgs),
     /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list.
     Thin(thin::ThinArgs),
+    /// Print events (mdadm's names: Fail, DegradedArray, ...), run an alert program, mail.
+    Monitor(monitor::MonitorArgs),
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -65,6 +68,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stop(a) => md::stop(a),
         Command::Manage(a) => md::manage(a),
         Command::Attr(a) => md::attr(a),
+        Command::Monitor(a) => monitor::run(a),
     }
 }
 

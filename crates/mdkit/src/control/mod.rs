@@ -18,6 +18,7 @@
 
 pub mod client;
 pub mod md;
+pub mod monitor;
 mod status;
 pub mod thin;
 
@@ -110,6 +111,7 @@ pub fn registry() -> Registry {
     status::register(&mut r);
     md::register(&mut r);
     thin::register(&mut r);
+    monitor::register(&mut r);
     r
 }
 
@@ -197,6 +199,7 @@ async fn serve_client(stream: UnixStream, service: Arc<Service>, registry: Arc<R
             return Ok(());
         }
         let resp = match serde_json::from_slice::<Request>(&line) {
+            Ok(req) if req.cmd == monitor::STREAM_CMD => return monitor::stream(r, w, service, req.args).await,
             Ok(req) => registry.call(service.clone(), req).await,
             Err(e) => Response::err(format!("malformed request: {e}")),
         };
