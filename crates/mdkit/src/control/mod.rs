@@ -18,7 +18,7 @@
 
 pub mod client;
 pub mod md;
-mod status;
+pub mod status;
 pub mod thin;
 
 use std::collections::BTreeMap;
