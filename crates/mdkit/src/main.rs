@@ -10,6 +10,7 @@ mod control;
 mod metrics;
 mod metrics_config;
 mod metrics_http;
+mod metrics_latency;
 mod notify;
 mod service;
 mod volumes;

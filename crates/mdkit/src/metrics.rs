@@ -93,6 +93,7 @@ pub async fn render(svc: &Arc<Service>) -> Result<String> {
     for e in status["exports"].as_array().into_iter().flatten() {
         export_metrics(&mut sink, e);
     }
+    latency_metrics(&mut sink, svc).await;
     thin_pool_metrics(&mut sink, svc).await;
     sink.encode()
 }
@@ -170,6 +171,26 @@ fn export_metrics(sink: &mut Sink, e: &Value) {
         };
         sink.counter(metric, help, &id, value);
     }
+}
+
+/// Request service time per served export and request class.
+async fn latency_metrics(sink: &mut Sink, svc: &Arc<Service>) {
+    let stats = svc.nbd.export_stats();
+    let mut family = crate::metrics_latency::HistogramFamily::default();
+    for spec in svc.exports.read().await.iter() {
+        let Some((_, s)) = stats.iter().find(|(n, _)| n == &spec.name) else { continue };
+        for (class, snapshot) in &s.latency {
+            family.push(
+                labels(&[("export", &spec.name), ("volume", &spec.volume), ("op", class.name())]),
+                snapshot.clone(),
+            );
+        }
+    }
+    sink.registry.register(
+        "mdkit_export_request_duration_seconds",
+        "NBD request service time, start of execution to reply ready (op: read, write, flush, other)",
+        family,
+    );
 }
 
 /// node_exporter's activity for `node_md_state`: `None` for a reshape (all five are 0 there).

@@ -188,6 +188,17 @@ fn check_exports(m: &Scrape, status: &Value) {
         assert_eq!(m.get(metric, &id), s[key].as_f64().unwrap(), "{metric} vs status {key}");
     }
     assert_eq!(m.type_of("mdkit_export_written_bytes_total"), "counter");
+    // Latency histograms: one sample per request (no request failed here).
+    for (op, key) in [("read", "reads"), ("write", "writes"), ("flush", "flushes")] {
+        let id = [id[0], id[1], ("op", op)];
+        let count = m.get("mdkit_export_request_duration_seconds_count", &id);
+        assert_eq!(count, s[key].as_f64().unwrap(), "{op} latency samples vs status {key}");
+        assert!(count >= 1.0, "{op}: no latency recorded");
+        let le_inf = [id[0], id[1], id[2], ("le", "+Inf")];
+        assert_eq!(m.get("mdkit_export_request_duration_seconds_bucket", &le_inf), count);
+        assert!(m.get("mdkit_export_request_duration_seconds_sum", &id) > 0.0);
+    }
+    assert_eq!(m.type_of("mdkit_export_request_duration_seconds_count"), "histogram");
     assert!(m.get("mdkit_export_written_bytes_total", &id) >= f64::from(1u32 << 20), "the 1 MiB write is counted");
     assert!(m.get("mdkit_export_flushes_total", &id) >= 1.0);
     assert_eq!(m.get("mdkit_export_size_bytes", &id), e["size_bytes"].as_f64().unwrap());
