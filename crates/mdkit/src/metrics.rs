@@ -254,13 +254,9 @@ fn md_sync_metrics(sink: &mut Sink, device: &str, sync: &Value) {
 fn member_metrics(sink: &mut Sink, device: &str, m: &Value) {
     let member = m["name"].as_str().unwrap_or("");
     let id = [("device", device), ("member", member)];
-    let state = m["state"].as_str().unwrap_or("");
-    sink.gauge(
-        "mdkit_md_member_faulty",
-        "1 when the member is marked faulty",
-        &id,
-        f64::from(u8::from(state.contains("faulty"))),
-    );
+    // `state` is md's word list: ["in_sync"], ["faulty"], ["spare"], ...
+    let faulty = m["state"].as_array().is_some_and(|words| words.iter().any(|w| w == "faulty"));
+    sink.gauge("mdkit_md_member_faulty", "1 when the member is marked faulty", &id, f64::from(u8::from(faulty)));
     sink.gauge(
         "mdkit_md_member_rebuilding",
         "1 while the member is being rebuilt",

@@ -268,6 +268,19 @@ fn scrape_parses_and_matches_status_and_detail() {
     check_md(&m, &detail);
     check_pool(&m, &thin);
 
+    // A failed member: the node-mixin rules NodeRAIDDiskFailure (failed > 0) and
+    // NodeRAIDDegraded (required - active > 0) must fire on the scrape.
+    mdkit_ok(&srv, &["manage", "md0", "--fail", "md0-b.img"]);
+    let detail = json(&srv, &["detail", "md0", "--json"]);
+    let m = scrape(&url);
+    let dev = ("device", "md0");
+    assert_eq!(m.get("node_md_disks", &[dev, ("state", "failed")]), 1.0);
+    assert_eq!(m.get("node_md_disks", &[dev, ("state", "failed")]), detail["failed_devices"].as_f64().unwrap());
+    assert_eq!(m.get("node_md_disks_required", &[dev]) - m.get("node_md_disks", &[dev, ("state", "active")]), 1.0);
+    assert_eq!(m.get("node_md_degraded", &[dev]), 1.0);
+    assert_eq!(m.get("mdkit_md_member_faulty", &[dev, ("member", "md0-b.img")]), 1.0);
+    assert_eq!(m.get("mdkit_md_member_faulty", &[dev, ("member", "md0-a.img")]), 0.0);
+
     let other = curl(&url.replace("/metrics", "/"));
     assert!(String::from_utf8_lossy(&other.stdout).starts_with("HTTP/1.1 404"), "{other:?}");
     let post = Command::new("curl").args(["-s", "-i", "-X", "POST", "--max-time", "30", &url]).output().unwrap();
