@@ -89,6 +89,9 @@ pub async fn render(svc: &Arc<Service>) -> Result<String> {
         if v["kind"] == "md" && v["state"] != "failed" {
             md_metrics(&mut sink, v["name"].as_str().unwrap_or(""), &v["details"]);
         }
+        if v["kind"] == "thin-pool" {
+            pool_flush_metrics(&mut sink, v["name"].as_str().unwrap_or(""), &v["details"]);
+        }
     }
     for e in status["exports"].as_array().into_iter().flatten() {
         export_metrics(&mut sink, e);
@@ -271,6 +274,17 @@ fn member_metrics(sink: &mut Sink, device: &str, m: &Value) {
         &id,
         count(&m["corrected_reads"]),
     );
+}
+
+/// Flushes of a pool's data file (batched: several requests share one round).
+fn pool_flush_metrics(sink: &mut Sink, pool: &str, d: &Value) {
+    let id = [("pool", pool)];
+    if d["data_flush_requests"].is_u64() {
+        let requests = count(&d["data_flush_requests"]);
+        sink.counter("mdkit_thin_pool_data_flush_requests", "flushes asked of the data file", &id, requests);
+        let rounds = count(&d["data_flush_rounds"]);
+        sink.counter("mdkit_thin_pool_data_flush_rounds", "fsyncs done for them (batched)", &id, rounds);
+    }
 }
 
 /// Data and metadata usage of every open thin pool (`thin.status` numbers).

@@ -233,12 +233,16 @@ fn check_md(m: &Scrape, d: &Value) {
     }
 }
 
-fn check_pool(m: &Scrape, t: &Value) {
+fn check_pool(m: &Scrape, t: &Value, status: &Value) {
     let id = [("pool", "pool0")];
     assert_eq!(m.get("mdkit_thin_pool_data_used_blocks", &id), t["used_data_blocks"].as_f64().unwrap());
     assert_eq!(m.get("mdkit_thin_pool_data_blocks", &id), t["total_data_blocks"].as_f64().unwrap());
     assert_eq!(m.get("mdkit_thin_pool_metadata_used_blocks", &id), t["used_metadata_blocks"].as_f64().unwrap());
     assert_eq!(m.get("mdkit_thin_pool_metadata_blocks", &id), t["total_metadata_blocks"].as_f64().unwrap());
+    let v = status["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "pool0").unwrap();
+    if let Some(requests) = v["details"]["data_flush_requests"].as_f64() {
+        assert_eq!(m.get("mdkit_thin_pool_data_flush_requests_total", &id), requests);
+    }
     let block_bytes = t["data_block_bytes"].as_f64().unwrap();
     assert_eq!(m.get("mdkit_thin_pool_data_used_bytes", &id), t["used_data_blocks"].as_f64().unwrap() * block_bytes);
     assert!(t["used_data_blocks"].as_u64().unwrap() >= 16, "the 1 MiB write allocated 64 KiB blocks: {t}");
@@ -266,7 +270,7 @@ fn scrape_parses_and_matches_status_and_detail() {
     let thin = json(&srv, &["thin", "status", "pool0", "--json"]);
     check_exports(&m, &status);
     check_md(&m, &detail);
-    check_pool(&m, &thin);
+    check_pool(&m, &thin, &status);
 
     // A failed member: the node-mixin rules NodeRAIDDiskFailure (failed > 0) and
     // NodeRAIDDegraded (required - active > 0) must fire on the scrape.
@@ -296,4 +300,9 @@ fn a_remote_metrics_address_needs_the_opt_in() {
     let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&cfg).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("metrics.allow_remote"), "{stderr}");
+    std::fs::write(&cfg, format!("data_dir = \"{}\"\n[metrics]\nlisten = \"127.0.0.1:9108\"\n", dir.path().display()))
+        .unwrap();
+    let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&cfg).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("metrics: http://127.0.0.1:9108/metrics"), "{stdout}");
 }
