@@ -8,13 +8,15 @@
 
 # Host tools the test suite drives (NBD clients incl. nbdfuse, which Debian 12 ships in
 # libnbd-bin; fio; md/thin tools; filesystems; `ip` from iproute2, which the docs tests'
-# private network namespaces need), what the
-# kernel lab's build.sh needs (qemu, cpio, kmod, zstd, xz), and what building needs.
+# private network namespaces need), what the kernel lab's build.sh needs (qemu, cpio, kmod,
+# zstd, xz), what building needs, and the OpenMetrics parser the metrics test checks scrapes
+# with (python3-prometheus-client, 200 KB; Debian's `prometheus` package with promtool is 96 MB).
 MDKIT_APT_PACKAGES=(
     build-essential pkg-config curl ca-certificates
     fio qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-client
     mdadm thin-provisioning-tools e2fsprogs fuse3 util-linux iproute2
     cpio kmod zstd xz-utils
+    python3-prometheus-client
 )
 
 log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }

@@ -44,6 +44,7 @@ use tokio::sync::watch;
 use crate::budget::{BUDGET_UNIT_BYTES, BudgetWaiter, PayloadBudget};
 use crate::export::ExportState;
 use crate::handshake::Negotiated;
+use crate::latency::RequestClass;
 use crate::proto::*;
 use crate::reader::{PayloadProgress, RequestReader};
 use crate::stall::StallWatch;
@@ -588,6 +589,19 @@ fn validate(conn: &Conn, h: &RequestHeader) -> Result<(), (u32, String)> {
 // Request execution
 
 async fn execute(conn: &Conn, req: Request) -> Reply {
+    let started = std::time::Instant::now();
+    let class = match req.kind {
+        CMD_READ => RequestClass::Read,
+        CMD_WRITE => RequestClass::Write,
+        CMD_FLUSH => RequestClass::Flush,
+        _ => RequestClass::Other,
+    };
+    let reply = execute_timed(conn, req).await;
+    conn.export.stats.latency.histogram(class).record(started.elapsed());
+    reply
+}
+
+async fn execute_timed(conn: &Conn, req: Request) -> Reply {
     let stats = &conn.export.stats;
     let result = match req.kind {
         CMD_READ => match read(conn, req.offset_bytes, req.len_bytes).await {

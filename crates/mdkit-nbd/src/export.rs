@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mdkit_io::{DeviceRef, Topology};
 
 use crate::gate::WriteGate;
+use crate::latency::{ExportLatency, LatencySnapshot, RequestClass};
 use crate::proto::*;
 
 /// One export as configured by the service.
@@ -37,6 +38,8 @@ pub struct ExportStats {
     pub connections: AtomicU64,
     /// Read-modify-write cycles done for requests smaller than / misaligned to a block.
     pub rmw_cycles: AtomicU64,
+    /// Request service time per request class (cache-line aligned, after the counters).
+    pub latency: ExportLatency,
 }
 
 /// A point-in-time copy of [`ExportStats`].
@@ -53,6 +56,8 @@ pub struct ExportStatsSnapshot {
     pub in_flight: u64,
     pub connections: u64,
     pub rmw_cycles: u64,
+    /// Per request class, in [`RequestClass::ALL`] order.
+    pub latency: Vec<(RequestClass, LatencySnapshot)>,
 }
 
 impl ExportStats {
@@ -70,6 +75,7 @@ impl ExportStats {
             in_flight: l(&self.in_flight),
             connections: l(&self.connections),
             rmw_cycles: l(&self.rmw_cycles),
+            latency: self.latency.snapshot(),
         }
     }
 }

@@ -52,6 +52,8 @@ struct RawConfig {
     control_socket: Option<PathBuf>,
     #[serde(default)]
     nbd: RawNbd,
+    #[serde(default)]
+    metrics: crate::metrics_config::RawMetrics,
     #[serde(default, rename = "volume")]
     volumes: Vec<toml::Table>,
     #[serde(default, rename = "export")]
@@ -168,6 +170,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub control_socket: PathBuf,
     pub nbd: NbdConfig,
+    /// `[metrics]`: the Prometheus endpoint (off unless `listen` is set).
+    pub metrics: crate::metrics_config::MetricsConfig,
     pub volumes: Vec<VolumeSpec>,
     pub exports: Vec<ExportSpec>,
 }
@@ -225,9 +229,18 @@ impl Config {
             None => data_dir.join(CONTROL_SOCKET_NAME),
         };
         let nbd = nbd_config(raw.nbd, &overrides.listen, &data_dir)?;
+        let metrics = crate::metrics_config::MetricsConfig::from_raw(raw.metrics)?;
         let volumes =
             raw.volumes.into_iter().enumerate().map(|(i, t)| volume_spec(i, t)).collect::<Result<Vec<_>>>()?;
-        let cfg = Config { source: source.to_string(), data_dir, control_socket, nbd, volumes, exports: raw.exports };
+        let cfg = Config {
+            source: source.to_string(),
+            data_dir,
+            control_socket,
+            nbd,
+            metrics,
+            volumes,
+            exports: raw.exports,
+        };
         cfg.validate()?;
         Ok(cfg)
     }

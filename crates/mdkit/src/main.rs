@@ -8,6 +8,11 @@ mod cli;
 mod config;
 mod control;
 mod events;
+mod metrics;
+mod metrics_config;
+mod metrics_http;
+mod metrics_latency;
+mod notify;
 mod service;
 mod volumes;
 
@@ -24,7 +29,9 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let default_level = if matches!(cli.command, cli::Command::Serve(_)) { "info" } else { "warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Colours only for a person at a terminal: not into files, pipes or journald
+    // (systemd sets JOURNAL_STREAM when stderr is the journal).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("JOURNAL_STREAM").is_none();
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     match cli::run(cli) {
         Ok(code) => code,

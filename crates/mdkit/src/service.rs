@@ -134,7 +134,21 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         }
     };
     let watcher = crate::events::spawn_watcher(svc.clone());
+    let metrics = match config.metrics.listen {
+        Some(addr) => match crate::metrics_http::MetricsServer::start(addr, svc.clone()).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                watcher.abort();
+                control.stop();
+                let _ = nbd.shutdown(config.nbd.shutdown_grace).await;
+                svc.volumes.read().await.close_all().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     tracing::info!(listeners = ?nbd.listeners().iter().map(|l| l.to_string()).collect::<Vec<_>>(), "mdkit ready");
+    crate::notify::notify(&ready_status(&svc).await);
 
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
@@ -151,6 +165,8 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         std::process::exit(1);
     });
 
+    crate::notify::notify(&format!("STOPPING=1\nSTATUS=stopping ({which})"));
+    drop(metrics);
     control.stop();
     watcher.abort();
     let report = nbd.shutdown(config.nbd.shutdown_grace).await;
@@ -167,6 +183,15 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         let msg: Vec<String> = errors.iter().map(|e| format!("{e:#}")).collect();
         Err(anyhow!("shutdown finished with errors: {}", msg.join("; ")))
     }
+}
+
+/// sd_notify message once serving: `READY=1` and a one-line summary for `systemctl status`.
+async fn ready_status(svc: &Service) -> String {
+    let volumes = svc.volumes.read().await;
+    let failed = volumes.failed().count();
+    let open = volumes.iter().count();
+    let exports = svc.exports.read().await.len();
+    format!("READY=1\nSTATUS=serving {exports} exports; {open} volumes open, {failed} failed")
 }
 
 async fn start(svc: &Arc<Service>) -> Result<ControlServer> {

@@ -44,6 +44,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         for l in &config.nbd.listen {
             println!("listen: {l}");
         }
+        if let Some(addr) = config.metrics.listen {
+            println!("metrics: http://{addr}/metrics");
+        }
         crate::volumes::check_specs(&config.volumes)?;
         for v in &config.volumes {
             println!("volume: {} (kind {})", v.name, v.kind);

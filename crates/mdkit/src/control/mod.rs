@@ -19,7 +19,7 @@
 pub mod client;
 pub mod md;
 pub mod monitor;
-mod status;
+pub mod status;
 pub mod thin;
 
 use std::collections::BTreeMap;
