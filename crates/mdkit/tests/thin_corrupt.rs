@@ -176,8 +176,14 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     let mut srv = start_again(srv);
     assert!(nbd_read(&srv, "plain", 1 << 20) == plain, "the other export keeps serving");
     let st = srv.status();
-    let names: Vec<&str> = st["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
-    assert!(!names.contains(&"tp") && !names.contains(&"tp.0"), "{names:?}");
+    let open: Vec<&str> = st["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["state"] != "failed")
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(!open.contains(&"tp") && !open.contains(&"tp.0"), "{open:?}");
     let log = srv.log_text();
     assert!(log.contains("block 0") && log.contains("thin_restore") && log.contains("tp.meta"), "{log}");
     let e = err(&srv, &["thin", "status", "tp"]);
@@ -192,6 +198,42 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     assert_eq!(list["thins"].as_array().map(Vec::len), Some(0), "a fresh pool: {list:#}");
     stop(&mut srv);
     thin_check_clean(&meta);
+}
+
+/// The status entry of volume `name`.
+fn volume_status(srv: &Server, name: &str) -> Value {
+    let st = srv.status();
+    let v = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).cloned();
+    v.unwrap_or_else(|| panic!("volume {name} not in status: {st:#}"))
+}
+
+#[test]
+fn a_remembered_pool_that_fails_at_start_is_listed_failed_and_its_verbs_say_why() {
+    let mut srv = Server::start(OTHER_EXPORT);
+    ok(&srv, &POOL_CREATE);
+    ok(&srv, &["thin", "create", "tp", "0", "--size", "8M"]);
+    assert_ne!(volume_status(&srv, "tp")["state"], "failed");
+    stop(&mut srv);
+    zero_superblock(&srv.path("tp.meta"));
+
+    let srv = start_again(srv);
+    assert!(nbd_read(&srv, "plain", 1 << 20).len() == 1 << 20, "the other export serves");
+    let pool = volume_status(&srv, "tp");
+    let error = pool["error"].as_str().unwrap_or_default();
+    assert_eq!((pool["state"].as_str(), pool["kind"].as_str()), (Some("failed"), Some("thin-pool")), "{pool:#}");
+    assert!(error.contains("block 0") && error.contains("tp.meta"), "the reason names the block: {pool:#}");
+    assert_eq!(pool["origin"], "thin-pools.json", "{pool:#}");
+    let thin = volume_status(&srv, "tp.0");
+    assert_eq!(thin["state"], "failed", "its thin volume is failed too: {thin:#}");
+    assert!(thin["error"].as_str().unwrap_or_default().contains("tp"), "{thin:#}");
+    let st = srv.status();
+    let export = st["exports"].as_array().unwrap().iter().find(|e| e["name"] == "tp.0").cloned().unwrap_or_default();
+    assert_eq!(export["state"], "failed", "the thin volume's export is listed failed: {st:#}");
+    for verb in [&["thin", "status", "tp"][..], &["thin", "list", "tp"], &["thin", "create", "tp", "5", "--size", "4M"]]
+    {
+        let e = err(&srv, verb);
+        assert!(e.contains("failed to open") && e.contains("block 0"), "mdkit {verb:?} says why: {e}");
+    }
 }
 
 const CONFIG_POOL: &str = r#"

@@ -25,10 +25,12 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
+use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
     PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinVolumeVol, find_pool, load_state, open_pool,
     open_thin, size_key, update_state,
 };
+use crate::volumes::{FailedVolume, Origin, catch_panic};
 
 pub fn register(r: &mut Registry) {
     r.register("thin.pool-create", "format a new thin pool on two devices and open it", |svc, args| {
@@ -88,15 +90,32 @@ fn parse_pool_create(args: Value) -> Result<PoolCreateArgs> {
 
 async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a = parse_pool_create(args)?;
-    if svc.volumes.read().await.get(&a.name).is_some() {
-        bail!("a volume named {:?} already exists", a.name);
+    {
+        let vols = svc.volumes.read().await;
+        if vols.get(&a.name).is_some() {
+            bail!("a volume named {:?} already exists", a.name);
+        }
+        // A remembered pool that failed to open may be formatted anew (its files are guarded by
+        // `force`); any other failed volume keeps its name until `mdkit stop` forgets it.
+        if let Some(f) = vols.get_failed(&a.name).filter(|f| f.origin != Origin::RememberedThin) {
+            bail!(
+                "a volume named {:?} exists and failed to open ({}); `mdkit stop {}` forgets it",
+                a.name,
+                f.error,
+                a.name
+            );
+        }
     }
     let vol = {
         let vols = svc.volumes.read().await;
         open_pool(&a.name, &a.params, PoolOpen::Format { force: a.force }, &svc.config.data_dir, &vols).await?
     };
     let st = vol.pool().status().await?;
-    svc.volumes.write().await.insert(vol)?;
+    {
+        let mut vols = svc.volumes.write().await;
+        vols.remove_failed(&a.name);
+        vols.insert(vol)?;
+    }
     update_state(&svc.config.data_dir, |s| {
         s.pools.retain(|p| p.name != a.name);
         s.pools.push(RememberedPool { name: a.name.clone(), params: Value::Object(a.params_json) });
@@ -336,7 +355,10 @@ async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
     Ok(json!({ "pool": a.pool, "data_block_bytes": bs, "thins": rows }))
 }
 
-/// Opens the pools and thin volumes created at run time earlier (thin-pools.json).
+/// Opens the pools and thin volumes created at run time earlier (thin-pools.json). A pool that
+/// fails to open (error or panic, or it killed an earlier start) is listed as failed with the
+/// reason, and so are its thin volumes, whose exports are listed as failed; the service starts
+/// without them and `mdkit thin` verbs on the pool say why it is not there.
 pub async fn restore(svc: &Arc<Service>) {
     let st = match load_state(&svc.config.data_dir) {
         Ok(s) => s,
@@ -345,52 +367,74 @@ pub async fn restore(svc: &Arc<Service>) {
             return;
         }
     };
-    for p in st.pools {
-        if svc.volumes.read().await.get(&p.name).is_some() {
+    let mut guard = OpenGuard::load_or_empty(&svc.config.data_dir);
+    for p in &st.pools {
+        if svc.volumes.read().await.contains(&p.name) {
             tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
             continue;
         }
-        let result: Result<()> = async {
-            let params: PoolParams = serde_json::from_value(p.params.clone()).context("remembered parameters")?;
-            let vol = {
-                let vols = svc.volumes.read().await;
-                open_pool(&p.name, &params, PoolOpen::Remembered, &svc.config.data_dir, &vols).await?
-            };
-            svc.volumes.write().await.insert(vol)?;
-            Ok(())
-        }
-        .await;
-        match result {
+        let opened = if guard.crashed(&p.name) {
+            Err(OpenGuard::crashed_error())
+        } else {
+            let open = catch_panic(restore_pool(svc, p));
+            guard
+                .guarded(&svc.config.data_dir, &p.name, open)
+                .await
+                .unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
+        };
+        match opened {
             Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
-            Err(e) => tracing::error!(pool = %p.name, "remembered thin pool not opened: {e:#}"),
+            Err(e) => {
+                let error = format!("remembered thin pool not opened: {e:#}");
+                svc.volume_failed(remembered_failed(&p.name, "thin-pool", error)).await;
+            }
         }
     }
-    for v in st.volumes {
-        if svc.volumes.read().await.get(&v.name).is_some() {
+    for v in &st.volumes {
+        if svc.volumes.read().await.contains(&v.name) {
             tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
             continue;
         }
-        let result: Result<()> = async {
-            let pool = find_pool(&*svc.volumes.read().await, &v.pool)?;
-            let vol = open_thin(&v.name, &v.pool, &pool, v.id, None, &svc.config.data_dir).await?;
-            svc.volumes.write().await.insert(vol)?;
-            if let Some(e) = &v.export {
-                let spec = ExportSpec {
-                    name: e.clone(),
-                    volume: v.name.clone(),
-                    read_only: false,
-                    description: format!("thin {} of pool {}", v.id, v.pool),
-                };
-                svc.add_export(spec).await?;
-            }
-            Ok(())
-        }
-        .await;
-        match result {
+        match catch_panic(restore_thin(svc, v)).await.unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
+        {
             Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
-            Err(e) => tracing::error!(volume = %v.name, "remembered thin volume not opened: {e:#}"),
+            Err(e) => {
+                let error = format!("remembered thin volume not opened: {e:#}");
+                svc.volume_failed(remembered_failed(&v.name, "thin", error)).await;
+            }
+        }
+        // Served when the volume opened, listed as failed with the volume's error otherwise.
+        if let Some(e) = &v.export {
+            let spec = ExportSpec {
+                name: e.clone(),
+                volume: v.name.clone(),
+                read_only: false,
+                description: format!("thin {} of pool {}", v.id, v.pool),
+            };
+            if let Err(err) = svc.add_export(spec).await {
+                tracing::error!(volume = %v.name, "export {e:?} not added: {err:#}");
+            }
         }
     }
+}
+
+fn remembered_failed(name: &str, kind: &str, error: String) -> FailedVolume {
+    FailedVolume { name: name.to_string(), kind: kind.to_string(), origin: Origin::RememberedThin, error }
+}
+
+async fn restore_pool(svc: &Arc<Service>, p: &RememberedPool) -> Result<()> {
+    let params: PoolParams = serde_json::from_value(p.params.clone()).context("remembered parameters")?;
+    let vol = {
+        let vols = svc.volumes.read().await;
+        open_pool(&p.name, &params, PoolOpen::Remembered, &svc.config.data_dir, &vols).await?
+    };
+    svc.volumes.write().await.insert(vol)
+}
+
+async fn restore_thin(svc: &Arc<Service>, v: &RememberedThin) -> Result<()> {
+    let pool = find_pool(&*svc.volumes.read().await, &v.pool)?;
+    let vol = open_thin(&v.name, &v.pool, &pool, v.id, None, &svc.config.data_dir).await?;
+    svc.volumes.write().await.insert(vol)
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! Volumes that failed to open, and the guard that turns a panicking open into one.
 //!
-//! A volume (a config `[[volume]]` of any kind, or an md array remembered in `md-arrays.json`)
-//! whose open returns an error — or panics — does not stop the service: it is kept as a
-//! [`FailedVolume`] next to the open ones, logged, and listed by `mdkit status` with state
-//! `failed` and the error. Its exports are not served (NBD clients asking for them get "no such
+//! A volume (a config `[[volume]]` of any kind, an md array remembered in `md-arrays.json`, or a
+//! thin pool or volume remembered in `thin-pools.json`) whose open returns an error — or
+//! panics — does not stop the service: it is kept as a [`FailedVolume`] next to the open ones,
+//! logged, and listed by `mdkit status` with state `failed` and the error. Its exports are not served (NBD clients asking for them get "no such
 //! export"); `status` lists them as failed with the reason. Other volumes and their exports are
 //! untouched. `mdkit stop NAME` forgets a failed volume (and a remembered array's entry in
 //! `md-arrays.json`); a config volume comes back (and is tried again) at the next start.
@@ -26,6 +26,8 @@ pub enum Origin {
     Config,
     /// An md array created or assembled at run time, remembered in `md-arrays.json`.
     Remembered,
+    /// A thin pool or thin volume created at run time, remembered in `thin-pools.json`.
+    RememberedThin,
 }
 
 impl Origin {
@@ -33,6 +35,7 @@ impl Origin {
         match self {
             Origin::Config => "config",
             Origin::Remembered => "md-arrays.json",
+            Origin::RememberedThin => "thin-pools.json",
         }
     }
 }

@@ -395,6 +395,9 @@ struct ThinParams {
 
 /// Finds the pool volume `name` in the registry.
 pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
+    if let Some(f) = volumes.get_failed(name) {
+        bail!("{} {name:?} failed to open: {}", f.kind, f.error);
+    }
     let v = volumes.get(name).ok_or_else(|| anyhow!("no volume named {name:?}"))?;
     let p = v
         .as_any()
