@@ -5,6 +5,8 @@
 //! ```text
 //!   thin.rs      ThinMetadata: devices, mappings, snapshots, data refcounts, commit/abort
 //!   check.rs     offline checker (thin_check equivalent), xml.rs: thin_dump / thin_restore
+//!   repair.rs    thin_repair: tolerant walk of damaged metadata, rewritten elsewhere
+//!   delta.rs     thin_delta: blocks that differ between two thin devices
 //!   btree.rs     copy-on-write btrees with shared, reference-counted subtrees
 //!   dsm.rs       data space map (bitmaps + index btree + ref-count btree, on disk)
 //!   msm.rs       metadata space map (in memory during a transaction, written at commit)
@@ -69,10 +71,12 @@ pub mod block;
 mod btree;
 pub mod cache;
 pub mod check;
+pub mod delta;
 mod dsm;
 pub mod error;
 pub mod io;
 mod msm;
+pub mod repair;
 pub mod sm_format;
 pub mod superblock;
 mod thin;
@@ -89,7 +93,9 @@ pub use thin::{
     BLOCK_TIME_BYTES, DEVICE_DETAILS_BYTES, DeviceDetails, FormatOptions, MAX_DEVICE_ID, Mapping, OpenOptions,
     PoolStatus, ThinMetadata, pack_block_time, unpack_block_time,
 };
-pub use xml::{XmlDevice, XmlMapping, XmlMetadata, dump_xml, parse_xml, restore_xml, to_xml_metadata};
+pub use xml::{
+    XmlDevice, XmlMapping, XmlMetadata, dump_xml, parse_xml, restore_xml, snapshot_xml_metadata, to_xml_metadata,
+};
 
 /// The engine shared between the metadata thread (writer) and the data path (readers).
 pub type SharedMetadata = std::sync::Arc<parking_lot::RwLock<ThinMetadata>>;

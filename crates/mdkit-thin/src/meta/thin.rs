@@ -1039,6 +1039,12 @@ impl ThinMetadata {
         })
     }
 
+    /// The superblock copy the metadata snapshot holds (its space-map roots are zero).
+    pub fn metadata_snap_superblock(&self) -> Result<Superblock> {
+        let h = self.metadata_snap().ok_or_else(|| MetaError::MetadataSnap("no metadata snapshot is held".into()))?;
+        Ok(Superblock::unpack(&*self.tm.read(h, BlockKind::Superblock)?))
+    }
+
     /// The devices and their mapping roots as recorded in the metadata snapshot.
     pub fn metadata_snap_devices(&self) -> Result<Vec<(u64, DeviceDetails)>> {
         let h = self.metadata_snap().ok_or_else(|| MetaError::MetadataSnap("no metadata snapshot is held".into()))?;

@@ -156,6 +156,55 @@ pub fn to_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
     Ok(x)
 }
 
+/// The held metadata snapshot of `md` as XML data (what `thin_dump -m` reads). Unlike
+/// `thin_dump -m`, which prints `nr_data_blocks="0"` (the snapshot has no space maps), the
+/// pool's current data size is given, so the XML restores as it is.
+pub fn snapshot_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
+    let h = md.metadata_snap().ok_or_else(|| MetaError::MetadataSnap("no metadata snapshot is held".into()))?;
+    let sb = md.metadata_snap_superblock()?;
+    let mut x = XmlMetadata {
+        uuid: String::new(),
+        time: sb.time,
+        transaction: sb.trans_id,
+        flags: 0,
+        version: 2,
+        data_block_size: sb.data_block_size_sectors,
+        nr_data_blocks: md.nr_data_blocks(),
+        metadata_snap: Some(h),
+        devices: Vec::new(),
+    };
+    for (dev, d) in md.metadata_snap_devices()? {
+        let mut mappings: Vec<XmlMapping> = Vec::new();
+        md.for_each_snap_mapping(dev, &mut |vb, m| {
+            push_run(&mut mappings, vb, m.data_block, m.time);
+            true
+        })?;
+        x.devices.push(XmlDevice {
+            dev_id: dev,
+            mapped_blocks: d.mapped_blocks,
+            transaction: d.transaction_id,
+            creation_time: d.creation_time,
+            snap_time: d.snapshotted_time,
+            mappings,
+        });
+    }
+    Ok(x)
+}
+
+/// Appends one mapping in ascending virtual order, extending the last run when it continues
+/// it in virtual block, data block and time (thin_dump's run rule).
+pub fn push_run(runs: &mut Vec<XmlMapping>, vblock: u64, data_block: u64, time: u32) {
+    if let Some(r) = runs.last_mut()
+        && r.origin_begin + r.length == vblock
+        && r.data_begin + r.length == data_block
+        && r.time == time
+    {
+        r.length += 1;
+        return;
+    }
+    runs.push(XmlMapping { origin_begin: vblock, data_begin: data_block, length: 1, time });
+}
+
 /// Writes `md` as thin_dump XML.
 pub fn dump_xml(md: &ThinMetadata, out: &mut dyn Write) -> Result<()> {
     let x = to_xml_metadata(md)?;
@@ -342,7 +391,33 @@ impl Attrs<'_, '_> {
     }
 }
 
-/// Parses thin_dump XML.
+/// A `<single_mapping/>` or `<range_mapping/>`; None for any other tag.
+fn parse_mapping(m: &Tag<'_>) -> Result<Option<XmlMapping>> {
+    let a = Attrs { tag: m };
+    match (m.name, m.closing, m.self_closing) {
+        ("single_mapping", false, true) => Ok(Some(XmlMapping {
+            origin_begin: a.num("origin_block")?,
+            data_begin: a.num("data_block")?,
+            length: 1,
+            time: a.num("time")?,
+        })),
+        ("range_mapping", false, true) => {
+            let r = XmlMapping {
+                origin_begin: a.num("origin_begin")?,
+                data_begin: a.num("data_begin")?,
+                length: a.num("length")?,
+                time: a.num("time")?,
+            };
+            if r.length == 0 {
+                return Err(bad(m.line, "range_mapping of length 0"));
+            }
+            Ok(Some(r))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Parses thin_dump XML (thin-provisioning-tools 0.9 and 1.x, including `<def>`/`<ref>`).
 pub fn parse_xml(s: &str) -> Result<XmlMetadata> {
     let tags = tokenize(s)?;
     let mut it = tags.iter().peekable();
@@ -362,10 +437,27 @@ pub fn parse_xml(s: &str) -> Result<XmlMetadata> {
         metadata_snap: if a.raw("metadata_snap").is_some() { Some(a.num("metadata_snap")?) } else { None },
         devices: Vec::new(),
     };
+    // thin_dump >= 1.0 writes leaf runs shared by several devices once, as <def>s, and splices
+    // them into devices with <ref name=..>.
+    let mut defs: std::collections::HashMap<String, Vec<XmlMapping>> = Default::default();
     loop {
         let t = it.next().ok_or_else(|| bad(sb.line, "missing </superblock>"))?;
         match (t.name, t.closing) {
             ("superblock", true) => break,
+            ("def", false) if !t.self_closing => {
+                let name = Attrs { tag: t }.raw("name").ok_or_else(|| bad(t.line, "<def> lacks name"))?.to_string();
+                let mut mappings = Vec::new();
+                loop {
+                    let m = it.next().ok_or_else(|| bad(t.line, "missing </def>"))?;
+                    if (m.name, m.closing) == ("def", true) {
+                        break;
+                    }
+                    mappings.push(
+                        parse_mapping(m)?.ok_or_else(|| bad(m.line, format!("unexpected <{}> in a def", m.name)))?,
+                    );
+                }
+                defs.insert(name, mappings);
+            }
             ("device", false) if !t.self_closing => {
                 let a = Attrs { tag: t };
                 let mut d = XmlDevice {
@@ -378,33 +470,25 @@ pub fn parse_xml(s: &str) -> Result<XmlMetadata> {
                 };
                 loop {
                     let m = it.next().ok_or_else(|| bad(t.line, "missing </device>"))?;
-                    let a = Attrs { tag: m };
                     match (m.name, m.closing) {
                         ("device", true) => break,
-                        ("single_mapping", false) if m.self_closing => d.mappings.push(XmlMapping {
-                            origin_begin: a.num("origin_block")?,
-                            data_begin: a.num("data_block")?,
-                            length: 1,
-                            time: a.num("time")?,
-                        }),
-                        ("range_mapping", false) if m.self_closing => {
-                            let r = XmlMapping {
-                                origin_begin: a.num("origin_begin")?,
-                                data_begin: a.num("data_begin")?,
-                                length: a.num("length")?,
-                                time: a.num("time")?,
-                            };
-                            if r.length == 0 {
-                                return Err(bad(m.line, "range_mapping of length 0"));
+                        ("ref", false) if m.self_closing => {
+                            let a = Attrs { tag: m };
+                            let name = a.raw("name").ok_or_else(|| bad(m.line, "<ref> lacks name"))?;
+                            let def = defs
+                                .get(name)
+                                .ok_or_else(|| bad(m.line, format!("<ref name=\"{name}\"> names no earlier <def>")))?;
+                            d.mappings.extend_from_slice(def);
+                        }
+                        _ => match parse_mapping(m)? {
+                            Some(r) => d.mappings.push(r),
+                            None => {
+                                return Err(bad(
+                                    m.line,
+                                    format!("unexpected <{}{}> in a device", if m.closing { "/" } else { "" }, m.name),
+                                ));
                             }
-                            d.mappings.push(r);
-                        }
-                        _ => {
-                            return Err(bad(
-                                m.line,
-                                format!("unexpected <{}{}> in a device", if m.closing { "/" } else { "" }, m.name),
-                            ));
-                        }
+                        },
                     }
                 }
                 x.devices.push(d);

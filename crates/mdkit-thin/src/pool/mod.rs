@@ -57,6 +57,7 @@ pub mod open;
 mod state;
 mod table;
 mod thin;
+mod tools;
 mod util;
 mod worker;
 
@@ -80,6 +81,8 @@ pub use thin::ThinVolume;
 use state::PoolState;
 use table::MappingTable;
 use worker::{Cmd, Worker};
+
+pub use tools::SnapUse;
 
 /// What the pool does with discards (dm-thin features `ignore_discard`, `no_discard_passdown`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
