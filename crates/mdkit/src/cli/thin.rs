@@ -1,5 +1,6 @@
 //! `mdkit thin ...`: thin pools and volumes. Every verb talks to the running service except
-//! `check`, which reads a metadata device offline (like thin_check).
+//! `check`, which reads a metadata device offline (like thin_check), and the metadata tools
+//! of `thin_tools.rs` (dump, restore, repair, delta, metadata snapshots).
 //!
 //! ```text
 //! mdkit thin pool-create NAME --metadata DEV --data DEV [--block-size 64K] [--no-zeroing]
@@ -46,6 +47,8 @@ pub enum Verb {
     Delete(DeleteArgs),
     /// Mapped, exclusive and shared blocks of every thin device.
     List(PoolJsonArgs),
+    #[command(flatten)]
+    Tools(super::thin_tools::ToolVerb),
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +187,7 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Verb::List(a) => list(a),
+        Verb::Tools(v) => super::thin_tools::run(v),
     }
 }
 

@@ -21,6 +21,7 @@ pub mod md;
 pub mod monitor;
 pub mod status;
 pub mod thin;
+pub mod thin_tools;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -111,6 +112,7 @@ pub fn registry() -> Registry {
     status::register(&mut r);
     md::register(&mut r);
     thin::register(&mut r);
+    thin_tools::register(&mut r);
     monitor::register(&mut r);
     r
 }
