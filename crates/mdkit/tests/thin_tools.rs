@@ -109,6 +109,8 @@ fn thin_tools_online_offline_and_against_thin_provisioning_tools() {
     assert_eq!(zero_nr_data_blocks(&ours), tool, "online dump -m");
     let err = common::mdkit_err(&srv, &["thin", "reserve-metadata-snap", "pool0"]);
     assert!(err.contains("already exists"), "{err}");
+    let err = common::mdkit_err(&srv, &["thin", "dump", "pool0"]);
+    assert!(err.contains("already exists") && err.contains("--metadata-snap"), "{err}");
     let json = common::mdkit_json(&srv, &["thin", "delta", "pool0", "1", "0", "-m", "--json"]);
     assert_eq!(json["totals_blocks"]["different"], 16, "{json:#}");
     assert_eq!(json["totals_blocks"]["right_only"], 8, "{json:#}");

@@ -1,7 +1,7 @@
 //! Reading a running pool's metadata for the offline-style tools (dump, delta): through a
 //! metadata snapshot, as `thin_dump -m` / `thin_delta -m` do against a live dm-thin pool.
 
-use crate::meta::ThinMetadata;
+use crate::meta::{MetaError, ThinMetadata};
 use crate::pool::{Pool, PoolError, PoolErrorKind};
 
 /// Which metadata snapshot a read uses.
@@ -19,11 +19,16 @@ impl Pool {
     pub async fn read_metadata_snap<R: Send + 'static>(
         &self,
         snap: SnapUse,
-        f: impl FnOnce(&ThinMetadata) -> Result<R, crate::meta::MetaError> + Send + 'static,
+        f: impl FnOnce(&ThinMetadata) -> Result<R, MetaError> + Send + 'static,
     ) -> Result<R, PoolError> {
         let _g = self.inner.admin.lock().await;
         if snap == SnapUse::Transient {
-            self.admin(|md| md.reserve_metadata_snap()).await?;
+            self.admin(|md| md.reserve_metadata_snap()).await.map_err(|mut e| {
+                if let PoolErrorKind::Meta(MetaError::MetadataSnap(m)) = &mut e.kind {
+                    m.push_str(" (or read the held one: --metadata-snap)");
+                }
+                e
+            })?;
         }
         let name = self.name().to_string();
         let r = self

@@ -371,7 +371,7 @@ fn check_offline(a: CheckArgs) -> Result<ExitCode> {
     if !report.is_clean() {
         if !a.json {
             bail!(
-                "{}: metadata is damaged; repair it with thin_repair (or restore from a thin_dump)",
+                "{}: metadata is damaged; salvage it with `mdkit thin repair -i DAMAGED -o NEW` (or thin_repair)",
                 a.metadata.display()
             );
         }
