@@ -12,6 +12,7 @@ pub mod monitor;
 pub mod serve;
 pub mod status;
 pub mod thin;
+pub mod thin_activate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,7 +51,8 @@ pub enum Command {
     Manage(md::ManageArgs),
     /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
     Attr(md::AttrArgs),
-    /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list.
+    /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list,
+    /// activate, deactivate, pool-resize.
     Thin(thin::ThinArgs),
     /// Print events (mdadm's names: Fail, DegradedArray, ...), run an alert program, mail.
     Monitor(monitor::MonitorArgs),

@@ -21,6 +21,7 @@ pub mod md;
 pub mod monitor;
 pub mod status;
 pub mod thin;
+pub mod thin_activate;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -111,6 +112,7 @@ pub fn registry() -> Registry {
     status::register(&mut r);
     md::register(&mut r);
     thin::register(&mut r);
+    thin_activate::register(&mut r);
     monitor::register(&mut r);
     r
 }
