@@ -240,7 +240,10 @@ struct Shared {
     name: String,
     kind: Kind,
     file: File,
+    /// Topology at open; `size_bytes` is superseded by `size_bytes` below.
     topology: Topology,
+    /// Current size: grows when [`FileDevice::refresh_size`] sees a grown file or device.
+    size_bytes: AtomicU64,
     direct: bool,
     /// Buffered file on tmpfs/ramfs: small reads and writes and flushes are done on the
     /// caller's thread (module documentation, "Memory-backed files").
@@ -347,6 +350,7 @@ impl FileDevice {
             name,
             kind,
             file,
+            size_bytes: AtomicU64::new(topology.size_bytes),
             topology,
             direct,
             inline_copy,
@@ -398,6 +402,56 @@ impl FileDevice {
 
     pub fn is_block_device(&self) -> bool {
         self.shared.kind == Kind::BlockDevice
+    }
+
+    /// Reads the size of the file or block device again (after `truncate`, or a grown device)
+    /// and returns it. The device only grows: a smaller size is an error and the device keeps
+    /// its size (a thin pool or array on it must not lose its end under it).
+    pub fn refresh_size(&self) -> io::Result<u64> {
+        let s = &self.shared;
+        let raw = match s.kind {
+            Kind::BlockDevice => ioctl_u64(&s.file, &s.name, BLKGETSIZE64, "BLKGETSIZE64")?,
+            Kind::RegularFile => s.file.metadata().map_err(|e| with_context(e, &s.name))?.len(),
+        };
+        let size_bytes = raw - raw % u64::from(s.topology.logical_block_bytes.max(1));
+        let old = s.size_bytes.load(Ordering::Acquire);
+        if size_bytes < old {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: shrank from {old} to {size_bytes} bytes under the open device; size kept", s.name),
+            ));
+        }
+        s.size_bytes.fetch_max(size_bytes, Ordering::AcqRel);
+        Ok(size_bytes)
+    }
+
+    /// Grows a regular file to `size_bytes` (rounded down to the logical block) and takes the
+    /// new size. Never shrinks: a smaller size is an error. Block devices cannot be grown here.
+    pub fn grow_file(&self, size_bytes: u64) -> io::Result<u64> {
+        let s = &self.shared;
+        if s.kind != Kind::RegularFile {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{}: a block device is grown by its owner, not by mdkit", s.name),
+            ));
+        }
+        if s.read_only {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{}: opened read-only", s.name)));
+        }
+        let size_bytes = size_bytes - size_bytes % u64::from(s.topology.logical_block_bytes.max(1));
+        let old = self.refresh_size()?;
+        if size_bytes < old {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: cannot shrink from {old} to {size_bytes} bytes", s.name),
+            ));
+        }
+        if size_bytes > old {
+            s.file
+                .set_len(size_bytes)
+                .map_err(|e| with_context(e, format!("{}: growing to {size_bytes} bytes", s.name)))?;
+        }
+        self.refresh_size()
     }
 
     pub fn queue_depth(&self) -> u32 {
@@ -737,6 +791,11 @@ enum Lookup {
 }
 
 impl Shared {
+    /// The topology with the current size.
+    fn current_topology(&self) -> Topology {
+        Topology { size_bytes: self.size_bytes.load(Ordering::Acquire), ..self.topology }
+    }
+
     /// Every live ring of the device (the shared one first).
     fn rings(&self) -> Vec<Arc<Ring>> {
         let mut v = vec![self.default_ring.clone()];
@@ -1311,7 +1370,7 @@ impl FileDevice {
     async fn do_read(&self, offset_bytes: u64, buf: IoBuf) -> ReadResult {
         let s = &self.shared;
         let len = buf.len();
-        if let Err(e) = check_io(&s.name, &s.topology, IoOp::Read, offset_bytes, len as u64) {
+        if let Err(e) = check_io(&s.name, &s.current_topology(), IoOp::Read, offset_bytes, len as u64) {
             return (buf, Err(e));
         }
         if len == 0 {
@@ -1367,7 +1426,7 @@ impl FileDevice {
     async fn do_write(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> io::Result<()> {
         let s = &self.shared;
         let len = buf.len();
-        check_io(&s.name, &s.topology, IoOp::Write, offset_bytes, len as u64)?;
+        check_io(&s.name, &s.current_topology(), IoOp::Write, offset_bytes, len as u64)?;
         if s.read_only {
             return Err(s.read_only_error(IoOp::Write, offset_bytes, len as u64));
         }
@@ -1478,7 +1537,7 @@ impl FileDevice {
 
     async fn do_discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         let s = &self.shared;
-        check_io(&s.name, &s.topology, IoOp::Discard, offset_bytes, len_bytes)?;
+        check_io(&s.name, &s.current_topology(), IoOp::Discard, offset_bytes, len_bytes)?;
         if s.read_only {
             return Err(s.read_only_error(IoOp::Discard, offset_bytes, len_bytes));
         }
@@ -1509,7 +1568,7 @@ impl FileDevice {
 
     async fn do_write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> io::Result<()> {
         let s = &self.shared;
-        check_io(&s.name, &s.topology, IoOp::WriteZeroes, offset_bytes, len_bytes)?;
+        check_io(&s.name, &s.current_topology(), IoOp::WriteZeroes, offset_bytes, len_bytes)?;
         if s.read_only {
             return Err(s.read_only_error(IoOp::WriteZeroes, offset_bytes, len_bytes));
         }
@@ -1560,7 +1619,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn topology(&self) -> Topology {
-        self.shared.topology
+        self.shared.current_topology()
     }
 
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {

@@ -79,6 +79,29 @@ async fn direct_file_roundtrip_topology_and_persistence() {
     assert_eq!(&on_disk[..4096], &pattern(1, 4096)[..]);
 }
 
+/// A file grown under the open device (`truncate`) is taken by `refresh_size`; `grow_file`
+/// grows it; neither ever shrinks the device, and I/O past the old end works only after.
+#[tokio::test]
+async fn grown_files_are_taken_and_never_shrink() {
+    let dir = target_tmp();
+    let path = dir.path().join("grow");
+    FileDevice::create_sparse(&path, MIB).unwrap();
+    let dev = open_direct(&path);
+    let past_end = dev.write_slice(MIB, &[7u8; 4096], WriteFlags::NONE).await.unwrap_err();
+    assert_eq!(past_end.kind(), io::ErrorKind::InvalidInput);
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(2 * MIB).unwrap();
+    assert_eq!(dev.topology().size_bytes, MIB, "not taken before refresh_size");
+    assert_eq!(dev.refresh_size().unwrap(), 2 * MIB);
+    dev.write_slice(MIB, &[7u8; 4096], WriteFlags::NONE).await.unwrap();
+    assert_eq!(dev.grow_file(4 * MIB).unwrap(), 4 * MIB);
+    assert_eq!((dev.topology().size_bytes, std::fs::metadata(&path).unwrap().len()), (4 * MIB, 4 * MIB));
+    assert_eq!(dev.grow_file(3 * MIB).unwrap_err().kind(), io::ErrorKind::InvalidInput, "grow_file never shrinks");
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(2 * MIB).unwrap();
+    let e = dev.refresh_size().unwrap_err();
+    assert!(e.to_string().contains("shrank"), "{e}");
+    assert_eq!(dev.topology().size_bytes, 4 * MIB, "the device keeps its size");
+}
+
 #[tokio::test]
 async fn buffer_views_at_512_byte_offsets_are_served() {
     let dir = target_tmp();

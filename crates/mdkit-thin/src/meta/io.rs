@@ -138,16 +138,17 @@ impl MetaIo for FileMetaIo {
 /// Metadata on an `mdkit_io::BlockDevice`. Every call blocks the calling thread on `handle`;
 /// it must not be called from inside an async task (that returns an error instead of
 /// deadlocking or panicking).
+///
+/// Its size follows the device's current size, so a metadata device grown while the pool runs
+/// (see `Pool::resize_metadata`) becomes usable without reopening.
 pub struct DeviceMetaIo {
     dev: DeviceRef,
     handle: tokio::runtime::Handle,
-    nr_blocks: u64,
 }
 
 impl DeviceMetaIo {
     pub fn new(dev: DeviceRef, handle: tokio::runtime::Handle) -> DeviceMetaIo {
-        let nr_blocks = dev.topology().size_bytes / BLOCK_SIZE as u64;
-        DeviceMetaIo { dev, handle, nr_blocks }
+        DeviceMetaIo { dev, handle }
     }
 
     fn check_thread(&self) -> io::Result<()> {
@@ -167,13 +168,14 @@ impl MetaIo for DeviceMetaIo {
     }
 
     fn nr_blocks(&self) -> u64 {
-        self.nr_blocks
+        self.dev.topology().size_bytes / BLOCK_SIZE as u64
     }
 
     fn read_block(&self, block: u64, out: &mut BlockBuf) -> io::Result<()> {
         self.check_thread()?;
-        if block >= self.nr_blocks {
-            return Err(out_of_range(self.dev.name(), block, self.nr_blocks));
+        let nr_blocks = self.nr_blocks();
+        if block >= nr_blocks {
+            return Err(out_of_range(self.dev.name(), block, nr_blocks));
         }
         let (buf, r) =
             self.handle.block_on(self.dev.read(block * BLOCK_SIZE as u64, IoBuf::uninit_contents(BLOCK_SIZE)));
@@ -184,8 +186,9 @@ impl MetaIo for DeviceMetaIo {
 
     fn write_blocks(&self, blocks: &[(u64, &BlockBuf)]) -> io::Result<()> {
         self.check_thread()?;
-        if let Some((b, _)) = blocks.iter().find(|(b, _)| *b >= self.nr_blocks) {
-            return Err(out_of_range(self.dev.name(), *b, self.nr_blocks));
+        let nr_blocks = self.nr_blocks();
+        if let Some((b, _)) = blocks.iter().find(|(b, _)| *b >= nr_blocks) {
+            return Err(out_of_range(self.dev.name(), *b, nr_blocks));
         }
         let mut runs: Vec<(u64, SharedBuf)> = Vec::new();
         for_each_run(blocks, |start, bytes| {

@@ -870,11 +870,17 @@ impl ThinMetadata {
         self.guard(|s| s.dsm.extend(&mut s.tm, nr_data_blocks))
     }
 
+    /// The most metadata blocks the space map may grow to: the device's current size, capped at
+    /// the format maximum (dm-thin's DM_SM_METADATA_MAX_BLOCKS).
+    pub fn usable_metadata_blocks(&self) -> u64 {
+        self.io.nr_blocks().min(MAX_METADATA_BLOCKS)
+    }
+
     /// Grows the metadata space map to `nr_blocks` (capped at the device size and the format
     /// maximum). Takes effect at the next commit.
     pub fn resize_metadata(&mut self, nr_blocks: u64) -> Result<()> {
         self.check_writable()?;
-        let cap = self.io.nr_blocks().min(MAX_METADATA_BLOCKS);
+        let cap = self.usable_metadata_blocks();
         if nr_blocks < self.tm.msm.nr_blocks() {
             return Err(MetaError::InvalidArgument(format!(
                 "metadata cannot shrink from {} to {nr_blocks} blocks",

@@ -54,6 +54,7 @@
 //! the no-space timeout use timers.
 
 pub mod open;
+mod resize;
 mod state;
 mod table;
 mod thin;
@@ -74,6 +75,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::meta::{DeviceDetails, DeviceMetaIo, Mapping, MetaError, MetaIo, SharedMetadata};
 
 pub use open::{BLANK_SCAN_BLOCKS, DeviceContents};
+pub use resize::Resized;
 pub use state::{ModeCause, PoolMode};
 pub use table::TableCounters;
 pub use thin::ThinVolume;
@@ -768,7 +770,7 @@ impl Pool {
             needs_check: st.needs_check,
             metadata_low_water_blocks: st.metadata_low_water_blocks,
             data_block_bytes: s.block_bytes,
-            low_water_blocks: s.opts.low_water_blocks,
+            low_water_blocks: s.low_water_blocks.load(Ordering::Acquire),
             low_water_reached: s.low_water_reached.load(Ordering::Acquire),
             zero_new_blocks: s.opts.zero_new_blocks,
             no_space_timeout_ms: s.opts.no_space_timeout.as_millis() as u64,

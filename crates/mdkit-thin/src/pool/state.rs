@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::PoolOptions;
 
@@ -88,11 +88,16 @@ pub(crate) struct PoolState {
     pub space_gen: AtomicU64,
     pub space_notify: Notify,
     pub low_water_reached: AtomicBool,
+    /// The low-water mark in data blocks (from `opts`; changed by `Pool::set_low_water_blocks`).
+    pub low_water_blocks: AtomicU64,
+    /// Counts crossings below the low-water mark (dm-thin's low-water dm event).
+    pub low_water_events: watch::Sender<u64>,
     pub counters: Counters,
 }
 
 impl PoolState {
     pub fn new(name: String, block_bytes: u64, opts: PoolOptions, passdown: bool) -> PoolState {
+        let low_water_blocks = opts.low_water_blocks;
         PoolState {
             name,
             block_bytes,
@@ -109,6 +114,8 @@ impl PoolState {
             space_gen: AtomicU64::new(0),
             space_notify: Notify::new(),
             low_water_reached: AtomicBool::new(false),
+            low_water_blocks: AtomicU64::new(low_water_blocks),
+            low_water_events: watch::Sender::new(0),
             counters: Counters::default(),
         }
     }

@@ -242,6 +242,42 @@ fn low_water_shows_in_status_once_crossed_and_clears_when_space_returns() {
 }
 
 #[test]
+fn low_water_events_count_crossings_and_resizes_refuse_what_dm_thin_refuses() {
+    rt().block_on(async {
+        let r = rig(8, PoolOptions { low_water_blocks: 3, ..opts() }).await;
+        let mut ev = r.pool.low_water_events();
+        assert_eq!(*ev.borrow_and_update(), 0);
+        r.pool.create_thin(0).await.unwrap();
+        let v = r.pool.thin(0, 16 * BS).await.unwrap();
+        for i in 0..6 {
+            v.write_slice(i * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+        }
+        assert_eq!(*ev.borrow_and_update(), 1, "one event for one crossing (2 free < 3)");
+        // A lower mark is evaluated at once (2 free, not below 2) and re-arms the event.
+        r.pool.set_low_water_blocks(2).await.unwrap();
+        assert!(!r.pool.low_water_reached());
+        v.write_slice(6 * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+        assert_eq!(*ev.borrow_and_update(), 2);
+        assert_eq!(r.pool.status().await.unwrap().low_water_blocks, 2);
+
+        // A RAM device does not grow: beyond it, and shrinking, are refused; equal is a no-op.
+        let e = r.pool.resize_data_to(9).await.unwrap_err().to_string();
+        assert!(e.contains("holds 8 blocks"), "{e}");
+        let e = r.pool.resize_data_to(4).await.unwrap_err().to_string();
+        assert!(e.contains("cannot shrink"), "{e}");
+        assert_eq!(r.pool.resize_data_to(8).await.unwrap(), Resized { old_blocks: 8, new_blocks: 8 });
+        let total = r.pool.status().await.unwrap().total_metadata_blocks;
+        assert_eq!(r.pool.resize_metadata(None).await.unwrap(), Resized { old_blocks: total, new_blocks: total });
+        assert!(r.pool.resize_metadata(Some(total + 1)).await.is_err(), "beyond the device");
+        assert!(r.pool.resize_metadata(Some(total - 1)).await.is_err(), "no shrinking");
+        assert_eq!(r.pool.mode(), PoolMode::ReadWrite, "refusals change nothing");
+        drop(v);
+        r.pool.close().await.unwrap();
+        meta_check_clean(&r.meta);
+    });
+}
+
+#[test]
 fn out_of_range_io_is_refused_and_changes_nothing() {
     rt().block_on(async {
         let r = rig(16, opts()).await;

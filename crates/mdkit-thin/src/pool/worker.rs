@@ -429,13 +429,16 @@ impl Worker {
         self.check_low_water();
     }
 
-    fn check_low_water(&self) {
+    /// Sets `low_water_reached`; a crossing below the mark logs once and raises a low-water
+    /// event (re-armed when free space is back above the mark).
+    pub fn check_low_water(&self) {
         let free = self.state.free_data_blocks.load(Ordering::Acquire);
-        let lw = self.state.opts.low_water_blocks;
+        let lw = self.state.low_water_blocks.load(Ordering::Acquire);
         let below = free < lw;
         let was = self.state.low_water_reached.swap(below, Ordering::AcqRel);
         if below && !was {
             tracing::warn!(pool = %self.state.name, free_data_blocks = free, low_water_blocks = lw, "thin pool data space below the low-water mark");
+            self.state.low_water_events.send_modify(|n| *n += 1);
         }
     }
 

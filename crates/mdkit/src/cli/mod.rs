@@ -13,6 +13,7 @@ pub mod serve;
 pub mod status;
 pub mod thin;
 pub mod thin_tools;
+pub mod thin_activate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,8 +52,9 @@ pub enum Command {
     Manage(md::ManageArgs),
     /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
     Attr(md::AttrArgs),
-    /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list, dump,
-    /// restore, repair, delta, reserve-/release-metadata-snap.
+    /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list,
+    /// activate, deactivate, pool-resize, dump, restore, repair, delta,
+    /// reserve-/release-metadata-snap.
     Thin(thin::ThinArgs),
     /// Print events (mdadm's names: Fail, DegradedArray, ...), run an alert program, mail.
     Monitor(monitor::MonitorArgs),

@@ -11,6 +11,7 @@
 //! mdkit thin snapshot POOL NEW-ID ORIGIN-ID [--name VOLUME] [--export NAME | --no-export]
 //! mdkit thin delete POOL ID
 //! mdkit thin list POOL [--json]
+//! mdkit thin activate | deactivate | pool-resize ...   (thin_activate.rs)
 //! ```
 //! DEV is a path (a file or block device) or `volume:NAME` (a volume of the service, e.g. an
 //! md array).
@@ -49,6 +50,12 @@ pub enum Verb {
     List(PoolJsonArgs),
     #[command(flatten)]
     Tools(super::thin_tools::ToolVerb),
+    /// Open an existing thin device (made by the kernel, LVM or earlier) as a volume and export it.
+    Activate(super::thin_activate::ActivateArgs),
+    /// Flush a thin device's run-time volume, remove it and its export (the device stays).
+    Deactivate(super::thin_activate::DeactivateArgs),
+    /// Grow a running pool: pick up a grown data device, grow the metadata (never shrinks).
+    PoolResize(super::thin_activate::PoolResizeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -149,7 +156,7 @@ pub struct VolumeNaming {
 }
 
 impl VolumeNaming {
-    fn json(&self) -> (Value, Value) {
+    pub fn json(&self) -> (Value, Value) {
         let export = if self.no_export { json!("") } else { json!(self.export) };
         (json!(self.name), export)
     }
@@ -188,6 +195,9 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
         }
         Verb::List(a) => list(a),
         Verb::Tools(v) => super::thin_tools::run(v),
+        Verb::Activate(a) => super::thin_activate::activate(a),
+        Verb::Deactivate(a) => super::thin_activate::deactivate(a),
+        Verb::PoolResize(a) => super::thin_activate::pool_resize(a),
     }
 }
 
@@ -244,7 +254,7 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_created(v: &Value) -> Result<ExitCode> {
+pub fn print_created(v: &Value) -> Result<ExitCode> {
     print!(
         "thin device {} of pool {} is volume {}",
         v["id"],

@@ -22,6 +22,7 @@ pub mod monitor;
 pub mod status;
 pub mod thin;
 pub mod thin_tools;
+pub mod thin_activate;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -113,6 +114,7 @@ pub fn registry() -> Registry {
     md::register(&mut r);
     thin::register(&mut r);
     thin_tools::register(&mut r);
+    thin_activate::register(&mut r);
     monitor::register(&mut r);
     r
 }

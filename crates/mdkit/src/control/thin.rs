@@ -27,8 +27,8 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
-    PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinVolumeVol, find_pool, load_state, open_pool,
-    open_thin, size_key, update_state,
+    PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinVolumeVol, find_pool,
+    load_state, open_pool, open_thin, size_key, update_state,
 };
 use crate::volumes::{FailedVolume, Origin, catch_panic};
 
@@ -53,7 +53,7 @@ pub fn register(r: &mut Registry) {
     });
 }
 
-fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
     serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
 }
 
@@ -182,7 +182,15 @@ async fn status(svc: Arc<Service>, args: Value) -> Result<Value> {
             "fast_writes": c.volumes.fast_writes, "slow_ops": c.volumes.slow_ops,
         },
         "thins": thins,
+        "autoextend": autoextend_json(&svc, &a.pool).await,
     }))
+}
+
+/// The autoextend policy and what it did, `null` when the pool has none.
+async fn autoextend_json(svc: &Service, pool: &str) -> Value {
+    let vols = svc.volumes.read().await;
+    let ae = vols.get(pool).and_then(|v| v.as_any().downcast_ref::<ThinPoolVolume>()).and_then(|p| p.autoextend());
+    ae.map_or(Value::Null, |a| a.json())
 }
 
 #[derive(Deserialize)]
@@ -197,7 +205,7 @@ struct CreateArgs {
 }
 
 /// Opens `id` as a run-time volume (and export), remembering it.
-async fn register_thin(
+pub(super) async fn register_thin(
     svc: &Arc<Service>,
     pool_name: &str,
     id: u64,

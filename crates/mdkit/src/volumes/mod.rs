@@ -23,6 +23,7 @@ pub mod md;
 pub mod mem;
 pub mod open_guard;
 pub mod thin;
+pub mod thin_autoextend;
 
 use std::any::Any;
 use std::future::Future;

@@ -17,6 +17,9 @@
 //!                               # no_discard_passdown, ignore_discard, read_only
 //! no_space_timeout_s = 60       # queue writes this long when out of data space, then fail
 //! low_water_blocks = 1024       # warn (log, status) when free data blocks fall below
+//! autoextend_threshold_percent = 80  # file data device: grow it when more than 80% is used
+//! autoextend_step = "20%"       # by 20% of its size (or a size, "1GiB"), see thin_autoextend.rs
+//! autoextend_max_size = "1TiB"  # never beyond this
 //! commit_interval_ms = 1000     # commit at least this often when metadata changed
 //! check_on_open = true          # check the metadata before opening read-write
 //! direct = "auto"               # file devices: auto | require | off (O_DIRECT)
@@ -51,6 +54,7 @@ use mdkit_io::{
 use mdkit_thin::pool::{DiscardMode, ModeCause, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
 use serde::{Deserialize, Serialize};
 
+use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
 use crate::config::{Size, VolumeSpec};
 
@@ -97,6 +101,9 @@ pub struct PoolParams {
     /// Flush batching on the pool's own device files (default on): one `fdatasync` of the data
     /// file serves every volume flush that arrived before it started.
     pub flush_batching: Option<bool>,
+    pub autoextend_threshold_percent: Option<u64>,
+    pub autoextend_step: Option<String>,
+    pub autoextend_max_size: Option<Size>,
 }
 
 /// dm-thin feature words accepted in `options`.
@@ -142,6 +149,16 @@ impl PoolParams {
 
     fn block_bytes(&self) -> Option<u64> {
         self.block_size.map(Size::bytes)
+    }
+
+    /// The autoextend policy, validated (`None` when not configured).
+    pub fn autoextend_policy(&self) -> Result<Option<Policy>> {
+        let a = AutoextendParams {
+            autoextend_threshold_percent: self.autoextend_threshold_percent,
+            autoextend_step: self.autoextend_step.clone(),
+            autoextend_max_size: self.autoextend_max_size,
+        };
+        Policy::from_params(&a, !self.data.starts_with("volume:"), self.low_water_blocks)
     }
 }
 
@@ -287,7 +304,8 @@ pub async fn open_pool(
     volumes: &Volumes,
 ) -> Result<Arc<ThinPoolVolume>> {
     let opts = p.pool_options()?;
-    let (meta, meta_src, _) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
+    let autoextend = p.autoextend_policy().with_context(|| format!("thin pool {name}"))?;
+    let (meta, meta_src, meta_file) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
     let (data, data_src, data_file) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
     let pool = Pool::start(name, meta, data, opts, how.mode(p)).await?;
     if let Some(bs) = p.block_bytes()
@@ -300,8 +318,30 @@ pub async fn open_pool(
     if pool.mode() != PoolMode::ReadWrite {
         tracing::warn!(pool = name, "thin pool is {:?}: {}", pool.mode(), pool.mode_reason());
     }
+    let autoextend = match (autoextend, &data_file) {
+        (Some(_), Some(f)) if f.is_block_device() => {
+            pool.close().await?;
+            bail!("thin pool {name}: autoextend needs a file as data device; {data_src} is a block device");
+        }
+        (Some(policy), Some(f)) => match Autoextend::start(name, pool.clone(), f.clone(), policy).await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                pool.close().await?;
+                return Err(e.context(format!("thin pool {name}: starting autoextend")));
+            }
+        },
+        _ => None,
+    };
     let placeholder: DeviceRef = Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") });
-    Ok(Arc::new(ThinPoolVolume { name: name.to_string(), pool, meta_src, data_src, data_file, placeholder }))
+    Ok(Arc::new(ThinPoolVolume {
+        name: name.to_string(),
+        pool,
+        meta_src,
+        data_src,
+        files: PoolFiles { meta: meta_file, data: data_file },
+        autoextend,
+        placeholder,
+    }))
 }
 
 impl VolumeKind for ThinPoolKind {
@@ -324,14 +364,28 @@ pub struct ThinPoolVolume {
     pool: Pool,
     meta_src: String,
     data_src: String,
-    /// The data device when the pool opened it as a file (its flush counters).
-    data_file: Option<Arc<FileDevice>>,
+    files: PoolFiles,
+    autoextend: Option<Arc<Autoextend>>,
     placeholder: DeviceRef,
+}
+
+/// The pool's devices when it opened them as files (flush counters, growth).
+pub struct PoolFiles {
+    pub meta: Option<Arc<FileDevice>>,
+    pub data: Option<Arc<FileDevice>>,
 }
 
 impl ThinPoolVolume {
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    pub fn files(&self) -> &PoolFiles {
+        &self.files
+    }
+
+    pub fn autoextend(&self) -> Option<&Arc<Autoextend>> {
+        self.autoextend.as_ref()
     }
 }
 
@@ -368,15 +422,20 @@ impl Volume for ThinPoolVolume {
             "data": self.data_src,
             "data_block_bytes": self.pool.data_block_bytes(),
             "mode_reason": self.pool.mode_reason(),
-            "data_flush_requests": self.data_file.as_ref().and_then(|f| f.flush_stats()).map(|s| s.requests),
-            "data_flush_rounds": self.data_file.as_ref().and_then(|f| f.flush_stats()).map(|s| s.rounds),
+            "data_flush_requests": self.files.data.as_ref().and_then(|f| f.flush_stats()).map(|s| s.requests),
+            "data_flush_rounds": self.files.data.as_ref().and_then(|f| f.flush_stats()).map(|s| s.rounds),
         })
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
     fn close(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move { self.pool.close().await.map_err(anyhow::Error::from) })
+        Box::pin(async move {
+            if let Some(a) = &self.autoextend {
+                a.stop();
+            }
+            self.pool.close().await.map_err(anyhow::Error::from)
+        })
     }
 }
 

@@ -1,0 +1,115 @@
+//! `mdkit thin activate | deactivate | pool-resize`: open an existing thin device as a volume,
+//! close it again, grow a running pool.
+//!
+//! ```text
+//! mdkit thin activate POOL ID [--size S] [--name VOLUME] [--export NAME | --no-export]
+//! mdkit thin deactivate POOL ID
+//! mdkit thin pool-resize POOL [--data-size SIZE|max] [--metadata-size SIZE|max]
+//! ```
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::ControlArgs;
+use super::thin::{VolumeNaming, print_created};
+
+#[derive(Args, Debug)]
+pub struct ActivateArgs {
+    pub pool: String,
+    pub id: u64,
+    /// Virtual size (default: the size recorded when mdkit created or last opened the device;
+    /// a device made by the kernel or LVM has none, give it here).
+    #[arg(long)]
+    pub size: Option<String>,
+    #[command(flatten)]
+    pub volume: VolumeNaming,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DeactivateArgs {
+    pub pool: String,
+    pub id: u64,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PoolResizeArgs {
+    pub pool: String,
+    /// Data size: a size (a file data device is grown to it) or `max` (take the device's
+    /// current size, e.g. after `truncate -s`). Default, when neither option is given: max.
+    #[arg(long, value_name = "SIZE|max")]
+    pub data_size: Option<String>,
+    /// Metadata size: a size (a file is grown to it) or `max` (the device's current size,
+    /// capped at dm-thin's 15.87 GiB). Default, when neither option is given: max.
+    #[arg(long, value_name = "SIZE|max")]
+    pub metadata_size: Option<String>,
+    /// Print the raw JSON answer.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+pub fn activate(a: ActivateArgs) -> Result<ExitCode> {
+    let (name, export) = a.volume.json();
+    let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export });
+    print_created(&a.control.client()?.call("thin.activate", args)?)
+}
+
+pub fn deactivate(a: DeactivateArgs) -> Result<ExitCode> {
+    let v = a.control.client()?.call("thin.deactivate", json!({ "pool": a.pool, "id": a.id }))?;
+    println!("deactivated thin device {} of pool {}", a.id, a.pool);
+    for (what, key) in [("volume", "volumes_removed"), ("export", "exports_removed")] {
+        for n in v[key].as_array().into_iter().flatten() {
+            println!("removed {what} {}", n.as_str().unwrap_or("?"));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn pool_resize(a: PoolResizeArgs) -> Result<ExitCode> {
+    let args = json!({ "pool": a.pool, "data_size": a.data_size, "metadata_size": a.metadata_size });
+    let v = a.control.client()?.call("thin.pool-resize", args)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", resize_text(&v));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn resize_text(v: &Value) -> String {
+    let mut out = String::new();
+    for (what, key) in [("metadata", "metadata_blocks"), ("data", "data_blocks")] {
+        let (old, new) = (&v[key]["old"], &v[key]["new"]);
+        if old.is_null() {
+            continue;
+        }
+        let verb = if old == new { "unchanged at" } else { "grown to" };
+        out += &format!("{} {what}: {verb} {new} blocks (was {old})\n", v["pool"].as_str().unwrap_or("?"));
+    }
+    out += &format!("status: {}\n", v["status"].as_str().unwrap_or("?"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resize_text_says_what_grew() {
+        let v = json!({ "pool": "p", "metadata_blocks": {"old": 2048, "new": 2048},
+            "data_blocks": {"old": 64, "new": 128}, "status": "0 20/2048 3/128 - rw" });
+        let t = resize_text(&v);
+        assert!(
+            t.contains("p metadata: unchanged at 2048") && t.contains("p data: grown to 128 blocks (was 64)"),
+            "{t}"
+        );
+    }
+}
