@@ -55,6 +55,7 @@
 
 pub mod open;
 mod state;
+mod status;
 mod table;
 mod thin;
 mod util;
