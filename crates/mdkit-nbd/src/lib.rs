@@ -10,9 +10,10 @@
 //! Protocol coverage: options GO, INFO (EXPORT, NAME, DESCRIPTION, BLOCK_SIZE), EXPORT_NAME,
 //! LIST, ABORT, STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (other options:
 //! `NBD_REP_ERR_UNSUP`); commands READ, WRITE (FUA), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE,
-//! FAST_ZERO), BLOCK_STATUS (REQ_ONE; contexts in [`meta_context`]), DISC. Requests that are not aligned to
-//! the device block are served by read-modify-write when the client did not promise alignment
-//! (see [`gate`]). The crate README lists the reply each malformed request gets.
+//! FAST_ZERO), BLOCK_STATUS (REQ_ONE; contexts in [`meta_context`]), DISC. Requests that are
+//! not aligned to the device block are served by read-modify-write when the client did not
+//! promise alignment (see [`gate`]). The crate README lists the reply each malformed request
+//! gets.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {

@@ -41,6 +41,8 @@ struct Client(TcpStream);
 
 /// One option reply: type and data.
 type OptReply = (u32, Vec<u8>);
+/// One reply chunk: type, context id (or error number), descriptors (length, flags).
+type Chunk = (u16, u32, Vec<(u32, u32)>);
 
 impl Client {
     fn open(addr: &str) -> Client {
@@ -92,7 +94,7 @@ impl Client {
     }
 
     /// A BLOCK_STATUS request; returns per chunk (type, context id or error, descriptors).
-    fn block_status(&mut self, flags: u16, offset: u64, len: u32) -> Vec<(u16, u32, Vec<(u32, u32)>)> {
+    fn block_status(&mut self, flags: u16, offset: u64, len: u32) -> Vec<Chunk> {
         let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
         b.extend_from_slice(&flags.to_be_bytes());
         b.extend_from_slice(&CMD_BLOCK_STATUS.to_be_bytes());
