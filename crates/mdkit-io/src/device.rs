@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, SharedBuf};
+use crate::extent::{Extent, ExtentFlags};
 
 /// Boxed future returned by device operations (dyn-compatible, `Send`).
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -134,6 +135,42 @@ pub trait BlockDevice: Send + Sync + 'static {
 
     /// The range reads back as zeroes afterwards.
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>>;
+
+    /// Which parts of `[offset_bytes, offset_bytes + len_bytes)` are allocated and which read
+    /// as zeroes: at most `max_extents` extents from `offset_bytes` covering a prefix of the
+    /// range (see [`crate::extent`] for the contract). The range must lie inside the device;
+    /// it need not be aligned. The default, for devices that cannot tell, is one allocated
+    /// extent over the whole range, which is always correct.
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
+        let _ = (offset_bytes, max_extents);
+        let all = if len_bytes == 0 { vec![] } else { vec![Extent { len_bytes, flags: ExtentFlags::DATA }] };
+        Box::pin(std::future::ready(Ok(all)))
+    }
+
+    /// Which parts of the range differ from `base`, an earlier point-in-time version of this
+    /// device that the device itself knows (a thin volume: a snapshot's thin id). `true` means
+    /// changed (or not known to be unchanged). Same shape rules as [`Self::block_status`]; a
+    /// zero-length range just checks that `base` can be compared against. Default:
+    /// `Unsupported`.
+    fn changed_since(
+        &self,
+        base: u64,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent<bool>>>> {
+        let _ = (base, offset_bytes, len_bytes, max_extents);
+        let e = io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: changed-block tracking is not supported by this device", self.name()),
+        );
+        Box::pin(std::future::ready(Err(e)))
+    }
 }
 
 /// Shared handle used to stack devices chosen at run time.
@@ -278,6 +315,23 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
     }
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
         (**self).write_zeroes(offset_bytes, len_bytes, flags)
+    }
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
+        (**self).block_status(offset_bytes, len_bytes, max_extents)
+    }
+    fn changed_since(
+        &self,
+        base: u64,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent<bool>>>> {
+        (**self).changed_since(base, offset_bytes, len_bytes, max_extents)
     }
 }
 

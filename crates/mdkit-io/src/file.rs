@@ -79,6 +79,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
 use crate::flush::{FlushBatcher, FlushStats};
 use crate::plug::{self, PlugTarget};
 
@@ -1640,5 +1641,30 @@ impl BlockDevice for FileDevice {
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, flags: ZeroFlags) -> IoFuture<'_, io::Result<()>> {
         Box::pin(self.do_write_zeroes(offset_bytes, len_bytes, flags))
+    }
+
+    /// Regular files: holes by SEEK_DATA/SEEK_HOLE, in logical blocks, on the blocking pool
+    /// (the filesystem may read its extent tree). Block devices cannot tell: all data.
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
+        let s = self.shared.clone();
+        Box::pin(async move {
+            check_status_range(&s.name, s.topology.size_bytes, offset_bytes, len_bytes)?;
+            if s.kind != Kind::RegularFile || len_bytes == 0 {
+                let all = if len_bytes == 0 { vec![] } else { vec![Extent { len_bytes, flags: ExtentFlags::DATA }] };
+                return Ok(all);
+            }
+            let g = u64::from(s.topology.logical_block_bytes);
+            let s2 = s.clone();
+            tokio::task::spawn_blocking(move || {
+                seek_extents(&s2.name, s2.file.as_raw_fd(), offset_bytes, len_bytes, g, max_extents)
+            })
+            .await
+            .map_err(|e| io::Error::other(format!("{}: block status task failed: {e}", s.name)))?
+        })
     }
 }

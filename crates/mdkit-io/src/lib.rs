@@ -7,6 +7,7 @@
 //! |-----------|--------------------------------------------------------------------------|
 //! | [`device`] | the [`BlockDevice`] contract, [`check_io`], [`IoOp`], [`PerOp`]          |
 //! | [`buf`]    | [`IoBuf`] / [`SharedBuf`]: owned 4 KiB-aligned buffers                  |
+//! | [`extent`] | [`Extent`] / [`ExtentList`]: block status (holes, zeroes) of a range     |
 //! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
 //! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
@@ -25,6 +26,7 @@
 pub mod buf;
 pub mod crash;
 pub mod device;
+pub mod extent;
 pub mod fault;
 pub mod file;
 pub mod flash;
@@ -44,6 +46,7 @@ pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags,
     check_io, join_read_parts, unsupported,
 };
+pub use extent::{Extent, ExtentFlags, ExtentList, check_status_range, seek_extents};
 pub use fault::{
     FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,
 };

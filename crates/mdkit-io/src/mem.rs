@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+use crate::extent::{Extent, ExtentFlags, ExtentList, check_status_range};
 
 const PAGE_BYTES: usize = 4096;
 const SHARDS: usize = 64;
@@ -154,6 +155,23 @@ impl MemDevice {
         true
     }
 
+    fn page_extents(&self, offset_bytes: u64, len_bytes: u64, max_extents: usize) -> Vec<Extent> {
+        let mut list = ExtentList::new(len_bytes, max_extents);
+        let end = offset_bytes + len_bytes;
+        let mut pos = offset_bytes;
+        while pos < end {
+            let page = pos / PAGE_BYTES as u64;
+            let n = (page + 1) * PAGE_BYTES as u64 - pos;
+            let present = self.shard(page).lock().contains_key(&page);
+            let flags = if present { ExtentFlags::DATA } else { ExtentFlags::HOLE_ZERO };
+            if !list.push(n, flags) {
+                break;
+            }
+            pos += n;
+        }
+        list.finish()
+    }
+
     /// Bytes backed by allocated pages.
     pub fn allocated_bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.lock().len() as u64).sum::<u64>() * PAGE_BYTES as u64
@@ -202,6 +220,18 @@ impl BlockDevice for MemDevice {
         if r.is_ok() {
             self.zero_bytes(offset_bytes, len_bytes);
         }
+        Box::pin(std::future::ready(r))
+    }
+
+    /// Absent pages are holes that read as zeroes; present pages are data.
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
+        let r = check_status_range(&self.name, self.topology.size_bytes, offset_bytes, len_bytes)
+            .map(|()| self.page_extents(offset_bytes, len_bytes, max_extents));
         Box::pin(std::future::ready(r))
     }
 }

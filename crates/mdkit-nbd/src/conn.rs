@@ -41,10 +41,12 @@ use mdkit_io::{BlockDevice, IoBuf, SharedBuf, WriteFlags, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
+use crate::block_status::{StatusRequest, block_status};
 use crate::budget::{BUDGET_UNIT_BYTES, BudgetWaiter, PayloadBudget};
 use crate::export::ExportState;
 use crate::handshake::Negotiated;
 use crate::latency::RequestClass;
+use crate::meta_context::MetaContext;
 use crate::proto::*;
 use crate::reader::{PayloadProgress, RequestReader};
 use crate::stall::StallWatch;
@@ -91,6 +93,8 @@ struct Conn {
     min_block_bytes: u64,
     max_payload_bytes: u32,
     size_bytes: u64,
+    /// Meta contexts selected for this export (BLOCK_STATUS answers these).
+    contexts: Vec<MetaContext>,
 }
 
 /// A parsed, validated request.
@@ -125,6 +129,7 @@ where
         min_block_bytes: u64::from(bs.min_bytes),
         max_payload_bytes: bs.max_payload_bytes,
         size_bytes: topo.size_bytes,
+        contexts: neg.contexts,
         export: neg.export,
     });
     // Always room for one request of the largest payload, whatever the configured budget.
@@ -536,10 +541,21 @@ fn validate(conn: &Conn, h: &RequestHeader) -> Result<(), (u32, String)> {
         CMD_READ => CMD_FLAG_FUA | if conn.structured { CMD_FLAG_DF } else { 0 },
         CMD_WRITE | CMD_FLUSH | CMD_TRIM => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
         _ => return Err((EINVAL, format!("unsupported command type {} ({name})", h.kind))),
     };
     if h.flags & !allowed_flags != 0 {
         return Err((EINVAL, format!("command flags {:#x} are not valid for {name}", h.flags)));
+    }
+    if h.kind == CMD_BLOCK_STATUS && conn.contexts.is_empty() {
+        return Err((
+            EINVAL,
+            format!(
+                "BLOCK_STATUS without a meta context: NBD_OPT_SET_META_CONTEXT must select one for export {:?} \
+                 before it is opened",
+                conn.export.export.name
+            ),
+        ));
     }
     let writes = matches!(h.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     if writes && conn.export.export.read_only {
@@ -641,6 +657,21 @@ async fn execute_timed(conn: &Conn, req: Request) -> Reply {
                 stats.write_zeroes.fetch_add(1, Ordering::Relaxed);
             }
             r
+        }
+        CMD_BLOCK_STATUS => {
+            let sr = StatusRequest {
+                cookie: req.cookie,
+                offset_bytes: req.offset_bytes,
+                len_bytes: req.len_bytes,
+                flags: req.flags,
+            };
+            match block_status(&conn.export, &conn.contexts, sr).await {
+                Ok(chunks) => {
+                    stats.block_status.fetch_add(1, Ordering::Relaxed);
+                    return Reply::chunks(chunks);
+                }
+                Err(e) => Err(e),
+            }
         }
         _ => unreachable!("validate() admits only the commands handled above"),
     };
@@ -870,6 +901,11 @@ impl Reply {
             len += p.len();
         }
         Reply { head: Head::Inline { bytes, len: len as u8 }, data: None, units: 0 }
+    }
+
+    /// Structured reply chunks already encoded (BLOCK_STATUS).
+    fn chunks(bytes: Vec<u8>) -> Reply {
+        Reply { head: Head::Heap(bytes), data: None, units: 0 }
     }
 
     fn ok(cookie: u64) -> Reply {

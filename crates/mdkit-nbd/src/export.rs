@@ -28,6 +28,8 @@ pub struct ExportStats {
     pub flushes: AtomicU64,
     pub trims: AtomicU64,
     pub write_zeroes: AtomicU64,
+    /// BLOCK_STATUS requests answered.
+    pub block_status: AtomicU64,
     pub read_bytes: AtomicU64,
     pub written_bytes: AtomicU64,
     /// Requests answered with an error (validation or device).
@@ -50,6 +52,7 @@ pub struct ExportStatsSnapshot {
     pub flushes: u64,
     pub trims: u64,
     pub write_zeroes: u64,
+    pub block_status: u64,
     pub read_bytes: u64,
     pub written_bytes: u64,
     pub errors: u64,
@@ -69,6 +72,7 @@ impl ExportStats {
             flushes: l(&self.flushes),
             trims: l(&self.trims),
             write_zeroes: l(&self.write_zeroes),
+            block_status: l(&self.block_status),
             read_bytes: l(&self.read_bytes),
             written_bytes: l(&self.written_bytes),
             errors: l(&self.errors),

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::budget::PayloadBudget;
 use crate::conn::{self, ConnLimits};
 use crate::handshake::{self, Negotiated};
+use crate::meta_context::{MetaContext, encode_meta_request};
 use crate::proto::*;
 use crate::{Export, NbdServer, ServerOptions};
 
@@ -43,14 +44,16 @@ pub fn handshake(client_bytes: &[u8]) -> Outcome {
 }
 
 /// Runs the transmission phase over `stream`. The first byte picks the negotiated state:
-/// bit 0 structured replies, bit 1 block sizes committed, bit 2 read-only export.
+/// bit 0 structured replies, bit 1 block sizes committed, bit 2 read-only export, bit 3
+/// `base:allocation` selected (with structured replies; BLOCK_STATUS is refused without).
 pub fn requests(stream: &[u8]) -> Outcome {
     let (&mode, rest) = stream.split_first().unwrap_or((&0, &[]));
     let server = server(mode & 4 != 0);
     let export = server.shared().find_export("").expect("the fuzz server has a default export");
     let structured = mode & 1 != 0;
     let flags = export.transmission_flags(structured);
-    let neg = Negotiated { export, structured, block_size_committed: mode & 2 != 0, flags };
+    let contexts = if structured && mode & 8 != 0 { vec![MetaContext::Allocation] } else { Vec::new() };
+    let neg = Negotiated { export, structured, block_size_committed: mode & 2 != 0, flags, contexts };
     let limits = ConnLimits {
         max_in_flight_requests: 16,
         max_in_flight_bytes: 1 << 20,
@@ -134,7 +137,15 @@ pub fn seed_handshakes() -> Vec<Vec<u8>> {
     let mut abort = flags.to_vec();
     option(&mut abort, 99, b"unknown");
     option(&mut abort, OPT_ABORT, &[]);
-    vec![go, export_name, abort]
+    // Meta contexts: LIST everything, SET allocation (plus an unknown and a changed-since
+    // query the export cannot answer), then GO.
+    let mut meta = flags.to_vec();
+    option(&mut meta, OPT_STRUCTURED_REPLY, &[]);
+    option(&mut meta, OPT_LIST_META_CONTEXT, &encode_meta_request("d", &[]));
+    let queries = ["base:allocation", "x-other:thing", "x-mdkit:changed-since:1"];
+    option(&mut meta, OPT_SET_META_CONTEXT, &encode_meta_request("d", &queries));
+    option(&mut meta, OPT_GO, &info_request(b"d", &[]));
+    vec![go, export_name, abort, meta]
 }
 
 fn request(out: &mut Vec<u8>, kind: u16, flags: u16, offset_bytes: u64, len_bytes: u32) {
@@ -161,7 +172,14 @@ pub fn seed_requests() -> Vec<Vec<u8>> {
     request(&mut structured, CMD_TRIM, 0, 0, 8192);
     request(&mut structured, CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 512, 3000);
     request(&mut structured, CMD_READ, CMD_FLAG_DF, 0, 65536);
-    vec![plain, structured]
+    // Block status with `base:allocation` selected: whole export, REQ_ONE, past the end.
+    let mut status = vec![1u8 | 8];
+    request(&mut status, CMD_WRITE, 0, 8192, 4096);
+    status.extend(std::iter::repeat_n(0x11, 4096));
+    request(&mut status, CMD_BLOCK_STATUS, 0, 0, EXPORT_BYTES as u32);
+    request(&mut status, CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 4096, 65536);
+    request(&mut status, CMD_BLOCK_STATUS, 0, EXPORT_BYTES - 512, 1024);
+    vec![plain, structured, status]
 }
 
 #[cfg(test)]
@@ -172,7 +190,7 @@ mod tests {
     fn seed_handshakes_negotiate_or_abort() {
         let seeds = seed_handshakes();
         let outcomes: Vec<bool> = seeds.iter().map(|s| handshake(s).completed).collect();
-        assert_eq!(outcomes, [true, true, false]);
+        assert_eq!(outcomes, [true, true, false, true]);
         assert!(handshake(&seeds[2]).reply_bytes > 18, "unknown option and ABORT are answered");
         // Truncated anywhere: never completes, never panics.
         for cut in 0..seeds[0].len() {
@@ -204,6 +222,15 @@ mod tests {
         let structured = requests(&seeds[1]);
         assert!(structured.completed);
         assert!(structured.reply_bytes > 65536, "{structured:?}");
+        // WRITE (16), status of the whole export: hole, 4 KiB data, hole (20 + 4 + 3 × 8),
+        // REQ_ONE: one hole (20 + 4 + 8), past the end: an error chunk (20 + 6 + message).
+        let status = requests(&seeds[2]);
+        assert!(status.completed);
+        assert!(status.reply_bytes > 16 + 48 + 32 + 26, "{status:?}");
+        // The same stream without a selected context: three error chunks instead.
+        let mut unselected = seeds[2].clone();
+        unselected[0] = 1;
+        assert!(requests(&unselected).reply_bytes != status.reply_bytes);
         // A header announcing the largest payload, then nothing: ends without a reply.
         let mut stalled = vec![0u8];
         request(&mut stalled, CMD_WRITE, 0, 0, MAX_PAYLOAD_BYTES);

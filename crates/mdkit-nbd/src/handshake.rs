@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::export::ExportState;
+use crate::meta_context::{self, MetaContext, Selection};
 use crate::proto::*;
 use crate::server::Shared;
 
@@ -33,6 +34,17 @@ pub struct Negotiated {
     /// advertised minimum block size (misaligned requests then get EINVAL).
     pub block_size_committed: bool,
     pub flags: u16,
+    /// Meta contexts BLOCK_STATUS answers, in context-id order (id = index + 1); empty when
+    /// the last NBD_OPT_SET_META_CONTEXT did not name this export (BLOCK_STATUS then fails).
+    pub contexts: Vec<MetaContext>,
+}
+
+/// The contexts of `selection` if it was made for `export`.
+fn contexts_for(selection: &Option<Selection>, export: &ExportState) -> Vec<MetaContext> {
+    match selection {
+        Some(sel) if sel.export_name == export.export.name => sel.contexts.clone(),
+        _ => Vec::new(),
+    }
 }
 
 /// Runs the handshake. `Ok(None)`: the client ended it (ABORT or EOF) politely.
@@ -53,6 +65,7 @@ where
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
     let mut structured = false;
+    let mut selection: Option<Selection> = None;
     let mut scratch = Vec::new();
 
     for _ in 0..OPTIONS_MAX_PER_CONNECTION {
@@ -116,8 +129,16 @@ where
                     send(s, option, REP_ACK, &[]).await?;
                 }
             }
+            OPT_LIST_META_CONTEXT => {
+                meta_context::list_or_set(s, shared, option, &data, structured).await?;
+            }
+            OPT_SET_META_CONTEXT => {
+                // A SET replaces the selection, even when it fails.
+                selection = meta_context::list_or_set(s, shared, option, &data, structured).await?;
+            }
             OPT_INFO | OPT_GO => {
-                if let Some(n) = info_or_go(s, shared, option, &data, structured).await? {
+                if let Some(mut n) = info_or_go(s, shared, option, &data, structured).await? {
+                    n.contexts = contexts_for(&selection, &n.export);
                     return Ok(Some(n));
                 }
             }
@@ -135,7 +156,8 @@ where
                     out.resize(out.len() + 124, 0);
                 }
                 s.write_all(&out).await?;
-                return Ok(Some(Negotiated { export, structured, block_size_committed: false, flags }));
+                let contexts = contexts_for(&selection, &export);
+                return Ok(Some(Negotiated { export, structured, block_size_committed: false, flags, contexts }));
             }
             OPT_STARTTLS => send(s, option, REP_ERR_UNSUP, b"TLS is not supported").await?,
             _ => {
@@ -202,7 +224,7 @@ where
     s.write_all(&out).await?;
     if option == OPT_GO {
         let block_size_committed = requests.contains(&INFO_BLOCK_SIZE);
-        return Ok(Some(Negotiated { export, structured, block_size_committed, flags }));
+        return Ok(Some(Negotiated { export, structured, block_size_committed, flags, contexts: Vec::new() }));
     }
     Ok(None)
 }

@@ -8,10 +8,12 @@
 //! ```
 //!
 //! Protocol coverage: options GO, INFO (EXPORT, NAME, DESCRIPTION, BLOCK_SIZE), EXPORT_NAME,
-//! LIST, ABORT, STRUCTURED_REPLY (other options: `NBD_REP_ERR_UNSUP`); commands READ, WRITE
-//! (FUA), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE, FAST_ZERO), DISC. Requests that are not aligned to
-//! the device block are served by read-modify-write when the client did not promise alignment
-//! (see [`gate`]). The crate README lists the reply each malformed request gets.
+//! LIST, ABORT, STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (other options:
+//! `NBD_REP_ERR_UNSUP`); commands READ, WRITE (FUA), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE,
+//! FAST_ZERO), BLOCK_STATUS (REQ_ONE; contexts in [`meta_context`]), DISC. Requests that are
+//! not aligned to the device block are served by read-modify-write when the client did not
+//! promise alignment (see [`gate`]). The crate README lists the reply each malformed request
+//! gets.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -25,6 +27,7 @@
 //! ```
 
 pub mod admission;
+mod block_status;
 pub mod budget;
 mod conn;
 pub mod export;
@@ -33,6 +36,7 @@ pub mod fuzzing;
 pub mod gate;
 pub mod handshake;
 pub mod latency;
+pub mod meta_context;
 pub mod proto;
 mod reader;
 pub mod server;

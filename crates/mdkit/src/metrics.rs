@@ -154,12 +154,13 @@ fn export_metrics(sink: &mut Sink, e: &Value) {
         &id,
         num(&s["in_flight"]),
     );
-    let counters: [(&'static str, &str, &str); 10] = [
+    let counters: [(&'static str, &str, &str); 11] = [
         ("mdkit_export_reads", "NBD read requests", "reads"),
         ("mdkit_export_writes", "NBD write requests", "writes"),
         ("mdkit_export_flushes", "NBD flush requests", "flushes"),
         ("mdkit_export_trims", "NBD trim requests", "trims"),
         ("mdkit_export_write_zeroes", "NBD write-zeroes requests", "write_zeroes"),
+        ("mdkit_export_block_status", "NBD block-status requests", "block_status"),
         ("mdkit_export_read_bytes", "bytes read by NBD clients", "read_bytes"),
         ("mdkit_export_written_bytes", "bytes written by NBD clients", "written_bytes"),
         ("mdkit_export_errors", "NBD requests answered with an error", "errors"),
@@ -168,7 +169,7 @@ fn export_metrics(sink: &mut Sink, e: &Value) {
     ];
     for (metric, help, key) in counters {
         let value = if key.is_empty() {
-            ["reads", "writes", "flushes", "trims", "write_zeroes"].iter().map(|k| count(&s[*k])).sum()
+            ["reads", "writes", "flushes", "trims", "write_zeroes", "block_status"].iter().map(|k| count(&s[*k])).sum()
         } else {
             count(&s[key])
         };

@@ -56,6 +56,7 @@
 pub mod open;
 mod resize;
 mod state;
+mod status;
 mod table;
 mod thin;
 mod tools;

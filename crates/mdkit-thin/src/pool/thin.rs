@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mdkit_io::{
-    BlockDevice, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io,
+    BlockDevice, Extent, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io,
     join_read_parts,
 };
 
@@ -237,6 +237,27 @@ impl BlockDevice for ThinVolume {
             }
             Ok(())
         })
+    }
+
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
+        let size_bytes = self.topology.size_bytes;
+        Box::pin(self.dev.block_status(&self.name, size_bytes, offset_bytes, len_bytes, max_extents))
+    }
+
+    fn changed_since(
+        &self,
+        base: u64,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+    ) -> IoFuture<'_, io::Result<Vec<Extent<bool>>>> {
+        let size_bytes = self.topology.size_bytes;
+        Box::pin(self.dev.changed_since(&self.name, size_bytes, base, offset_bytes, len_bytes, max_extents))
     }
 }
 

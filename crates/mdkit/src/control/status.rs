@@ -59,7 +59,7 @@ fn export_json(e: &ExportSpec, s: &ExportStatsSnapshot, size_bytes: u64) -> Valu
         "connections": s.connections,
         "stats": {
             "reads": s.reads, "writes": s.writes, "flushes": s.flushes, "trims": s.trims,
-            "write_zeroes": s.write_zeroes, "read_bytes": s.read_bytes,
+            "write_zeroes": s.write_zeroes, "block_status": s.block_status, "read_bytes": s.read_bytes,
             "written_bytes": s.written_bytes, "errors": s.errors, "in_flight": s.in_flight,
             "rmw_cycles": s.rmw_cycles,
         },
