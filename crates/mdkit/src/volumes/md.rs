@@ -6,7 +6,9 @@
 //! [[volume]]
 //! name = "md0"
 //! kind = "md"
-//! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume
+//! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume;
+//!                           # "nbd://HOST[:PORT]/EXPORT", "nbd+unix:///EXPORT?socket=PATH" = remote
+//! write_mostly = []         # members (as in `members`) that reads avoid while another copy is in sync
 //! member_size = "1GiB"      # create missing member files sparse with this size
 //! create = true             # no member has a superblock yet: create the array (else assemble)
 //! level = "raid1"           # create: raid0 raid1 raid4 raid5 raid6 raid10
@@ -30,7 +32,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use mdkit_io::{DeviceRef, DirectMode, FileDevice, FileOptions};
+use mdkit_io::nbd_client::NbdClientOptions;
+use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, NbdDevice, is_nbd_uri};
 use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create, read_superblock};
 use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::format::parse_uuid;
@@ -73,6 +76,9 @@ struct MdParams {
     #[serde(default)]
     direct: Direct,
     queue_depth: Option<u32>,
+    /// Members (as written in `members`) that reads avoid while another copy is in sync.
+    #[serde(default)]
+    write_mostly: Vec<String>,
     #[serde(default)]
     attributes: BTreeMap<String, toml::Value>,
 }
@@ -101,6 +107,7 @@ fn member_names(specs: &[String]) -> Vec<String> {
         .iter()
         .map(|s| match s.strip_prefix("volume:") {
             Some(v) => v.to_string(),
+            None if is_nbd_uri(s) => s.clone(),
             None => Path::new(s).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| s.clone()),
         })
         .collect();
@@ -110,16 +117,35 @@ fn member_names(specs: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Opens member specs: paths (relative to `data_dir`) or `volume:NAME`.
-pub fn open_members(specs: &[String], data_dir: &Path, volumes: &Volumes, how: MemberOpen) -> Result<OpenedMembers> {
+/// Opens member specs: paths (relative to `data_dir`), `volume:NAME`, or NBD URIs
+/// (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`: a member on a remote server,
+/// named by its URI).
+pub async fn open_members(
+    specs: &[String],
+    data_dir: &Path,
+    volumes: &Volumes,
+    how: MemberOpen,
+) -> Result<OpenedMembers> {
     if specs.is_empty() {
         bail!("no members given");
     }
     let names = member_names(specs);
+    // Remote members first: a bad URI or an unreachable server must not leave member files
+    // created behind it.
+    let mut remote: Vec<Option<DeviceRef>> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        remote.push(if is_nbd_uri(spec) { Some(open_remote(spec).await?) } else { None });
+    }
     let mut devs = Vec::with_capacity(specs.len());
     let mut sources = Vec::with_capacity(specs.len());
     let mut all_created = true;
-    for (spec, name) in specs.iter().zip(names) {
+    for ((spec, name), remote) in specs.iter().zip(names).zip(remote) {
+        if let Some(dev) = remote {
+            devs.push(MemberDev::new(name, dev));
+            sources.push(spec.clone());
+            all_created = false;
+            continue;
+        }
         if let Some(v) = spec.strip_prefix("volume:") {
             let vol = volumes
                 .get(v)
@@ -136,6 +162,26 @@ pub fn open_members(specs: &[String], data_dir: &Path, volumes: &Volumes, how: M
         sources.push(path.display().to_string());
     }
     Ok(OpenedMembers { devs, sources, all_created })
+}
+
+async fn open_remote(uri: &str) -> Result<DeviceRef> {
+    let dev = NbdDevice::connect(uri, NbdClientOptions::default()).await.context("opening a remote member")?;
+    tracing::info!(member = uri, size_bytes = dev.topology().size_bytes, "remote md member connected");
+    Ok(Arc::new(dev))
+}
+
+/// The member names of the `write_mostly` entries, each of which must be one of `members`.
+fn write_mostly_names(members: &[String], write_mostly: &[String], opened: &OpenedMembers) -> Result<Vec<String>> {
+    write_mostly
+        .iter()
+        .map(|w| {
+            let i = members
+                .iter()
+                .position(|m| m == w)
+                .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
+            Ok(opened.devs[i].name.clone())
+        })
+        .collect()
 }
 
 fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
@@ -293,8 +339,12 @@ impl VolumeKind for MdKind {
                 queue_depth: p.queue_depth,
                 create_size_bytes: p.member_size.map(Size::bytes),
             };
-            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how)?;
+            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how).await?;
+            let write_mostly = write_mostly_names(&p.members, &p.write_mostly, &opened)?;
             let vol = start_array(&spec.name, opened, create.as_ref(), uuid, p.force).await?;
+            for name in write_mostly {
+                vol.array.set_write_mostly(&name, true).await.with_context(|| format!("write_mostly {name}"))?;
+            }
             let attrs: BTreeMap<String, String> = p
                 .attributes
                 .iter()
