@@ -379,4 +379,5 @@ fn bad_member_uris_are_refused_naming_the_uri() {
         assert!(e.contains(&uri) && e.contains(why), "{uri}: {e}");
     }
     assert!(srv.status()["volumes"].as_array().unwrap().is_empty());
+    assert!(!Path::new(&a).exists(), "a refused remote member left a member file created");
 }
