@@ -5,10 +5,15 @@
 //!   with zero client-visible errors and the bitmap records the writes; with the server back,
 //!   `manage --remove` + `--re-add URI` copies only the dirty chunks (counted on the server
 //!   side), `check` reports 0 mismatches and `mdadm --examine` accepts both members;
-//! - raid1 of a local file and a qemu-nbd export over TCP loopback, the remote added with
-//!   `manage --add --write-mostly`: rebuilt, flagged write-mostly in its superblock (mdadm
-//!   agrees), and reads through the array never reach it while the local copy is in sync;
-//! - bad member URIs and unreachable servers are refused with errors naming the URI.
+//! - a config volume mirroring a local file to a qemu-nbd export over TCP loopback: data on
+//!   the remote file, check 0, assembled again after a restart, mdadm --examine agrees;
+//! - an nbdkit export added with `manage --add --write-mostly`: rebuilt, flagged write-mostly
+//!   in its superblock (mdadm agrees, the next assembly too), and reads through the array never
+//!   reach it while the local copy is in sync;
+//! - a server that hangs (SIGSTOP) fails the member after `remote_timeout_ms` while writes
+//!   through the array go on;
+//! - bad member URIs and unreachable servers are refused with errors naming the URI (no member
+//!   file created), and `--check-config` checks URIs and the remote keys.
 
 mod common;
 
@@ -380,4 +385,79 @@ fn bad_member_uris_are_refused_naming_the_uri() {
     }
     assert!(srv.status()["volumes"].as_array().unwrap().is_empty());
     assert!(!Path::new(&a).exists(), "a refused remote member left a member file created");
+}
+
+#[test]
+fn hung_server_fails_the_member_after_remote_timeout_ms_and_the_array_keeps_serving() {
+    require_tool("nbdcopy", "libnbd-bin");
+    let dir = tempfile::Builder::new().prefix("mdkit-remote-").tempdir_in("/var/tmp").unwrap();
+    let remote_file = dir.path().join("remote.img");
+    sparse(&remote_file, SIZE);
+    let sock = dir.path().join("remote.sock");
+    let peer = nbdkit(&remote_file, &sock, &dir.path().join("nbdkit.log"));
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let body = format!(
+        r#"
+[[volume]]
+name = "h"
+kind = "md"
+members = ["h-local.img", "{uri}"]
+member_size = "64MiB"
+create = true
+level = "raid1"
+assume_clean = true
+remote_timeout_ms = 500
+[[export]]
+name = "h"
+volume = "h"
+"#
+    );
+    let srv = Server::start(&body);
+    let write = |seed: u64| {
+        let data = pattern(seed, 2 << 20);
+        let src = srv.path("h.src");
+        std::fs::write(&src, &data).unwrap();
+        run(Command::new("nbdcopy").arg(&src).arg(srv.uri("h")));
+        data
+    };
+    write(1);
+    // The remote side hangs (stopped, not dead: the socket stays open, nothing answers).
+    let pid = peer.child.as_ref().unwrap().id() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let data = write(2);
+    assert_eq!(common::nbd_read(&srv, "h", data.len()), data);
+    let d = detail(&srv, "h");
+    let m = member(&d, &uri);
+    assert!(has_state(m, "faulty"), "{d:#}");
+    assert!(m["fail_reason"].as_str().unwrap_or("").contains("no reply within 500ms"), "{m:#}");
+    assert_eq!(d["degraded"], 1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+}
+
+#[test]
+fn check_config_validates_member_uris_and_remote_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, members, why) in [
+        ("", r#"["a.img", "nbd+unix:///x"]"#, "needs ?socket=PATH"),
+        ("remote_timeout_ms = 5", r#"["a.img", "nbd://h/x"]"#, "remote_timeout_ms = 5"),
+        ("remote_queue_depth = 0", r#"["a.img", "nbd://h/x"]"#, "remote_queue_depth = 0"),
+        ("write_mostly = [\"b.img\"]", r#"["a.img", "nbd://h/x"]"#, ""),
+    ] {
+        let cfg = dir.path().join("c.toml");
+        let text = format!(
+            "data_dir = \"{}\"\n[[volume]]\nname = \"m\"\nkind = \"md\"\nmembers = {members}\n{extra}\n",
+            dir.path().display()
+        );
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(common::MDKIT).args(["serve", "--check-config", "--config"]).arg(&cfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if why.is_empty() {
+            // write_mostly names are checked against the members when the array opens.
+            assert!(out.status.success(), "{extra}: {err}");
+        } else {
+            assert!(!out.status.success() && err.contains(why), "{extra}: {err}");
+        }
+    }
 }

@@ -23,6 +23,8 @@
 //! force = false             # assemble: take stale members back / start dirty degraded parity
 //! direct = "auto"           # member files: auto | require | off (O_DIRECT)
 //! queue_depth = 128         # member files: io_uring requests in flight per member
+//! remote_timeout_ms = 30000 # remote members: an unanswered request fails the member
+//! remote_queue_depth = 64   # remote members: requests in flight per member
 //! [volume.attributes]       # md attributes set after start (sync_speed_max = 100000, ...)
 //! ```
 
@@ -76,6 +78,10 @@ struct MdParams {
     #[serde(default)]
     direct: Direct,
     queue_depth: Option<u32>,
+    /// Remote members: a request unanswered this long fails the member (failfast).
+    remote_timeout_ms: Option<u64>,
+    /// Remote members: requests on the wire at once.
+    remote_queue_depth: Option<u32>,
     /// Members (as written in `members`) that reads avoid while another copy is in sync.
     #[serde(default)]
     write_mostly: Vec<String>,
@@ -90,6 +96,8 @@ pub struct MemberOpen {
     pub queue_depth: Option<u32>,
     /// Create missing member files sparse with this size.
     pub create_size_bytes: Option<u64>,
+    /// NBD client settings of remote (URI) members.
+    pub remote: NbdClientOptions,
 }
 
 /// Opened members: devices with their names, where each came from, and whether mdkit created
@@ -134,7 +142,7 @@ pub async fn open_members(
     // created behind it.
     let mut remote: Vec<Option<DeviceRef>> = Vec::with_capacity(specs.len());
     for spec in specs {
-        remote.push(if is_nbd_uri(spec) { Some(open_remote(spec).await?) } else { None });
+        remote.push(if is_nbd_uri(spec) { Some(open_remote(spec, how.remote).await?) } else { None });
     }
     let mut devs = Vec::with_capacity(specs.len());
     let mut sources = Vec::with_capacity(specs.len());
@@ -164,10 +172,28 @@ pub async fn open_members(
     Ok(OpenedMembers { devs, sources, all_created })
 }
 
-async fn open_remote(uri: &str) -> Result<DeviceRef> {
-    let dev = NbdDevice::connect(uri, NbdClientOptions::default()).await.context("opening a remote member")?;
+async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<DeviceRef> {
+    let dev = NbdDevice::connect(uri, opts).await.context("opening a remote member")?;
     tracing::info!(member = uri, size_bytes = dev.topology().size_bytes, "remote md member connected");
     Ok(Arc::new(dev))
+}
+
+/// The NBD client settings from `remote_timeout_ms` / `remote_queue_depth`.
+fn remote_options(p: &MdParams) -> Result<NbdClientOptions> {
+    let mut o = NbdClientOptions::default();
+    if let Some(ms) = p.remote_timeout_ms {
+        if !(100..=3_600_000).contains(&ms) {
+            bail!("remote_timeout_ms = {ms}: use 100..=3600000");
+        }
+        o.request_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(qd) = p.remote_queue_depth {
+        if !(1..=1024).contains(&qd) {
+            bail!("remote_queue_depth = {qd}: use 1..=1024");
+        }
+        o.max_in_flight = qd;
+    }
+    Ok(o)
 }
 
 /// The member names of the `write_mostly` entries, each of which must be one of `members`.
@@ -328,6 +354,10 @@ impl VolumeKind for MdKind {
         if let Some(c) = &parsed.create {
             c.to_options(&spec.name, parsed.params.members.len(), false)?;
         }
+        remote_options(&parsed.params)?;
+        for uri in parsed.params.members.iter().filter(|m| is_nbd_uri(m)) {
+            mdkit_io::NbdUri::parse(uri)?;
+        }
         Ok(())
     }
 
@@ -338,6 +368,7 @@ impl VolumeKind for MdKind {
                 direct: p.direct,
                 queue_depth: p.queue_depth,
                 create_size_bytes: p.member_size.map(Size::bytes),
+                remote: remote_options(&p)?,
             };
             let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how).await?;
             let write_mostly = write_mostly_names(&p.members, &p.write_mostly, &opened)?;
