@@ -365,9 +365,17 @@ fn remote_member_added_write_mostly_is_rebuilt_and_never_read() {
     mdkit_ok(&srv, &["stop", "wm"]);
     let ex = mdadm_examine(&remote_file);
     assert!(ex.contains("write-mostly"), "{ex}");
-    mdkit_ok(&srv, &["assemble", "wm", &a, &uri]);
+    mdkit_ok(&srv, &["assemble", "wm", &a, &uri, "--export", "wm"]);
     let d = detail(&srv, "wm");
     assert!(has_state(member(&d, &uri), "write_mostly"), "{d:#}");
+    // Control: without the flag, reads do reach the remote copy (the log counts them).
+    mdkit_ok(&srv, &["attr", "wm", &format!("dev-{uri}/state=-writemostly")]);
+    assert!(!has_state(member(&detail(&srv, "wm"), &uri), "write_mostly"));
+    let before = logged(&log, "Read").iter().filter(|(o, _)| *o >= off).count();
+    let c = srv.path("wm.dst");
+    run(Command::new("nbdcopy").args(["--requests=16", "--request-size=1048576"]).arg(srv.uri("wm")).arg(&c));
+    let after = logged(&log, "Read").iter().filter(|(o, _)| *o >= off).count();
+    assert!(after > before, "reads spread over both copies once the flag is cleared");
 }
 
 #[test]

@@ -422,7 +422,9 @@ pub fn manage(a: ManageArgs) -> Result<ExitCode> {
 pub fn attr(a: AttrArgs) -> Result<ExitCode> {
     let args = match a.attr.as_deref() {
         None => json!({ "name": a.name }),
-        Some(kv) => match kv.split_once('=') {
+        // The last '=': member names may contain one (`dev-nbd+unix:///?socket=/s/state=faulty`);
+        // attribute values never do.
+        Some(kv) => match kv.rsplit_once('=') {
             Some((k, v)) => json!({ "name": a.name, "key": k, "value": v }),
             None => json!({ "name": a.name, "key": kv }),
         },
