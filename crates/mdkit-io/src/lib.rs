@@ -10,6 +10,7 @@
 //! | [`extent`] | [`Extent`] / [`ExtentList`]: block status (holes, zeroes) of a range     |
 //! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
+//! | [`nbd_client`] | [`NbdDevice`]: a member on a remote NBD server (`nbd://`, `nbd+unix://`) |
 //! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
@@ -32,6 +33,7 @@ pub mod file;
 pub mod flash;
 pub mod flush;
 pub mod mem;
+pub mod nbd_client;
 pub mod plug;
 pub mod rng;
 pub mod timer;
@@ -56,6 +58,7 @@ pub use file::{
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use flush::{FlushBatcher, FlushStats};
 pub use mem::MemDevice;
+pub use nbd_client::{LinkStatus, NbdClientError, NbdClientOptions, NbdDevice, NbdErrorKind, NbdUri, is_nbd_uri};
 pub use plug::{Plug, Plugged, is_plugged, plugged};
 pub use rng::Rng;
 pub use timer::MicroTimer;

@@ -382,6 +382,19 @@ impl Array {
         Ok(())
     }
 
+    /// Sets or clears a member's write-mostly flag (mdadm `--write-mostly`, sysfs
+    /// `writemostly`): reads avoid a write-mostly member while another in-sync copy exists. The
+    /// flag is written to the member's superblock (devflags WriteMostly1) before this returns.
+    pub async fn set_write_mostly(&self, member: &str, on: bool) -> stdio::Result<()> {
+        let m = self.find(member)?;
+        if on {
+            m.set(flag::WRITE_MOSTLY);
+        } else {
+            m.clear(flag::WRITE_MOSTLY);
+        }
+        self.core.update_superblocks(if on { "member write-mostly" } else { "member not write-mostly" }).await
+    }
+
     /// `--replace`: rebuild a spare as the member's replacement, then fail the member.
     /// With `with`, that device is added as the spare to use.
     pub async fn replace_member(&self, member: &str, with: Option<MemberDev>) -> stdio::Result<()> {

@@ -24,7 +24,7 @@ use super::core::ArrayCore;
 use super::io::join_all;
 use super::member::{Member, flag};
 use super::slots::SlotTable;
-use crate::format::superblock::{ROLE_FAULTY, ROLE_SPARE, Superblock, feature, md_time};
+use crate::format::superblock::{DEVFLAG_WRITE_MOSTLY, ROLE_FAULTY, ROLE_SPARE, Superblock, feature, md_time};
 
 /// Serialisation and coalescing state of the superblock writer.
 pub struct SbState {
@@ -123,6 +123,12 @@ pub(crate) fn compose(
     sb.resync_offset_sectors = resync_offset;
     sb.dev_roles = roles.to_vec();
     sb.cnt_corrected_read = m.corrected_reads();
+    // WriteMostly1 follows the member flag (super_1_sync), so setting it at run time persists.
+    if m.has(flag::WRITE_MOSTLY) {
+        sb.devflags |= DEVFLAG_WRITE_MOSTLY;
+    } else {
+        sb.devflags &= !DEVFLAG_WRITE_MOSTLY;
+    }
     let mut fm = sb.feature_map & !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::RECOVERY_BITMAP);
     sb.recovery_offset_sectors = 0;
     if slots.role_of(m).is_some() && !m.has(flag::IN_SYNC) {

@@ -7,13 +7,14 @@
 //! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--run] [--export E]
 //! mdkit detail NAME [--json]
 //! mdkit stop NAME
-//! mdkit manage NAME --add|--fail|--remove|--re-add|--replace MEMBER [--with MEMBER]
+//! mdkit manage NAME --add|--fail|--remove|--re-add|--replace MEMBER [--with MEMBER] [--write-mostly]
 //! mdkit attr NAME [KEY[=VALUE]]
 //! ```
 //! `create` goes through the running service when its control socket answers (the array starts
 //! and can be exported); otherwise it writes the superblocks offline, like mdadm on stopped
 //! devices, and `mdkit assemble` (or a `kind = "md"` volume) starts it later. Member paths are
-//! made absolute from the current directory; `volume:NAME` names another volume of the service.
+//! made absolute from the current directory; `volume:NAME` names another volume of the service;
+//! `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH` are members on NBD servers.
 
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
@@ -131,6 +132,10 @@ pub struct ManageArgs {
     /// With --add: create the member file sparse with this size if missing.
     #[arg(long, value_name = "SIZE")]
     pub member_size: Option<String>,
+    /// With --add / --re-add: reads avoid the member while another copy is in sync (a slow or
+    /// remote mirror); recorded in its superblock like mdadm's --write-mostly.
+    #[arg(long)]
+    pub write_mostly: bool,
     #[command(flatten)]
     pub control: ControlArgs,
 }
@@ -146,14 +151,14 @@ pub struct AttrArgs {
     pub control: ControlArgs,
 }
 
-/// Member specs as the service should see them: absolute paths (from the current directory)
-/// or `volume:NAME`.
+/// Member specs as the service should see them: absolute paths (from the current directory),
+/// `volume:NAME` or NBD URIs (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`).
 fn absolute_members(members: &[String]) -> Result<Vec<String>> {
     let cwd = std::env::current_dir().context("current directory")?;
     Ok(members
         .iter()
         .map(|m| {
-            if m.starts_with("volume:") || Path::new(m).is_absolute() {
+            if m.starts_with("volume:") || mdkit_io::is_nbd_uri(m) || Path::new(m).is_absolute() {
                 m.clone()
             } else {
                 cwd.join(m).display().to_string()
@@ -270,7 +275,7 @@ fn create_offline(
     rt.block_on(async {
         let vols = crate::volumes::Volumes::default();
         let how = crate::volumes::md::MemberOpen { create_size_bytes: member_size, ..Default::default() };
-        let opened = crate::volumes::md::open_members(members, Path::new("/"), &vols, how)?;
+        let opened = crate::volumes::md::open_members(members, Path::new("/"), &vols, how).await?;
         if !force {
             for m in &opened.devs {
                 if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {
@@ -392,6 +397,9 @@ pub fn manage(a: ManageArgs) -> Result<ExitCode> {
         (.., Some(m)) => ("replace", m),
         _ => bail!("give one of --add, --fail, --remove, --re-add, --replace"),
     };
+    if a.write_mostly && !matches!(action, "add" | "re-add") {
+        bail!("--write-mostly goes with --add or --re-add");
+    }
     // New devices are paths from here; members already in the array may be names.
     let member = if matches!(action, "add" | "re-add") {
         absolute_members(std::slice::from_ref(member))?.remove(0)
@@ -403,7 +411,8 @@ pub fn manage(a: ManageArgs) -> Result<ExitCode> {
         a.member_size.as_deref().map(parse_size).transpose().map_err(|e| anyhow!("--member-size: {e}"))?;
     let d = a.control.client()?.call(
         "md.manage",
-        json!({ "name": a.name, "action": action, "member": member, "with": with, "member_size_bytes": member_size }),
+        json!({ "name": a.name, "action": action, "member": member, "with": with, "member_size_bytes": member_size,
+                "write_mostly": a.write_mostly }),
     )?;
     println!("mdkit: {action} {member}: done");
     print!("{}", detail_text(&d, false));
@@ -413,7 +422,9 @@ pub fn manage(a: ManageArgs) -> Result<ExitCode> {
 pub fn attr(a: AttrArgs) -> Result<ExitCode> {
     let args = match a.attr.as_deref() {
         None => json!({ "name": a.name }),
-        Some(kv) => match kv.split_once('=') {
+        // The last '=': member names may contain one (`dev-nbd+unix:///?socket=/s/state=faulty`);
+        // attribute values never do.
+        Some(kv) => match kv.rsplit_once('=') {
             Some((k, v)) => json!({ "name": a.name, "key": k, "value": v }),
             None => json!({ "name": a.name, "key": kv }),
         },

@@ -8,11 +8,12 @@
 //! | `md.assemble` | name, members, uuid, force, run, export                               |
 //! | `md.detail`   | name                                                                  |
 //! | `md.stop`     | name                                                                  |
-//! | `md.manage`   | name, action (add, fail, remove, re-add, replace), member, with       |
+//! | `md.manage`   | name, action (add, fail, remove, re-add, replace), member, with,      |
+//! |               | write_mostly (add, re-add)                                            |
 //! | `md.attr`     | name, key (optional), value (optional: set)                           |
 //! | `md.list`     | —                                                                     |
 //!
-//! Members are paths (relative to the data directory) or `volume:NAME`. Arrays created or
+//! Members are paths (relative to the data directory), `volume:NAME` or NBD URIs. Arrays created or
 //! assembled through these commands are remembered in `<data_dir>/md-arrays.json` (like
 //! mdadm.conf: name, uuid, members, export) and assembled again when the service starts;
 //! `md.stop` forgets them. One that fails to assemble at start is listed as failed (not
@@ -204,7 +205,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let opened = {
         let vols = svc.volumes.read().await;
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
-        open_members(&a.members, &svc.config.data_dir, &vols, how)?
+        open_members(&a.members, &svc.config.data_dir, &vols, how).await?
     };
     check_not_in_use(&svc, &opened.sources).await?;
     if !a.force {
@@ -259,7 +260,7 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     let opened = {
         let vols = svc.volumes.read().await;
-        open_members(&a.members, &svc.config.data_dir, &vols, MemberOpen::default())?
+        open_members(&a.members, &svc.config.data_dir, &vols, MemberOpen::default()).await?
     };
     check_not_in_use(&svc, &opened.sources).await?;
     let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
@@ -363,7 +364,7 @@ async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
     let opened = {
         let vols = svc.volumes.read().await;
-        open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default())?
+        open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default()).await?
     };
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
     svc.volumes.write().await.insert(vol)
@@ -414,6 +415,9 @@ struct ManageArgs {
     member: String,
     with: Option<String>,
     member_size_bytes: Option<u64>,
+    /// With add / re-add: the member is write-mostly (reads avoid it).
+    #[serde(default)]
+    write_mostly: bool,
 }
 
 /// The member name for `spec`: a member name, or the path/source it was opened from.
@@ -428,10 +432,10 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     drop_left_out_sources(vol);
-    let open_new = |spec: &str| -> Result<_> {
+    let open_new = async |spec: &str| -> Result<_> {
         let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
-        let mut o = open_members(&[spec.to_string()], &svc.config.data_dir, &vols, how)?;
+        let mut o = open_members(&[spec.to_string()], &svc.config.data_dir, &vols, how).await?;
         // Keep member names unique within the array.
         let existing: Vec<String> = vol.sources.lock().iter().map(|(n, _)| n.clone()).collect();
         if existing.contains(&o.devs[0].name) {
@@ -441,7 +445,7 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     match a.action.as_str() {
         "add" | "re-add" => {
-            let o = open_new(&a.member)?;
+            let o = open_new(&a.member).await?;
             check_not_in_use(&svc, &o.sources).await?;
             let dev = o.devs[0].clone();
             if a.action == "add" {
@@ -450,6 +454,9 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
                 vol.array.re_add_member(dev.clone()).await?;
             }
             vol.sources.lock().push((dev.name.clone(), o.sources[0].clone()));
+            if a.write_mostly {
+                vol.array.set_write_mostly(&dev.name, true).await?;
+            }
         }
         "fail" | "remove" => {
             let m = resolve_member(vol, &a.member, &svc.config.data_dir)
@@ -466,7 +473,7 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
                 .ok_or_else(|| anyhow!("{}: no member {:?}", a.name, a.member))?;
             let with = match &a.with {
                 Some(w) => {
-                    let o = open_new(w)?;
+                    let o = open_new(w).await?;
                     check_not_in_use(&svc, &o.sources).await?;
                     vol.sources.lock().push((o.devs[0].name.clone(), o.sources[0].clone()));
                     Some(o.devs[0].clone())

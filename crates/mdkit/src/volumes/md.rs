@@ -6,7 +6,9 @@
 //! [[volume]]
 //! name = "md0"
 //! kind = "md"
-//! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume
+//! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume;
+//!                           # "nbd://HOST[:PORT]/EXPORT", "nbd+unix:///EXPORT?socket=PATH" = remote
+//! write_mostly = []         # members (as in `members`) that reads avoid while another copy is in sync
 //! member_size = "1GiB"      # create missing member files sparse with this size
 //! create = true             # no member has a superblock yet: create the array (else assemble)
 //! level = "raid1"           # create: raid0 raid1 raid4 raid5 raid6 raid10
@@ -21,6 +23,8 @@
 //! force = false             # assemble: take stale members back / start dirty degraded parity
 //! direct = "auto"           # member files: auto | require | off (O_DIRECT)
 //! queue_depth = 128         # member files: io_uring requests in flight per member
+//! remote_timeout_ms = 30000 # remote members: an unanswered request fails the member
+//! remote_queue_depth = 64   # remote members: requests in flight per member
 //! [volume.attributes]       # md attributes set after start (sync_speed_max = 100000, ...)
 //! ```
 
@@ -30,7 +34,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use mdkit_io::{DeviceRef, DirectMode, FileDevice, FileOptions};
+use mdkit_io::nbd_client::NbdClientOptions;
+use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, NbdDevice, is_nbd_uri};
 use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create, read_superblock};
 use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::format::parse_uuid;
@@ -73,6 +78,13 @@ struct MdParams {
     #[serde(default)]
     direct: Direct,
     queue_depth: Option<u32>,
+    /// Remote members: a request unanswered this long fails the member (failfast).
+    remote_timeout_ms: Option<u64>,
+    /// Remote members: requests on the wire at once.
+    remote_queue_depth: Option<u32>,
+    /// Members (as written in `members`) that reads avoid while another copy is in sync.
+    #[serde(default)]
+    write_mostly: Vec<String>,
     #[serde(default)]
     attributes: BTreeMap<String, toml::Value>,
 }
@@ -84,6 +96,8 @@ pub struct MemberOpen {
     pub queue_depth: Option<u32>,
     /// Create missing member files sparse with this size.
     pub create_size_bytes: Option<u64>,
+    /// NBD client settings of remote (URI) members.
+    pub remote: NbdClientOptions,
 }
 
 /// Opened members: devices with their names, where each came from, and whether mdkit created
@@ -101,6 +115,7 @@ fn member_names(specs: &[String]) -> Vec<String> {
         .iter()
         .map(|s| match s.strip_prefix("volume:") {
             Some(v) => v.to_string(),
+            None if is_nbd_uri(s) => s.clone(),
             None => Path::new(s).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| s.clone()),
         })
         .collect();
@@ -110,16 +125,35 @@ fn member_names(specs: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Opens member specs: paths (relative to `data_dir`) or `volume:NAME`.
-pub fn open_members(specs: &[String], data_dir: &Path, volumes: &Volumes, how: MemberOpen) -> Result<OpenedMembers> {
+/// Opens member specs: paths (relative to `data_dir`), `volume:NAME`, or NBD URIs
+/// (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`: a member on a remote server,
+/// named by its URI).
+pub async fn open_members(
+    specs: &[String],
+    data_dir: &Path,
+    volumes: &Volumes,
+    how: MemberOpen,
+) -> Result<OpenedMembers> {
     if specs.is_empty() {
         bail!("no members given");
     }
     let names = member_names(specs);
+    // Remote members first: a bad URI or an unreachable server must not leave member files
+    // created behind it.
+    let mut remote: Vec<Option<DeviceRef>> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        remote.push(if is_nbd_uri(spec) { Some(open_remote(spec, how.remote).await?) } else { None });
+    }
     let mut devs = Vec::with_capacity(specs.len());
     let mut sources = Vec::with_capacity(specs.len());
     let mut all_created = true;
-    for (spec, name) in specs.iter().zip(names) {
+    for ((spec, name), remote) in specs.iter().zip(names).zip(remote) {
+        if let Some(dev) = remote {
+            devs.push(MemberDev::new(name, dev));
+            sources.push(spec.clone());
+            all_created = false;
+            continue;
+        }
         if let Some(v) = spec.strip_prefix("volume:") {
             let vol = volumes
                 .get(v)
@@ -136,6 +170,44 @@ pub fn open_members(specs: &[String], data_dir: &Path, volumes: &Volumes, how: M
         sources.push(path.display().to_string());
     }
     Ok(OpenedMembers { devs, sources, all_created })
+}
+
+async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<DeviceRef> {
+    let dev = NbdDevice::connect(uri, opts).await.context("opening a remote member")?;
+    tracing::info!(member = uri, size_bytes = dev.topology().size_bytes, "remote md member connected");
+    Ok(Arc::new(dev))
+}
+
+/// The NBD client settings from `remote_timeout_ms` / `remote_queue_depth`.
+fn remote_options(p: &MdParams) -> Result<NbdClientOptions> {
+    let mut o = NbdClientOptions::default();
+    if let Some(ms) = p.remote_timeout_ms {
+        if !(100..=3_600_000).contains(&ms) {
+            bail!("remote_timeout_ms = {ms}: use 100..=3600000");
+        }
+        o.request_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(qd) = p.remote_queue_depth {
+        if !(1..=1024).contains(&qd) {
+            bail!("remote_queue_depth = {qd}: use 1..=1024");
+        }
+        o.max_in_flight = qd;
+    }
+    Ok(o)
+}
+
+/// The member names of the `write_mostly` entries, each of which must be one of `members`.
+fn write_mostly_names(members: &[String], write_mostly: &[String], opened: &OpenedMembers) -> Result<Vec<String>> {
+    write_mostly
+        .iter()
+        .map(|w| {
+            let i = members
+                .iter()
+                .position(|m| m == w)
+                .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
+            Ok(opened.devs[i].name.clone())
+        })
+        .collect()
 }
 
 fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
@@ -282,6 +354,10 @@ impl VolumeKind for MdKind {
         if let Some(c) = &parsed.create {
             c.to_options(&spec.name, parsed.params.members.len(), false)?;
         }
+        remote_options(&parsed.params)?;
+        for uri in parsed.params.members.iter().filter(|m| is_nbd_uri(m)) {
+            mdkit_io::NbdUri::parse(uri)?;
+        }
         Ok(())
     }
 
@@ -292,9 +368,14 @@ impl VolumeKind for MdKind {
                 direct: p.direct,
                 queue_depth: p.queue_depth,
                 create_size_bytes: p.member_size.map(Size::bytes),
+                remote: remote_options(&p)?,
             };
-            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how)?;
+            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how).await?;
+            let write_mostly = write_mostly_names(&p.members, &p.write_mostly, &opened)?;
             let vol = start_array(&spec.name, opened, create.as_ref(), uuid, p.force).await?;
+            for name in write_mostly {
+                vol.array.set_write_mostly(&name, true).await.with_context(|| format!("write_mostly {name}"))?;
+            }
             let attrs: BTreeMap<String, String> = p
                 .attributes
                 .iter()
