@@ -14,6 +14,8 @@
 //!   generation written. Entries newer than the last written generation are md's
 //!   *unacknowledged* ones: a write that recorded them is acknowledged only after the round.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 
 use crate::format::badblocks::{BadBlock, ENTRIES_PER_PAGE, MAX_ENTRY_UNITS};
@@ -25,6 +27,8 @@ pub struct BadBlockList {
     /// `Some(shift)` when the member has a log to persist entries in.
     shift: Option<u8>,
     capacity_entries: usize,
+    /// `!ranges.is_empty()`, readable without the lock (every member I/O asks).
+    any: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -42,7 +46,7 @@ impl BadBlockList {
         let shift = has_log.then_some(sb.bblog_shift);
         let capacity_entries =
             if has_log { (usize::from(sb.bblog_size_sectors) * 64).min(ENTRIES_PER_PAGE) } else { 0 };
-        BadBlockList { shift, capacity_entries, state: Mutex::new(State::default()) }
+        BadBlockList { shift, capacity_entries, any: AtomicBool::new(false), state: Mutex::new(State::default()) }
     }
 
     /// Whether entries can be recorded (the member has a log).
@@ -60,6 +64,7 @@ impl BadBlockList {
         for b in blocks {
             insert(&mut s.ranges, b.start_sector, b.start_sector.saturating_add(b.len_sectors));
         }
+        self.any.store(!s.ranges.is_empty(), Ordering::Release);
     }
 
     /// The merged ranges.
@@ -78,16 +83,16 @@ impl BadBlockList {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.state.lock().ranges.is_empty()
+        !self.any.load(Ordering::Acquire)
     }
 
     /// The first bad range overlapping absolute sectors `[start, start + len)`.
     pub fn first_overlap(&self, start: u64, len: u64) -> Option<BadBlock> {
-        let end = start.saturating_add(len);
-        let s = self.state.lock();
-        if s.ranges.is_empty() {
+        if self.is_empty() {
             return None;
         }
+        let end = start.saturating_add(len);
+        let s = self.state.lock();
         s.ranges.iter().find(|b| b.start_sector < end && b.start_sector + b.len_sectors > start).copied()
     }
 
@@ -107,6 +112,7 @@ impl BadBlockList {
         if next != s.ranges {
             s.ranges = next;
             s.generation += 1;
+            self.any.store(true, Ordering::Release);
         }
         true
     }
@@ -142,6 +148,7 @@ impl BadBlockList {
         if self.has_log() && entries_for(&next, shift) > self.capacity_entries {
             return false;
         }
+        self.any.store(!next.is_empty(), Ordering::Release);
         s.ranges = next;
         s.generation += 1;
         true
