@@ -8,7 +8,8 @@
 //! - a read error on one mirror is repaired by rewriting it from the other copy (transient
 //!   error) or fails the member (persistent error), invisibly to the client;
 //! - a member that dies during a write fails and the write still succeeds on the others;
-//! - the last member the array needs is never failed: the client gets the error instead.
+//! - the last member the array needs is never failed: a write error there is recorded as a
+//!   bad block and the client gets the error (that range then reads as an error).
 
 mod array_util;
 
@@ -214,25 +215,26 @@ async fn last_member_is_never_failed() {
     random_write(&a, &mut model, &mut rng, 8).await; // succeeds degraded
     assert_eq!(a.core().degraded(), 1);
     assert!(a.fail_member("last-1").await.is_err(), "the last member cannot be failed");
-    ms[1].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, None).times(1));
+    // A write error on its data: recorded as a bad block (its log has room), the member stays,
+    // the write fails (no copy took it) and that range now reads as an error, never stale data.
+    let dof = a.core().slots().all_members().iter().find(|m| m.name() == "last-1").unwrap().data_offset_sectors * 512;
+    ms[1].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, Some(dof..dof + 16 * MIB)));
     let (off, len) = random_extent(&mut rng, a.size_bytes(), 4);
     let r = a.write(off, mdkit_io::SharedBuf::zeroed(len as usize), mdkit_io::WriteFlags::NONE).await;
-    eprintln!(
-        "stats0 {:?} stats1 {:?} attrs {:?}",
-        ms[0].fault.as_ref().unwrap().stats(),
-        ms[1].fault.as_ref().unwrap().stats(),
-        a.attributes()
-    );
     let e = r.unwrap_err();
     assert!(e.to_string().contains("last-1"), "the error names the member: {e}");
-    assert_eq!(a.get_attribute("dev-last-1/state").unwrap(), "in_sync");
+    let kind = mdkit_md::array::MdError::of(&e).map(|m| m.kind);
+    assert_eq!(kind, Some(mdkit_md::array::MdErrorKind::BadBlockRecorded), "{e}");
+    assert_eq!(a.get_attribute("dev-last-1/state").unwrap(), "in_sync,write_error");
+    assert_ne!(a.get_attribute("array_state").unwrap(), "broken");
+    assert!(mdkit_io::BlockDeviceExt::read_vec(&a, off, len as usize).await.is_err(), "the lost range is EIO");
     // The data written before is still readable.
-    verify_all(&a, &{
-        let mut m = model;
-        m.apply(off, &a_read(&a, off, len).await);
-        m
-    })
-    .await;
+    if off > 0 {
+        verify_range(&a, &model, 0, off).await;
+    }
+    if off + len < a.size_bytes() {
+        verify_range(&a, &model, off + len, a.size_bytes() - off - len).await;
+    }
     a.stop().await.unwrap();
 }
 

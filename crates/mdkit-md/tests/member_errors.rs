@@ -245,7 +245,7 @@ async fn member_dies(level: Level, n: usize, layout: Option<u32>, x: usize, how:
     assert_ne!(a.get_attribute("array_state").unwrap(), "broken", "{test}");
     let why = mx.fail_reason().unwrap_or_default();
     match how {
-        // A write error fails the member at once (no bad-block log).
+        // Every write fails, the bad-block log and superblock too: the member is failed.
         Death::WriteErrors => {
             let data_or_bitmap = why.contains("write at member sector") || why.contains("write-intent bitmap");
             assert!(data_or_bitmap || why.contains("superblock write failed"), "{test}: {why}");
@@ -478,15 +478,27 @@ async fn the_last_copy_is_kept_and_errors_are_typed() {
         }
         assert!(member(&a, last).is_in_sync(), "{level:?}: the last copy is never failed");
         assert_ne!(a.get_attribute("array_state").unwrap(), "broken", "{level:?}: a read error does not break it");
-        // A write error on it: kept, the write fails, the array is broken and refuses writes.
-        fault(last).add(FaultRule::error(OpMask::WRITE, None).times(1));
+        // A write error on its data while its bad-block log has room: the range is recorded as
+        // bad, the member stays, the write fails (no copy took it), the array is not broken.
+        let data_rule = fault(last).add(FaultRule::error(OpMask::WRITE, Some(dof..dof + 8 * MIB)));
+        let e = a.write(c.write_at, SharedBuf::zeroed(c.write_len as usize), WriteFlags::NONE).await.unwrap_err();
+        let md = MdError::of(&e).unwrap_or_else(|| panic!("{level:?}: untyped error {e}"));
+        assert_eq!((md.kind, md.member.as_deref()), (MdErrorKind::BadBlockRecorded, Some(last.name.as_str())), "{e}");
+        assert!(member(&a, last).is_in_sync(), "{level:?}");
+        assert!(!member(&a, last).bad_blocks().is_empty(), "{level:?}");
+        assert_ne!(a.get_attribute("array_state").unwrap(), "broken", "{level:?}");
+        // A write error where not even the log can be written: kept, the array is broken and
+        // refuses writes.
+        fault(last).remove(data_rule);
+        fault(last).add(FaultRule::error(OpMask::WRITE, None));
         let e = a.write(c.write_at, SharedBuf::zeroed(c.write_len as usize), WriteFlags::NONE).await.unwrap_err();
         let md = MdError::of(&e).unwrap_or_else(|| panic!("{level:?}: untyped error {e}"));
         assert_eq!((md.kind, md.member.as_deref()), (MdErrorKind::MemberWrite, Some(last.name.as_str())), "{e}");
         assert!(member(&a, last).is_in_sync(), "{level:?}");
         assert_eq!(a.get_attribute("array_state").unwrap(), "broken", "{level:?}");
         let e = a.write(c.write_at, SharedBuf::zeroed(4096), WriteFlags::NONE).await.unwrap_err();
-        assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Broken), "{e}");
+        let kind = MdError::of(&e).map(|m| m.kind);
+        assert!(matches!(kind, Some(MdErrorKind::Broken | MdErrorKind::NeedsCheck)), "{e}");
         // What the members still hold is served (raid5: rebuilt from the others).
         verify_range(&a, &model, c.write_at + c.write_len, MIB).await;
         let detail = a.detail();

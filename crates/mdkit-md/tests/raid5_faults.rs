@@ -260,9 +260,10 @@ async fn write_errors_fail_members_within_redundancy() {
     }
     assert_eq!(a.get_attribute("dev-werr-1/state").unwrap(), "faulty");
     verify_all(&a, &model).await;
-    // Degraded: the next member failing a write would lose data: the client gets the error and
-    // the member stays.
-    ms[3].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, None).times(1));
+    // Degraded: the next member failing a write would lose data: the range is recorded as a bad
+    // block on it, the client gets the error and the member stays.
+    let dof = a.core().slots().all_members().iter().find(|m| m.name() == "werr-3").unwrap().data_offset_sectors * 512;
+    ms[3].fault.as_ref().unwrap().add(FaultRule::error(OpMask::WRITE, Some(dof..dof + 12 * MIB)));
     let mut saw_error = false;
     for _ in 0..8 {
         let (off, len) = random_extent(&mut rng, a.size_bytes(), 48);

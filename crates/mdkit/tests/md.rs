@@ -152,10 +152,16 @@ fn offline_create_examine_then_assemble() {
     let json: Value =
         serde_json::from_slice(&run(Command::new(MDKIT).args(["examine", "--json"]).arg(&members[1])).stdout).unwrap();
     assert_eq!(json["device"], members[1].as_str());
+    assert_eq!(json["bad_blocks"], serde_json::json!([]));
+    let bb =
+        String::from_utf8(run(Command::new(MDKIT).args(["examine", "--badblocks"]).arg(&members[0])).stdout).unwrap();
+    assert_eq!(bb, format!("Bad-blocks list is empty in {}\n", members[0]));
     if Command::new("mdadm").arg("--version").output().is_ok() {
         let m = run(Command::new("mdadm").arg("--examine").arg(&members[1]).env("TZ", "UTC"));
         let m = String::from_utf8_lossy(&m.stdout);
         assert!(m.contains("Raid Level : raid1") && m.contains("correct"), "{m}");
+        let m = run(Command::new("mdadm").arg("--examine-badblocks").arg(&members[0]));
+        assert_eq!(String::from_utf8_lossy(&m.stdout), bb, "mdadm --examine-badblocks agrees");
     }
     // Not an md member.
     let blank = dir.join("blank.img");
@@ -168,6 +174,7 @@ fn offline_create_examine_then_assemble() {
     let d = detail(&srv, "off");
     assert_eq!(d["level"], "raid1");
     assert_eq!(d["consistency_policy"], "bitmap");
+    assert_eq!(d["members"][0]["bad_blocks"], 0, "{d}");
 }
 
 #[test]

@@ -17,7 +17,10 @@
 //! - the array must be able to run (the personality decides); an explicit assembly
 //!   ([`PartialStart::NeedsRun`]) with fewer members than were active at the last stop needs
 //!   `--run` (or `--force`); a dirty *and* degraded raid4/5/6 is refused unless forced (md's
-//!   start_dirty_degraded: its parity cannot be trusted).
+//!   start_dirty_degraded: its parity cannot be trusted);
+//! - a member's bad-block log (BAD_BLOCKS) is loaded into its in-memory list (those ranges are
+//!   never read from it); a log that cannot be read or decoded, or lists sectors beyond the
+//!   device, leaves the member out.
 //!
 //! Every left-out member is named with the reason, returned in [`Assembled::refused`] and kept by
 //! the array ([`Array::left_out`]); nothing is ever written to it (it is not in the slot
@@ -36,6 +39,7 @@ use super::member::{Member, flag};
 use super::personality::Personality;
 use super::slots::SlotTable;
 use super::{raid0, raid1, raid5, raid10};
+use crate::format::badblocks::BadBlock;
 use crate::format::bitmap::BitmapSuper;
 use crate::format::consistency::{GeometryKey, ReferenceChoice, choose_reference};
 use crate::format::format_uuid;
@@ -244,6 +248,45 @@ async fn bitmap_problem(md: &MemberDev, sb: &Superblock) -> Option<String> {
     }
 }
 
+/// The member's bad-block log entries (super_1_load): none without BAD_BLOCKS; with it the log
+/// must be reserved (offset and size non-zero, at most one 4 KiB page), readable, decode, and
+/// every entry must lie on the device.
+async fn read_bad_blocks(md: &MemberDev, sb: &Superblock) -> Result<Vec<BadBlock>, String> {
+    if sb.feature_map & feature::BAD_BLOCKS == 0 {
+        return Ok(Vec::new());
+    }
+    let Some(sector) = sb.bblog_sector() else {
+        return Err("BAD_BLOCKS is set but no bad-block log is reserved (bblog_offset or bblog_size is 0)".into());
+    };
+    let len_sectors = u64::from(sb.bblog_size_sectors);
+    if len_sectors > u64::from(crate::format::validate::MAX_BBLOG_SECTORS) {
+        return Err(format!("bad-block log of {len_sectors} sectors is larger than one 4 KiB page"));
+    }
+    let device_sectors = md.dev.topology().size_bytes / 512;
+    let at = sector * 512;
+    // Read whole 4 KiB blocks around the log (members may refuse smaller direct reads).
+    let lo = at & !4095;
+    let hi = (at + len_sectors * 512).div_ceil(4096) * 4096;
+    if hi > device_sectors * 512 {
+        return Err(format!("its bad-block log at sector {sector} lies outside the {device_sectors}-sector device"));
+    }
+    let block = md
+        .dev
+        .read_vec(lo, (hi - lo) as usize)
+        .await
+        .map_err(|e| format!("reading its bad-block log at byte {at}: {e}"))?;
+    let log = &block[(at - lo) as usize..(at - lo + len_sectors * 512) as usize];
+    let list = crate::format::badblocks::decode(log, sb.bblog_shift)
+        .map_err(|e| format!("bad-block log at byte {at}: {e}"))?;
+    if let Some(b) = list.iter().find(|b| b.start_sector.saturating_add(b.len_sectors) > device_sectors) {
+        return Err(format!(
+            "bad-block log at byte {at}: entry at sector {} (+{}) lies beyond the {device_sectors}-sector device",
+            b.start_sector, b.len_sectors
+        ));
+    }
+    Ok(list)
+}
+
 /// Why a member of the array cannot take part, judged against the reference (geometry,
 /// features, bitmap, bad-block log, data area).
 async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key: &GeometryKey) -> Option<String> {
@@ -252,9 +295,6 @@ async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key
     }
     if let Some(why) = unsupported_features(sb) {
         return Some(why.into());
-    }
-    if sb.feature_map & feature::BAD_BLOCKS != 0 {
-        return Some("its bad-block log is not empty, which mdkit does not support yet".into());
     }
     let mirrored = matches!(Level::from_md_level(refsb.level), Some(Level::Raid1 | Level::Raid10));
     if mirrored && sb.data_size_sectors < refsb.size_sectors {
@@ -351,6 +391,7 @@ pub async fn assemble_with(
         sb: Superblock,
         role: u16,
         stale: bool,
+        bad_blocks: Vec<BadBlock>,
     }
     let mut accepted: Vec<Accepted> = Vec::new();
     let mut stale: Vec<Accepted> = Vec::new();
@@ -360,13 +401,20 @@ pub async fn assemble_with(
             refused.push(refuse(why));
             continue;
         }
+        let bad_blocks = match read_bad_blocks(&md, &sb).await {
+            Ok(list) => list,
+            Err(why) => {
+                refused.push(refuse(why));
+                continue;
+            }
+        };
         let role = refsb.dev_roles.get(sb.dev_number as usize).copied().unwrap_or(ROLE_SPARE);
         if member_freshness(sb.events, refsb.events, sb.raw_role()) == Freshness::Stale {
             let reason = format!(
                 "stale: events {} but the array is at {} (it missed updates: failed or removed earlier); re-add it to recover it",
                 sb.events, refsb.events
             );
-            stale.push(Accepted { md: md.clone(), sb: sb.clone(), role: sb.raw_role(), stale: true });
+            stale.push(Accepted { md: md.clone(), sb: sb.clone(), role: sb.raw_role(), stale: true, bad_blocks });
             refused.push(Refusal { member: md.name.clone(), reason });
             continue;
         }
@@ -378,7 +426,7 @@ pub async fn assemble_with(
             refused.push(refuse("journal devices are not supported".into()));
             continue;
         }
-        accepted.push(Accepted { md, sb, role, stale: false });
+        accepted.push(Accepted { md, sb, role, stale: false, bad_blocks });
     }
     // dev_number must be unique.
     let mut seen: HashMap<u32, String> = HashMap::new();
@@ -404,6 +452,7 @@ pub async fn assemble_with(
         order.sort_by_key(|a| std::cmp::Reverse(a.sb.events));
         for a in order {
             let m = Arc::new(Member::new(a.md.name.clone(), a.md.dev.clone(), a.sb.clone()));
+            m.bad_blocks().load(&a.bad_blocks);
             let role = a.role;
             if role < ROLE_MAX && (role as usize) < raid_disks {
                 let r = role as usize;

@@ -4,7 +4,7 @@
 //! Readable: `array_state level raid_disks chunk_size layout component_size degraded
 //! sync_action last_sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
 //! resync_start safe_mode_delay metadata_version uuid events consistency_policy
-//! max_read_errors`, per member `dev-NAME/{state,slot,errors,recovery_start,offset,size}`
+//! max_read_errors`, per member `dev-NAME/{state,slot,errors,recovery_start,offset,size,bad_blocks}`
 //! (`errors`: sectors corrected after read errors, as md), `bitmap/*`, the personality's
 //! (`stripe_cache_size`, ...), and beyond md: `mismatch_ranges` (sectors of the sync domain),
 //! `needs_check`, `last_sync_error`.
@@ -17,7 +17,7 @@
 //! refuse every value with EINVAL, as md), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `max_read_errors` (raid1/raid10 read-error fix attempts before a member is failed),
-//! `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
+//! `dev-NAME/bad_blocks` ("SECTOR LENGTH" adds a bad block, as md), `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
 //! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks, idle_region_bytes),
 //! `flush_batching`, and the personality's writable attributes.
 
@@ -126,6 +126,7 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         v.push((format!("{p}/recovery_start"), rs));
         v.push((format!("{p}/offset"), m.data_offset_sectors.to_string()));
         v.push((format!("{p}/size"), (m.data_size_sectors / 2).to_string()));
+        v.push((format!("{p}/bad_blocks"), bad_block_lines(&m)));
     }
     if let Some(bm) = &core.bitmap {
         v.extend(bm.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
@@ -133,6 +134,36 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
     v.extend(core.flusher.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     v.extend(core.personality().attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     v
+}
+
+/// md's `dev-*/bad_blocks`: one "sector length" line per log entry (absolute member sectors).
+fn bad_block_lines(m: &super::Member) -> String {
+    let (entries, _) = m.bad_blocks().snapshot();
+    entries.iter().map(|b| format!("{} {}\n", b.start_sector, b.len_sectors)).collect()
+}
+
+/// md's bb_store: "SECTOR LENGTH" (absolute member sectors) adds an entry, persisted by the
+/// next superblock round. Only for members with a bad-block log.
+fn add_bad_block(core: &ArrayCore, member: &str, value: &str) -> io::Result<()> {
+    let m = core
+        .slots()
+        .find(member)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{}: no member {member:?}", core.name())))?;
+    let usage = || invalid(format!("dev-{member}/bad_blocks: {value:?}: write \"SECTOR LENGTH\" (member sectors)"));
+    let mut it = value.split_whitespace();
+    let (Some(s), Some(n), None) = (it.next(), it.next(), it.next()) else { return Err(usage()) };
+    let (Ok(sector), Ok(len)) = (s.parse::<u64>(), n.parse::<u64>()) else { return Err(usage()) };
+    if len == 0 || sector.checked_add(len).is_none_or(|end| end * 512 > m.device().topology().size_bytes) {
+        return Err(usage());
+    }
+    if !m.bad_blocks().set(sector, len) {
+        return Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!("{}: {member}: no bad-block log, or the log is full", core.name()),
+        ));
+    }
+    core.wake.notify_one();
+    Ok(())
 }
 
 /// One attribute.
@@ -198,6 +229,9 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
             core.gate.set_safe_mode_delay(Duration::from_secs_f64(secs.max(0.001)));
             core.wake.notify_one();
             Ok(())
+        }
+        _ if name.starts_with("dev-") && name.ends_with("/bad_blocks") => {
+            add_bad_block(core, &name[4..name.len() - 11], value)
         }
         _ if name.starts_with("dev-") && name.ends_with("/state") => {
             let member = &name[4..name.len() - 6];
@@ -307,6 +341,9 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
                 "read_errors_decayed": m.fix_attempts(),
                 "read_errors_in_a_row": m.consecutive_read_errors(),
                 "corrected_reads": m.corrected_reads(),
+                "bad_blocks": m.bad_blocks().entries(),
+                "bad_sectors": m.bad_blocks().sectors(),
+                "bad_block_log": m.bad_blocks().has_log(),
                 "fail_reason": m.fail_reason(),
                 "data_offset_sectors": m.data_offset_sectors,
                 "data_size_sectors": m.data_size_sectors,

@@ -48,6 +48,12 @@ pub enum MdErrorKind {
     NeedsCheck,
     /// A request outside a member's data area (a bug: never sent to the device).
     OutOfRange,
+    /// A read of a range the member's bad-block log lists: not sent to the device (the data
+    /// comes from redundancy or the read fails).
+    KnownBadBlock,
+    /// A member write failed and the range was recorded in its bad-block log instead of
+    /// failing the member: the data is not on this member.
+    BadBlockRecorded,
 }
 
 impl MdErrorKind {
@@ -60,6 +66,8 @@ impl MdErrorKind {
             MdErrorKind::Broken => "array broken",
             MdErrorKind::NeedsCheck => "array needs a check",
             MdErrorKind::OutOfRange => "outside the member's data area",
+            MdErrorKind::KnownBadBlock => "known bad block",
+            MdErrorKind::BadBlockRecorded => "write error recorded as a bad block",
         }
     }
 }
@@ -101,6 +109,11 @@ impl MdError {
     pub fn io_kind(mut self, kind: io::ErrorKind) -> MdError {
         self.io_kind = kind;
         self
+    }
+
+    /// Whether `e` is an `MdError` of kind `kind`.
+    pub fn is(e: &io::Error, kind: MdErrorKind) -> bool {
+        MdError::of(e).is_some_and(|m| m.kind == kind)
     }
 
     /// The `MdError` inside an `io::Error`, if it carries one.

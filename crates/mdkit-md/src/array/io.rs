@@ -11,6 +11,13 @@
 //! failed reads in a row pass the stripe cache size (md's "too many read errors"). Errors come
 //! back as [`super::errors::MdError`]s inside `io::Error`.
 //!
+//! Bad blocks ([`super::badblocks`], policy in `bblog.rs`): a read that touches a range the
+//! member's bad-block log lists is refused without reaching the device (a
+//! [`MdErrorKind::KnownBadBlock`] error the personality treats like a read error, minus the
+//! error counting); a successful write or write-zeroes forgets the ranges it rewrote; a failed
+//! one is recorded as bad blocks instead of failing the member when the level has redundancy
+//! and the member's log has room.
+//!
 //! Also here: [`join_all`], a tiny concurrent join for member requests of one array request.
 
 use std::future::Future;
@@ -72,6 +79,11 @@ pub(crate) fn member_error(a: &ArrayCore, m: &Member, op: &'static str, sector: 
     MdError::new(kind, a.name(), op, sector, e.to_string()).member(m.name()).io_kind(e.kind()).into()
 }
 
+/// Errors that say the request was wrong, not the member: they never fail it.
+pub(crate) fn is_caller_error(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported)
+}
+
 impl ArrayCore {
     fn check_member_range(&self, m: &Member, op: &'static str, sector: u64, len_sectors: u64) -> io::Result<u64> {
         match sector.checked_add(len_sectors) {
@@ -100,6 +112,10 @@ impl ArrayCore {
                 Ok(o) => o,
                 Err(e) => return (buf, Err(e)),
             };
+            if let Some(bad) = m.bad_blocks().first_overlap(off / SECTOR_BYTES, want as u64 / SECTOR_BYTES) {
+                // Never read a range the member's log calls bad; not a device read error.
+                return (buf, Err(self.known_bad_block(m, sector, bad)));
+            }
             let _g = m.io_started();
             let (buf, r) = m.device().read(off, buf).await;
             let r = match r {
@@ -140,10 +156,20 @@ impl ArrayCore {
         flags: WriteFlags,
     ) -> IoFuture<'a, io::Result<()>> {
         Box::pin(async move {
-            let off = self.check_member_range(m, "write", sector, buf.len() as u64 / SECTOR_BYTES)?;
-            let _g = m.io_started();
-            let r = m.device().write(off, buf, flags).await;
-            self.after_modify(m, "write", sector, r)
+            let len_sectors = buf.len() as u64 / SECTOR_BYTES;
+            let off = self.check_member_range(m, "write", sector, len_sectors)?;
+            let r = {
+                let _g = m.io_started();
+                m.device().write(off, buf.clone(), flags).await
+            };
+            match r {
+                Ok(()) => {
+                    self.note_good_write(m, sector, len_sectors);
+                    Ok(())
+                }
+                Err(e) if is_caller_error(&e) => Err(member_error(self, m, "write", sector, e)),
+                Err(e) => self.write_error(m, "write", sector, len_sectors, Some((&buf, flags)), e).await,
+            }
         })
     }
 
@@ -156,9 +182,18 @@ impl ArrayCore {
     ) -> IoFuture<'a, io::Result<()>> {
         Box::pin(async move {
             let off = self.check_member_range(m, "write_zeroes", sector, len_sectors)?;
-            let _g = m.io_started();
-            let r = m.device().write_zeroes(off, len_sectors * SECTOR_BYTES, flags).await;
-            self.after_modify(m, "write_zeroes", sector, r)
+            let r = {
+                let _g = m.io_started();
+                m.device().write_zeroes(off, len_sectors * SECTOR_BYTES, flags).await
+            };
+            match r {
+                Ok(()) => {
+                    self.note_good_write(m, sector, len_sectors);
+                    Ok(())
+                }
+                Err(e) if is_caller_error(&e) => Err(member_error(self, m, "write_zeroes", sector, e)),
+                Err(e) => self.write_error(m, "write_zeroes", sector, len_sectors, None, e).await,
+            }
         })
     }
 
@@ -206,9 +241,7 @@ impl ArrayCore {
     fn after_modify(&self, m: &Member, op: &'static str, sector: u64, r: io::Result<()>) -> io::Result<()> {
         match r {
             Ok(()) => Ok(()),
-            Err(e) if matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => {
-                Err(member_error(self, m, op, sector, e))
-            }
+            Err(e) if is_caller_error(&e) => Err(member_error(self, m, op, sector, e)),
             Err(e) => {
                 let e = member_error(self, m, op, sector, e);
                 self.fail_member_on_error(m, &e.to_string());

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use mdkit_io::DeviceRef;
 use parking_lot::Mutex;
 
+use super::badblocks::BadBlockList;
 use super::errors::DecayingReadErrors;
 use crate::format::superblock::{DEVFLAG_WRITE_MOSTLY, Superblock};
 
@@ -27,6 +28,9 @@ pub mod flag {
     /// Re-added with a write-intent bitmap: only the chunks the bitmap says are needed are
     /// rebuilt (md's RECOVERY_BITMAP).
     pub const BITMAP_RECOVERY: u32 = 32;
+    /// A write to this member failed and was recorded as a bad block (md's WriteErrorSeen,
+    /// `dev-*/state` word `write_error`).
+    pub const WRITE_ERROR_SEEN: u32 = 64;
 }
 
 /// One member device.
@@ -58,6 +62,8 @@ pub struct Member {
     corrected_reads: AtomicU32,
     /// Why the member was failed (for `detail`).
     fail_reason: Mutex<Option<String>>,
+    /// Known-bad ranges (md's `rdev->badblocks`), persisted in the member's bad-block log.
+    bad_blocks: BadBlockList,
 }
 
 impl Member {
@@ -75,6 +81,7 @@ impl Member {
             data_size_sectors: sb.data_size_sectors,
             super_offset_sectors: sb.super_offset_sectors,
             corrected_reads: AtomicU32::new(sb.cnt_corrected_read),
+            bad_blocks: BadBlockList::for_superblock(&sb),
             sb: Mutex::new(sb),
             state: AtomicU32::new(state),
             recovery_offset_sectors: AtomicU64::new(0),
@@ -196,6 +203,11 @@ impl Member {
         self.fail_reason.lock().get_or_insert_with(|| why.to_string());
     }
 
+    /// The member's known-bad ranges.
+    pub fn bad_blocks(&self) -> &BadBlockList {
+        &self.bad_blocks
+    }
+
     /// A copy of the member's superblock as last written.
     pub fn superblock(&self) -> Superblock {
         self.sb.lock().clone()
@@ -227,6 +239,13 @@ impl Member {
         }
         if f & flag::REPLACEMENT != 0 {
             w.push("replacement");
+        }
+        if f & flag::WRITE_ERROR_SEEN != 0 {
+            w.push("write_error");
+        }
+        if f & flag::FAULTY == 0 && self.bad_blocks.unacknowledged() {
+            // md: a member with unacknowledged bad blocks is Blocked until they are written.
+            w.push("blocked");
         }
         let _ = has_slot;
         w

@@ -37,7 +37,13 @@ fn unrecoverable(a: &ArrayCore, domain: &Range<u64>, detail: String) -> io::Erro
     MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", domain.start, detail).into()
 }
 
-/// The readable copies of a range, in the order reads should try them.
+/// Whether member sectors `[sector, sector + len)` touch a known bad block.
+fn has_bad_block(m: &Member, sector: u64, len: u64) -> bool {
+    !m.bad_blocks().is_empty() && m.bad_blocks().first_overlap(m.data_offset_sectors + sector, len).is_some()
+}
+
+/// The readable copies of a range, in the order reads should try them: copies without a known
+/// bad block in the range first (md's read_balance).
 pub fn read_order(
     a: &ArrayCore,
     slots: &SlotTable,
@@ -52,11 +58,14 @@ pub fn read_order(
         // streams spread over the copies.
         let n = v.len();
         let rot = ((copies.first().map_or(0, |c| c.sector) >> 11) % n as u64) as usize;
-        type Keyed = ((bool, u32, usize), (Arc<Member>, u64));
+        type Keyed = ((bool, bool, u32, usize), (Arc<Member>, u64));
         let mut keyed: Vec<Keyed> = v
             .into_iter()
             .enumerate()
-            .map(|(i, (m, s))| ((m.has(flag::WRITE_MOSTLY), m.in_flight(), (i + n - rot) % n), (m, s)))
+            .map(|(i, (m, s))| {
+                let bad = has_bad_block(&m, s, len);
+                ((bad, m.has(flag::WRITE_MOSTLY), m.in_flight(), (i + n - rot) % n), (m, s))
+            })
             .collect();
         keyed.sort_by_key(|(k, _)| *k);
         v = keyed.into_iter().map(|(_, x)| x).collect();
@@ -81,7 +90,7 @@ pub async fn read_copies(
         let e = unrecoverable(a, &domain, "no readable copy (degraded beyond redundancy)".into());
         return (buf, Err(e));
     }
-    let mut failed: Vec<(Arc<Member>, u64)> = Vec::new();
+    let mut failed: Vec<BadCopy> = Vec::new();
     let mut last_err = None;
     for (m, sector) in &order {
         let (b, r) = a.member_read(m, *sector, buf).await;
@@ -94,8 +103,11 @@ pub async fn read_copies(
                 return (buf, Ok(()));
             }
             Err(e) => {
-                tracing::warn!(array = a.name(), member = m.name(), sector, "read error, trying another copy: {e}");
-                failed.push((m.clone(), *sector));
+                let known_bad = MdError::is(&e, MdErrorKind::KnownBadBlock);
+                if !known_bad {
+                    tracing::warn!(array = a.name(), member = m.name(), sector, "read error, trying another copy: {e}");
+                }
+                failed.push(BadCopy { member: m.clone(), sector: *sector, known_bad });
                 last_err = Some(e);
             }
         }
@@ -145,18 +157,35 @@ async fn read_blockwise(a: &ArrayCore, order: &[(Arc<Member>, u64)], len: u64, b
     Ok(())
 }
 
+/// A copy whose read failed: a device error, or a range its bad-block log lists.
+struct BadCopy {
+    member: Arc<Member>,
+    sector: u64,
+    known_bad: bool,
+}
+
 /// md's fix_read_error: each bad copy's fix attempt is counted first (a member past
 /// `max_read_errors` is failed instead); then, under the barrier, the good copy is re-read and
 /// written over each bad copy, which is read back. A copy that cannot be corrected is failed.
+/// A copy skipped for a known bad block is rewritten too (healing the entry, as raid5's
+/// R5_ReadError does) unless the member has had a write error (md's WriteErrorSeen: it would
+/// fail again); that is not a read error, so it is not counted.
 async fn repair_copies(
     a: &ArrayCore,
-    bad: &[(Arc<Member>, u64)],
+    bad: &[BadCopy],
     good: (&Arc<Member>, u64),
     len: u64,
     domain: Range<u64>,
     barrier_held: bool,
 ) {
-    let bad: Vec<&(Arc<Member>, u64)> = bad.iter().filter(|(m, _)| !m.is_faulty() && a.may_fix_read_error(m)).collect();
+    let bad: Vec<(&Arc<Member>, u64)> = bad
+        .iter()
+        .filter(|c| {
+            let fix = if c.known_bad { !c.member.has(flag::WRITE_ERROR_SEEN) } else { a.may_fix_read_error(&c.member) };
+            !c.member.is_faulty() && fix
+        })
+        .map(|c| (&c.member, c.sector))
+        .collect();
     if bad.is_empty() {
         return;
     }
@@ -168,7 +197,7 @@ async fn repair_copies(
     }
     let data = data.freeze();
     for (m, sector) in bad {
-        rewrite_and_verify(a, m, *sector, &data).await;
+        rewrite_and_verify(a, m, sector, &data).await;
     }
 }
 
@@ -341,10 +370,11 @@ async fn check_copies(
         join_all(readers.iter().map(|(m, s)| a.member_read(m, *s, IoBuf::uninit_contents(len as usize * SECTOR))))
             .await;
     let mut good: Vec<(usize, IoBuf)> = Vec::new();
-    let mut unreadable: Vec<usize> = Vec::new();
+    let mut unreadable: Vec<(usize, bool)> = Vec::new();
     for (i, (b, r)) in reads.into_iter().enumerate() {
         match r {
             Ok(()) => good.push((i, b)),
+            Err(e) if MdError::is(&e, MdErrorKind::KnownBadBlock) => unreadable.push((i, true)),
             Err(e) => {
                 tracing::warn!(
                     array = a.name(),
@@ -352,7 +382,7 @@ async fn check_copies(
                     "read error during {}: {e}",
                     mode.as_str()
                 );
-                unreadable.push(i);
+                unreadable.push((i, false));
             }
         }
     }
@@ -387,10 +417,13 @@ async fn check_copies(
             }
         }
     }
-    // Unreadable copies are fixed in either mode (md treats them as read errors to fix).
-    for i in &unreadable {
+    // Unreadable copies are fixed in either mode (md treats them as read errors to fix); known
+    // bad ranges are rewritten to heal them unless the member has had write errors (md's
+    // resync writes to bad blocks of members without WriteErrorSeen), and are not counted.
+    for (i, known_bad) in &unreadable {
         let m = &readers[*i].0;
-        if a.may_fix_read_error(m) {
+        let fix = if *known_bad { !m.has(flag::WRITE_ERROR_SEEN) } else { a.may_fix_read_error(m) };
+        if fix {
             rewrite_and_verify(a, m, readers[*i].1, &reference).await;
         }
     }

@@ -30,7 +30,9 @@
 
 pub mod assemble;
 pub mod attrs;
+pub mod badblocks;
 pub mod barrier;
+mod bblog;
 pub mod bitmap;
 pub mod core;
 pub mod create;

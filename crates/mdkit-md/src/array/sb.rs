@@ -12,6 +12,9 @@
 //! Rounds are serialised and coalesced: a request is satisfied by any round that *started*
 //! after it was made, so many concurrent requests (failures, dirty/clean, checkpoints) share one
 //! round.
+//!
+//! A member whose bad-block list changed gets its bad-block log written (FUA) right before its
+//! superblock, which carries BAD_BLOCKS exactly when the list is non-empty (super_1_sync).
 
 use std::io;
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use super::core::ArrayCore;
 use super::io::join_all;
 use super::member::{Member, flag};
 use super::slots::SlotTable;
+use crate::format::badblocks::BadBlock;
 use crate::format::superblock::{DEVFLAG_WRITE_MOSTLY, ROLE_FAULTY, ROLE_SPARE, Superblock, feature, md_time};
 
 /// Serialisation and coalescing state of the superblock writer.
@@ -138,6 +142,13 @@ pub(crate) fn compose(
     if m.has(flag::REPLACEMENT) && slots.role_of(m).is_some() {
         fm |= feature::REPLACEMENT;
     }
+    let bb = m.bad_blocks();
+    if bb.has_log() {
+        fm &= !feature::BAD_BLOCKS;
+        if !bb.is_empty() {
+            fm |= feature::BAD_BLOCKS;
+        }
+    }
     sb.feature_map = fm;
     sb
 }
@@ -210,6 +221,9 @@ impl ArrayCore {
             }
         }
         let mut blocks = Vec::with_capacity(members.len());
+        // Bad-block logs that changed, snapshotted before composing so BAD_BLOCKS matches them.
+        let logs: Vec<Option<(Vec<BadBlock>, u64)>> =
+            members.iter().map(|m| m.bad_blocks().is_dirty().then(|| m.bad_blocks().snapshot())).collect();
         for m in &members {
             let sb = compose(m, &slots, &roles, events, utime, resync_offset);
             let block = sb
@@ -234,15 +248,24 @@ impl ArrayCore {
             })
         }))
         .await;
-        let results = join_all(members.iter().zip(&blocks).zip(flushed).map(|((m, (_, buf)), flushed)| async move {
-            flushed?;
-            self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone()).await
-        }))
+        let results = join_all(members.iter().zip(&blocks).zip(flushed).zip(&logs).map(
+            |(((m, (_, buf)), flushed), log)| async move {
+                flushed?;
+                // The log before the superblock that says it holds entries (BAD_BLOCKS).
+                if let Some((entries, _)) = log {
+                    self.write_bblog(m, entries).await?;
+                }
+                self.member_write_meta(m, m.super_offset_sectors * 512, buf.clone()).await
+            },
+        ))
         .await;
         let mut written = 0usize;
-        for ((m, (sb, _)), r) in members.iter().zip(blocks).zip(results) {
+        for (((m, (sb, _)), r), log) in members.iter().zip(blocks).zip(results).zip(&logs) {
             match r {
                 Ok(()) if !failed.iter().any(|(f, _)| Arc::ptr_eq(f, m)) => {
+                    if let Some((_, generation)) = log {
+                        m.bad_blocks().mark_written(*generation);
+                    }
                     let mut sb = sb;
                     sb.sb_csum = crate::format::superblock::sb_checksum(&sb.encode_unchecked(), sb.max_dev());
                     m.store_superblock(sb);

@@ -55,6 +55,9 @@ pub struct ExaminedMember {
     /// Byte offset the superblock was read from.
     pub sb_offset_bytes: u64,
     pub problems: Vec<String>,
+    /// The bad-block log's entries (absolute member sectors) when BAD_BLOCKS is set and the
+    /// log decodes; empty without BAD_BLOCKS.
+    pub bad_blocks: Vec<super::badblocks::BadBlock>,
 }
 
 /// Reads and checks a member through `read_at(offset_bytes, buf)`: every superblock field
@@ -92,8 +95,8 @@ pub fn examine_member(
     problems.extend(validate::device_problems(sb, member_sectors).iter().map(ToString::to_string));
     let mut problems: Vec<String> = problems.into_iter().map(|p| format!("superblock at byte {at}: {p}")).collect();
     let bitmap = examine_bitmap(read_at, sb, member_sectors, &mut problems);
-    examine_bad_blocks(read_at, sb, member_sectors, &mut problems);
-    Ok(ExaminedMember { lenient, bitmap, sb_offset_bytes: at, problems })
+    let bad_blocks = examine_bad_blocks(read_at, sb, member_sectors, &mut problems);
+    Ok(ExaminedMember { lenient, bitmap, sb_offset_bytes: at, problems, bad_blocks })
 }
 
 /// The member's bitmap superblock (when it parses) and its problems.
@@ -128,20 +131,25 @@ fn examine_bad_blocks(
     sb: &Superblock,
     member_sectors: u64,
     problems: &mut Vec<String>,
-) {
-    let Some(sector) = sb.bblog_sector().filter(|_| sb.feature_map & feature::BAD_BLOCKS != 0) else { return };
+) -> Vec<super::badblocks::BadBlock> {
+    let Some(sector) = sb.bblog_sector().filter(|_| sb.feature_map & feature::BAD_BLOCKS != 0) else {
+        return Vec::new();
+    };
     let len_sectors = u64::from(sb.bblog_size_sectors);
     if len_sectors > u64::from(validate::MAX_BBLOG_SECTORS) || sector.saturating_add(len_sectors) > member_sectors {
-        return;
+        return Vec::new();
     }
     let at = sector * SECTOR_BYTES;
     let mut log = vec![0u8; (len_sectors * SECTOR_BYTES) as usize];
     if let Err(e) = read_at(at, &mut log) {
         problems.push(format!("bad-block log at byte {at}: read error: {e}"));
-        return;
+        return Vec::new();
     }
     match super::badblocks::decode(&log, sb.bblog_shift) {
-        Err(e) => problems.push(format!("bad-block log at byte {at}: {e}")),
+        Err(e) => {
+            problems.push(format!("bad-block log at byte {at}: {e}"));
+            Vec::new()
+        }
         Ok(list) => {
             let beyond = list.iter().find(|b| b.start_sector.saturating_add(b.len_sectors) > member_sectors);
             if let Some(b) = beyond {
@@ -150,8 +158,24 @@ fn examine_bad_blocks(
                     b.start_sector, b.len_sectors
                 ));
             }
+            list
         }
     }
+}
+
+/// `mdadm --examine-badblocks` text for a member named `dev` (examine_badblocks_super1).
+pub fn render_bad_blocks(dev: &str, sb: &Superblock, bad_blocks: &[super::badblocks::BadBlock]) -> String {
+    if sb.bblog_sector().is_none() {
+        return format!("No bad-blocks list configured on {dev}\n");
+    }
+    if sb.feature_map & feature::BAD_BLOCKS == 0 {
+        return format!("Bad-blocks list is empty in {dev}\n");
+    }
+    let mut out = format!("Bad-blocks on {dev}:\n");
+    for b in bad_blocks {
+        out.push_str(&format!("{:>20} for {} sectors\n", b.start_sector, b.len_sectors));
+    }
+    out
 }
 
 /// `mdadm --examine` text for a member (without the leading "DEVICE:" line).

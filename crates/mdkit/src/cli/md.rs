@@ -81,6 +81,9 @@ pub struct ExamineArgs {
     pub members: Vec<PathBuf>,
     #[arg(long)]
     pub json: bool,
+    /// List each member's bad-block log entries instead (like `mdadm --examine-badblocks`).
+    #[arg(long)]
+    pub badblocks: bool,
 }
 
 #[derive(Args, Debug)]
@@ -310,18 +313,25 @@ fn device_sectors(f: &std::fs::File, path: &Path) -> Result<u64> {
 
 /// One member's superblock as `mdadm --examine` prints it (or JSON), and the problems found
 /// in its metadata (each naming the field); `Err` when there is no superblock.
-fn examine_one(path: &Path, as_json: bool) -> Result<(String, Vec<String>)> {
-    use mdkit_md::format::examine::{Examine, examine_member, render, render_json_with};
+fn examine_one(path: &Path, as_json: bool, badblocks: bool) -> Result<(String, Vec<String>)> {
+    use mdkit_md::format::examine::{Examine, examine_member, render, render_bad_blocks, render_json_with};
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let sectors = device_sectors(&f, path)?;
     let mut read_at = |offset: u64, buf: &mut [u8]| f.read_exact_at(buf, offset);
     let m = examine_member(&mut read_at, sectors).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let sb = &m.lenient.superblock;
+    let bad_blocks: Vec<Value> =
+        m.bad_blocks.iter().map(|b| json!({ "sector": b.start_sector, "sectors": b.len_sectors })).collect();
+    if badblocks && !as_json {
+        let text = render_bad_blocks(&path.display().to_string(), sb, &m.bad_blocks);
+        return Ok((text.trim_end().to_string(), m.problems));
+    }
     let mut ex = Examine::new(sb, m.bitmap.as_ref(), sectors);
     ex.computed_checksum = Some(m.lenient.computed_checksum);
     if as_json {
         let mut v = render_json_with(&ex);
         v["device"] = json!(path.display().to_string());
+        v["bad_blocks"] = json!(bad_blocks);
         if !m.problems.is_empty() {
             v["problems"] = json!(m.problems);
         }
@@ -336,7 +346,7 @@ fn examine_one(path: &Path, as_json: bool) -> Result<(String, Vec<String>)> {
 pub fn examine(a: ExamineArgs) -> Result<ExitCode> {
     let mut code = ExitCode::SUCCESS;
     for m in &a.members {
-        match examine_one(m, a.json) {
+        match examine_one(m, a.json, a.badblocks) {
             Ok((text, problems)) => {
                 println!("{text}");
                 for p in &problems {
@@ -552,6 +562,9 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
             m["state"].as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect();
         if m["rebuilding"].as_bool().unwrap_or(false) {
             state.push(format!("rebuilding@{}", m["recovery_offset_sectors"].as_u64().unwrap_or(0)));
+        }
+        if let Some(n) = m["bad_blocks"].as_u64().filter(|n| *n > 0) {
+            state.push(format!("bad_blocks={n}"));
         }
         o.push_str(&format!(
             "{:>10} {:>10}   {:<28} {}\n",

@@ -19,6 +19,7 @@ use super::Raid5;
 use super::plan::{self, Members, Mode, RoleSet, Run, Seg, bit, has, members};
 use super::stripe::StripeShape;
 use crate::array::core::ArrayCore;
+use crate::array::errors::{MdError, MdErrorKind};
 use crate::array::io::join_all;
 use crate::array::member::Member;
 
@@ -46,6 +47,7 @@ pub(crate) async fn write_targets(
     let results = join_all(targets.iter().map(|t| a.member_write(&t.member, t.sector, t.data.clone(), flags))).await;
     let mut first_err = None;
     let mut rewritten: Vec<&Target> = Vec::new();
+    let mut recorded = 0usize;
     for (t, r) in targets.iter().zip(results) {
         match r {
             Ok(()) => {
@@ -55,6 +57,14 @@ pub(crate) async fn write_targets(
             }
             // The wrapper failed the member: its data lives on in parity.
             Err(_) if t.member.is_faulty() => {}
+            // Recorded as a bad block on a member that stays: for this stripe it is as good as
+            // missing, which the parity covers while the stripe keeps enough members.
+            Err(e) if MdError::is(&e, MdErrorKind::BadBlockRecorded) => {
+                recorded += 1;
+                if a.personality().degraded(&a.slots()) as usize + recorded > r5.max_degraded() {
+                    first_err.get_or_insert(e);
+                }
+            }
             Err(e) => {
                 first_err.get_or_insert(e);
             }
