@@ -14,4 +14,5 @@
 
 pub mod array;
 pub mod format;
+pub mod fuzzing;
 pub mod layout;

@@ -4,5 +4,6 @@
 //! transactions, with offline check / dump / restore. [`pool`] is the runtime: pools, thin
 //! volumes (`mdkit_io::BlockDevice`s), snapshots, discards, commits, over any two devices.
 
+pub mod fuzzing;
 pub mod meta;
 pub mod pool;
