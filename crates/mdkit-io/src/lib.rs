@@ -11,6 +11,7 @@
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
 //! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
+//! | [`error`]  | [`DeviceError`] / [`IoErrorKind`]: typed errors of every device         |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
 //! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
@@ -25,6 +26,7 @@
 pub mod buf;
 pub mod crash;
 pub mod device;
+pub mod error;
 pub mod fault;
 pub mod file;
 pub mod flash;
@@ -44,8 +46,9 @@ pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags,
     check_io, join_read_parts, unsupported,
 };
+pub use error::{DeviceError, IoErrorKind};
 pub use fault::{
-    FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,
+    FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, OpMask, PER_MILLION_ALWAYS, RuleId, injected_errno,
 };
 pub use file::{
     DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, SubmitStats, enable_thread_rings, poll_thread_rings,
