@@ -146,8 +146,8 @@ struct Counts {
     injected_read_errors: u64,
     injected_short_reads: u64,
     injected_write_errors: u64,
-    /// Sectors md rewrote after read errors and read back (`corrected_reads`, summed at the end
-    /// of each service lifetime).
+    /// Sectors md rewrote after read errors and read back: md's `corrected_reads` of the
+    /// members as last seen (persisted in the superblocks, so not summed over lifetimes).
     corrected_sectors: u64,
 }
 
@@ -261,6 +261,7 @@ impl Soak {
 
     /// Adds what this service lifetime injected and corrected to the counts.
     fn collect_fault_counts(&mut self) {
+        let mut corrected = 0;
         for a in &ARRAYS {
             let d = self.detail(a.name);
             if let Some(inj) = d["injected_faults"].as_object() {
@@ -271,9 +272,10 @@ impl Soak {
                 }
             }
             for m in d["members"].as_array().cloned().unwrap_or_default() {
-                self.counts.corrected_sectors += m["corrected_reads"].as_u64().unwrap_or(0);
+                corrected += m["corrected_reads"].as_u64().unwrap_or(0);
             }
         }
+        self.counts.corrected_sectors = corrected;
     }
 
     fn check(&mut self, name: &str) {
