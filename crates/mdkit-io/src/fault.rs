@@ -21,13 +21,14 @@
 //! Evaluation order per request: the request is validated first ([`check_io`]; bad requests get
 //! `InvalidInput`, never an injected fault, and do not count), then the pulled switch, then the
 //! rules in insertion order — the first rule that matches *and* is armed fires; every matching
-//! rule counts the request towards its `skip_first`. Injected errors carry the errno
-//! (default `EIO`) in an [`InjectedFault`] naming device, operation, offset and length; use
-//! [`injected_errno`] to recognise them. [`FaultStats`] counts what was injected, per operation.
+//! rule counts the request towards its `skip_first`. A rule may fire with a probability
+//! ([`FaultRule::per_million`]), drawn from the handle's seeded [`Rng`]
+//! ([`FaultHandle::seeded`]), so a random fault schedule repeats from its seed. Injected errors
+//! carry the errno (default `EIO`) in a [`DeviceError`] marked `injected`, naming device,
+//! operation, offset and length; use [`injected_errno`] to recognise them. [`FaultStats`] counts what was injected, per operation.
 //!
 //! The rule list sits behind one short lock per device; this is a test tool, not a data path.
 
-use std::fmt;
 use std::io;
 use std::ops::{BitOr, Range};
 use std::sync::Arc;
@@ -36,6 +37,8 @@ use parking_lot::Mutex;
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
+use crate::error::DeviceError;
+use crate::rng::Rng;
 
 /// A set of operation kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,23 +100,50 @@ pub struct FaultRule {
     pub skip_first: u64,
     /// How many times the rule fires at most; `None` = forever.
     pub max_fires: Option<u64>,
+    /// Chance in parts per million that an armed rule fires for a matching request
+    /// ([`PER_MILLION_ALWAYS`] = every time).
+    pub per_million: u32,
 }
+
+/// [`FaultRule::per_million`] for a rule that always fires.
+pub const PER_MILLION_ALWAYS: u32 = 1_000_000;
 
 impl FaultRule {
     /// `EIO` on every request of `ops` overlapping `range` (`None` = anywhere).
     pub fn error(ops: OpMask, range: Option<Range<u64>>) -> FaultRule {
-        FaultRule { ops, range, action: FaultAction::Error { errno: libc::EIO }, skip_first: 0, max_fires: None }
+        FaultRule {
+            ops,
+            range,
+            action: FaultAction::Error { errno: libc::EIO },
+            skip_first: 0,
+            max_fires: None,
+            per_million: PER_MILLION_ALWAYS,
+        }
     }
 
     /// Writes, discards and write-zeroes overlapping `range` (`None` = all) are acknowledged
     /// but dropped.
     pub fn drop_writes(range: Option<Range<u64>>) -> FaultRule {
-        FaultRule { ops: OpMask::MODIFY, range, action: FaultAction::DropWrite, skip_first: 0, max_fires: None }
+        FaultRule {
+            ops: OpMask::MODIFY,
+            range,
+            action: FaultAction::DropWrite,
+            skip_first: 0,
+            max_fires: None,
+            per_million: PER_MILLION_ALWAYS,
+        }
     }
 
     /// Reads overlapping `range` (`None` = all) come back short but "successful".
     pub fn short_reads(range: Option<Range<u64>>) -> FaultRule {
-        FaultRule { ops: OpMask::READ, range, action: FaultAction::ShortRead, skip_first: 0, max_fires: None }
+        FaultRule {
+            ops: OpMask::READ,
+            range,
+            action: FaultAction::ShortRead,
+            skip_first: 0,
+            max_fires: None,
+            per_million: PER_MILLION_ALWAYS,
+        }
     }
 
     /// Use `errno` instead of `EIO` (no effect on drop rules).
@@ -133,6 +163,12 @@ impl FaultRule {
     /// Fire at most `n` times.
     pub fn times(mut self, n: u64) -> FaultRule {
         self.max_fires = Some(n);
+        self
+    }
+
+    /// Fire for a matching request only with probability `ppm` / 1,000,000 (capped at 1).
+    pub fn per_million(mut self, ppm: u32) -> FaultRule {
+        self.per_million = ppm.min(PER_MILLION_ALWAYS);
         self
     }
 
@@ -177,38 +213,9 @@ impl FaultStats {
     }
 }
 
-/// The error payload of an injected failure.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InjectedFault {
-    pub device: String,
-    pub op: IoOp,
-    pub offset_bytes: u64,
-    pub len_bytes: u64,
-    pub errno: i32,
-    /// True when the pulled-disk switch caused it.
-    pub pulled: bool,
-}
-
-impl fmt::Display for InjectedFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} of {} bytes at offset {}: injected {}: {}",
-            self.device,
-            self.op.as_str(),
-            self.len_bytes,
-            self.offset_bytes,
-            if self.pulled { "pulled-disk fault" } else { "fault" },
-            io::Error::from_raw_os_error(self.errno)
-        )
-    }
-}
-
-impl std::error::Error for InjectedFault {}
-
 /// The errno of an error produced by a [`FaultyDevice`] (anywhere below the caller).
 pub fn injected_errno(e: &io::Error) -> Option<i32> {
-    e.get_ref().and_then(|inner| inner.downcast_ref::<InjectedFault>()).map(|f| f.errno)
+    DeviceError::of(e).filter(|d| d.injected).and_then(|d| d.errno)
 }
 
 struct InstalledRule {
@@ -218,12 +225,12 @@ struct InstalledRule {
     fired: u64,
 }
 
-#[derive(Default)]
 struct FaultState {
     next_id: u64,
     rules: Vec<InstalledRule>,
     pulled_errno: Option<i32>,
     stats: FaultStats,
+    rng: Rng,
 }
 
 enum Verdict {
@@ -234,14 +241,32 @@ enum Verdict {
 }
 
 /// Controls and inspects a [`FaultyDevice`] while I/O runs. Clone freely.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct FaultHandle {
     state: Arc<Mutex<FaultState>>,
+}
+
+impl Default for FaultHandle {
+    fn default() -> FaultHandle {
+        FaultHandle::seeded(0)
+    }
 }
 
 impl FaultHandle {
     pub fn new() -> FaultHandle {
         FaultHandle::default()
+    }
+
+    /// A handle whose probabilistic rules draw from a PRNG seeded with `seed`.
+    pub fn seeded(seed: u64) -> FaultHandle {
+        let state = FaultState {
+            next_id: 0,
+            rules: Vec::new(),
+            pulled_errno: None,
+            stats: FaultStats::default(),
+            rng: Rng::new(seed),
+        };
+        FaultHandle { state: Arc::new(Mutex::new(state)) }
     }
 
     /// Installs `rule` after the existing ones.
@@ -318,7 +343,8 @@ impl FaultHandle {
             return Verdict::Fail { errno, pulled: true };
         }
         let mut verdict = Verdict::Pass;
-        for r in s.rules.iter_mut() {
+        let FaultState { rules, rng, .. } = &mut *s;
+        for r in rules.iter_mut() {
             if !r.rule.matches(op, offset_bytes, len_bytes) {
                 continue;
             }
@@ -330,7 +356,11 @@ impl FaultHandle {
             }
             r.seen += 1;
             let armed = r.seen > r.rule.skip_first && r.rule.max_fires.is_none_or(|m| r.fired < m);
-            if armed && matches!(verdict, Verdict::Pass) {
+            if armed
+                && matches!(verdict, Verdict::Pass)
+                && (r.rule.per_million >= PER_MILLION_ALWAYS
+                    || rng.chance(u64::from(r.rule.per_million), u64::from(PER_MILLION_ALWAYS)))
+            {
                 r.fired += 1;
                 verdict = match r.rule.action {
                     FaultAction::Error { errno } => Verdict::Fail { errno, pulled: false },
@@ -379,8 +409,8 @@ impl<D: BlockDevice> FaultyDevice<D> {
     }
 
     fn error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, errno: i32, pulled: bool) -> io::Error {
-        let fault = InjectedFault { device: self.inner.name().to_string(), op, offset_bytes, len_bytes, errno, pulled };
-        io::Error::new(io::Error::from_raw_os_error(errno).kind(), fault)
+        let e = DeviceError::errno(self.inner.name(), op, offset_bytes, len_bytes, errno).injected();
+        if pulled { e.detail("pulled disk").into() } else { e.into() }
     }
 
     /// Validation then judgement; `Err` means: answer with this error now.
@@ -568,6 +598,27 @@ mod tests {
             assert_eq!(b.len(), 8192, "fired once");
             d.write_slice(4096, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
             assert_eq!(h.stats().short_reads, 1);
+        });
+    }
+
+    #[test]
+    fn probabilistic_rules_fire_at_their_rate_and_repeat_from_the_seed() {
+        block_on(async {
+            let run = |seed: u64| async move {
+                let d = FaultyDevice::with_handle(MemDevice::new("m0", 1 << 20), FaultHandle::seeded(seed));
+                d.handle().add(FaultRule::error(OpMask::READ, None).per_million(100_000));
+                let mut failed = Vec::new();
+                for i in 0..2000u64 {
+                    if d.read_vec((i % 256) * 4096, 4096).await.is_err() {
+                        failed.push(i);
+                    }
+                }
+                failed
+            };
+            let a = run(7).await;
+            assert!((120..=280).contains(&a.len()), "about 10% of 2000: {}", a.len());
+            assert_eq!(a, run(7).await, "same seed, same schedule");
+            assert_ne!(a, run(8).await);
         });
     }
 

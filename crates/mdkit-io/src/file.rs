@@ -80,6 +80,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
 use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
+use crate::error::{DeviceError, IoErrorKind};
 use crate::flush::{FlushBatcher, FlushStats};
 use crate::plug::{self, PlugTarget};
 
@@ -972,17 +973,12 @@ impl Shared {
     /// A read that hit the end of the file, or a write that moved nothing, after `done` bytes.
     fn no_progress_error(&self, op: IoOp, offset_bytes: u64, len: usize, done: usize) -> io::Error {
         let (kind, what) = match op {
-            IoOp::Read => (io::ErrorKind::UnexpectedEof, "end of file"),
-            _ => (io::ErrorKind::WriteZero, "no progress"),
+            IoOp::Read => (IoErrorKind::ShortRead, "end of file"),
+            _ => (IoErrorKind::ShortWrite, "no progress"),
         };
-        io::Error::new(
-            kind,
-            format!(
-                "{}: {} of {len} bytes at offset {offset_bytes}: {what} after {done} bytes",
-                self.name,
-                op.as_str()
-            ),
-        )
+        DeviceError::new(kind, &self.name, op, offset_bytes, len as u64)
+            .detail(format!("{what} after {done} bytes"))
+            .into()
     }
 
     /// `fdatasync` on the caller's thread (memory-backed files only).
@@ -1004,32 +1000,17 @@ impl Shared {
 
     fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
         if res == -libc::ESHUTDOWN && !self.default_ring.reaper_alive.load(Ordering::Acquire) {
-            return io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                format!(
-                    "{}: {} of {len_bytes} bytes at offset {offset_bytes}: the tokio runtime that opened the device \
-                     has shut down (its completion reaper is gone)",
-                    self.name,
-                    op.as_str()
-                ),
-            );
+            return DeviceError::new(IoErrorKind::Closed, &self.name, op, offset_bytes, len_bytes)
+                .detail("the tokio runtime that opened the device has shut down (its completion reaper is gone)")
+                .into();
         }
-        let e = io::Error::from_raw_os_error(-res);
-        io::Error::new(
-            e.kind(),
-            format!("{}: {} of {len_bytes} bytes at offset {offset_bytes}: {e}", self.name, op.as_str()),
-        )
+        DeviceError::errno(&self.name, op, offset_bytes, len_bytes, -res).into()
     }
 
     fn read_only_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{}: {} of {len_bytes} bytes at offset {offset_bytes}: device opened read-only",
-                self.name,
-                op.as_str()
-            ),
-        )
+        DeviceError::new(IoErrorKind::ReadOnly, &self.name, op, offset_bytes, len_bytes)
+            .detail("device opened read-only")
+            .into()
     }
 
     fn misaligned(&self, ptr: *const u8) -> bool {

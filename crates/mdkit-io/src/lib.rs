@@ -13,6 +13,7 @@
 //! | [`nbd_client`] | [`NbdDevice`]: a member on a remote NBD server (`nbd://`, `nbd+unix://`) |
 //! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
+//! | [`error`]  | [`DeviceError`] / [`IoErrorKind`]: typed errors of every device         |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
 //! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
@@ -28,6 +29,7 @@ pub mod buf;
 pub mod crash;
 pub mod device;
 pub mod extent;
+pub mod error;
 pub mod fault;
 pub mod file;
 pub mod flash;
@@ -49,8 +51,9 @@ pub use device::{
     check_io, join_read_parts, unsupported,
 };
 pub use extent::{Extent, ExtentFlags, ExtentList, check_status_range, seek_extents};
+pub use error::{DeviceError, IoErrorKind};
 pub use fault::{
-    FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, InjectedFault, OpMask, RuleId, injected_errno,
+    FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, OpMask, PER_MILLION_ALWAYS, RuleId, injected_errno,
 };
 pub use file::{
     DirectMode, FileDevice, FileOptions, INLINE_COPY_MAX_BYTES, SubmitStats, enable_thread_rings, poll_thread_rings,

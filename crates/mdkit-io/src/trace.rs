@@ -494,7 +494,7 @@ struct Pending {
 }
 
 fn errno_of(e: &io::Error) -> i32 {
-    e.raw_os_error().or_else(|| crate::fault::injected_errno(e)).unwrap_or(-1)
+    crate::error::DeviceError::errno_of(e).unwrap_or(-1)
 }
 
 /// A device whose every request is recorded by a [`Tracer`].

@@ -9,7 +9,11 @@
 //!   member kept); a persistent one fails the member; neither reaches the client;
 //! - a member that fails a write is failed and the write succeeds; the member the array
 //!   cannot run without is never failed (the client gets the error instead);
-//! - a dirty degraded raid5 is refused at assembly unless forced.
+//! - a dirty degraded raid5 is refused at assembly unless forced;
+//! - a read that cannot be reconstructed (raid5: a read error while another member is gone;
+//!   raid6: a third) is retried once, then fails with EIO and a typed error — never data — and
+//!   the member is failed and the array broken, as md does without a bad-block log; on an
+//!   array that was not degraded that far only the request fails.
 
 mod array_util;
 
@@ -18,10 +22,10 @@ use std::time::Duration;
 
 use array_util::*;
 use mdkit_io::{
-    BlockDevice, DeviceRef, FaultRule, FaultyDevice, FlashDevice, FlashModel, MemDevice, OpMask, Rng, SharedBuf,
-    WriteFlags,
+    BlockDevice, BlockDeviceExt, DeviceError, DeviceRef, FaultRule, FaultyDevice, FlashDevice, FlashModel, IoErrorKind,
+    MemDevice, OpMask, Rng, SharedBuf, WriteFlags,
 };
-use mdkit_md::array::{Array, AssembleOptions, assemble};
+use mdkit_md::array::{Array, AssembleOptions, MdError, MdErrorKind, assemble};
 use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
 use mdkit_md::layout::Level;
 
@@ -305,4 +309,107 @@ async fn dirty_degraded_raid5_needs_force() {
         .array;
     verify_all(&b, &model).await;
     b.stop().await.unwrap();
+}
+
+//------------------------------------------------------------------------------------------------
+// Reads that cannot be reconstructed (md-lifecycle.md 5.4, raid5.c raid5_end_read_request)
+
+fn detail_of<'a>(d: &'a serde_json::Value, m: &SimMember) -> &'a serde_json::Value {
+    d["members"].as_array().unwrap().iter().find(|x| x["name"] == m.name.as_str()).expect("member in detail")
+}
+
+/// `level` on `n` members with as many members failed as it tolerates, then read errors on one
+/// more member `y`: a transient one is retried once (md's R5_ReadNoMerge) and served; a
+/// persistent one fails the request with EIO and a typed error — never data — and, as md does
+/// when the array is degraded to its limit and no bad block can be recorded, fails `y` and
+/// breaks the array (writes refused), all visible in `detail`.
+async fn degraded_to_the_limit_then_read_errors(level: Level, n: usize, gone: &[usize], y: usize) {
+    let name = format!("{}-uncorrectable", level.name());
+    let mut rng = Rng::new(seed(&name, 83));
+    let ms = members(&format!("{name}-"), n, 8 * MIB);
+    let a = create_array(&ms, opts(level, n as u32, Some(64), None, false, true)).await;
+    let mut model = Model::new(a.size_bytes());
+    fill(&a, &mut model, &mut rng).await;
+    for g in gone {
+        a.fail_member(&ms[*g].name).await.unwrap();
+    }
+    let my = a.core().slots().find(&ms[y].name).unwrap();
+    let dof = my.data_offset_sectors * 512;
+    // One stripe's data: some chunk of it is on `y` or needs `y` to be rebuilt.
+    let data_len = (n as u64 - if level == Level::Raid6 { 2 } else { 1 }) * 64 * 1024;
+    let fy = ms[y].fault.as_ref().unwrap();
+
+    // Transient: the retry reads it back; the client gets its data, nothing is failed.
+    let rule = fy.add(FaultRule::error(OpMask::READ, Some(dof..dof + MIB)).times(1));
+    verify_range(&a, &model, 0, data_len).await;
+    assert_eq!(fy.fired(rule), Some(1), "{name}: the fault was met");
+    assert!(my.is_in_sync(), "{name}: a read error that the retry covers fails nothing");
+    assert_eq!(a.core().unrecoverable_reads(), 0, "{name}");
+    assert!(!a.core().is_broken(), "{name}");
+
+    // Persistent: EIO, typed, no data; y failed, the array broken.
+    fy.add(FaultRule::error(OpMask::READ, Some(dof..dof + MIB)));
+    let e = a.read_vec(0, data_len as usize).await.expect_err("no data a member failed to read");
+    let md = MdError::of(&e).unwrap_or_else(|| panic!("{name}: untyped error {e}"));
+    assert_eq!((md.kind, md.op), (MdErrorKind::Unrecoverable, "read"), "{name}: {e}");
+    assert!(e.to_string().contains(&ms[y].name), "{name}: the error names the member that failed the read: {e}");
+    assert_eq!(DeviceError::kind_of(&e), IoErrorKind::Eio, "{name}: an I/O error (NBD: EIO), not another kind");
+    assert!(my.is_faulty(), "{name}: md fails a member whose read error is not correctable");
+    let why = my.fail_reason().unwrap_or_default();
+    assert!(why.contains("read error not correctable"), "{name}: {why}");
+    assert!(a.core().is_broken(), "{name}: more members failed than the level tolerates");
+    assert_eq!(a.get_attribute("array_state").unwrap(), "broken", "{name}");
+    let d = a.detail();
+    assert!(d["unrecoverable_reads"].as_u64().unwrap() >= 1, "{name}: {d:#}");
+    assert!(d["broken"].as_str().unwrap_or_default().contains(&ms[y].name), "{name}: {d:#}");
+    assert_eq!(detail_of(&d, &ms[y])["state"][0], "faulty", "{name}: {d:#}");
+    assert!(detail_of(&d, &ms[y])["read_errors"].as_u64().unwrap() >= 2, "{name}: the error and its retry");
+    let e = a.write(0, SharedBuf::zeroed(4096), WriteFlags::NONE).await.expect_err("writes are refused");
+    assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Broken), "{name}: {e}");
+    // The failure is recorded where a later assembly will see it.
+    a.core().settle_failures().await.unwrap();
+    let survivor = (0..n).find(|i| !gone.contains(i) && *i != y).unwrap();
+    assert_eq!(sb_of(&ms[survivor]).dev_roles[my.dev_number as usize], ROLE_FAULTY, "{name}");
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_read_error_on_a_degraded_array_fails_the_request_and_the_member() {
+    degraded_to_the_limit_then_read_errors(Level::Raid5, 4, &[0], 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_third_failure_fails_the_request_and_the_member() {
+    degraded_to_the_limit_then_read_errors(Level::Raid6, 5, &[0, 1], 2).await;
+}
+
+/// Not degraded, but two members fail the same stripe's reads: the request fails (EIO, typed),
+/// both members are kept (md retries them instead of failing them), nothing breaks, and the
+/// data is served again once the members read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_two_read_errors_on_a_whole_array_fail_the_request_only() {
+    let mut rng = Rng::new(seed("raid5_two_read_errors_on_a_whole_array_fail_the_request_only", 89));
+    let ms = members("r5-double-", 4, 8 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 4, Some(64), None, false, true)).await;
+    let mut model = Model::new(a.size_bytes());
+    fill(&a, &mut model, &mut rng).await;
+    let mut rules = Vec::new();
+    for m in &ms[1..3] {
+        let dof = a.core().slots().find(&m.name).unwrap().data_offset_sectors * 512;
+        rules.push((m, m.fault.as_ref().unwrap().add(FaultRule::error(OpMask::READ, Some(dof..dof + 64 * 1024)))));
+    }
+    let data_len = 3 * 64 * 1024;
+    let e = a.read_vec(0, data_len).await.expect_err("two of four members unreadable");
+    assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Unrecoverable), "{e}");
+    assert!(a.core().unrecoverable_reads() >= 1);
+    for (m, _) in &rules {
+        assert!(a.core().slots().find(&m.name).unwrap().is_in_sync(), "{}: kept", m.name);
+    }
+    assert!(!a.core().is_broken() && a.core().degraded() == 0);
+    for (m, id) in rules {
+        assert!(m.fault.as_ref().unwrap().remove(id));
+    }
+    verify_range(&a, &model, 0, data_len as u64).await;
+    assert_eq!(check(&a).await, 0);
+    a.stop().await.unwrap();
 }

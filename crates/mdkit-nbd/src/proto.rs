@@ -1,6 +1,8 @@
 //! NBD wire constants and encoders (NetworkBlockDevice/nbd `doc/proto.md`; all integers are
 //! big-endian). Names follow the specification so they can be grepped against it.
 
+use mdkit_io::{DeviceError, IoErrorKind};
+
 //------------------------------------------------------------------------------------------------
 // Handshake
 
@@ -116,22 +118,13 @@ pub const MAX_PAYLOAD_BYTES_DEFAULT: u32 = 32 << 20;
 
 /// Maps a device error onto the protocol's error set. The protocol says: ENOSPC for
 /// EDQUOT/EFBIG/ENOSPC, EPERM for read-only media, EINVAL for bad arguments; never ENOTSUP
-/// (reserved for FAST_ZERO) and preferably never ENOMEM.
+/// (reserved for FAST_ZERO) and preferably never ENOMEM. Classified by the io layer's typed
+/// error ([`DeviceError::kind_of`]), which also covers plain errno and `io::ErrorKind` errors.
 pub fn errno_from_io(e: &std::io::Error) -> u32 {
-    if let Some(code) = e.raw_os_error() {
-        return match code {
-            libc::ENOSPC | libc::EDQUOT | libc::EFBIG => ENOSPC,
-            libc::EPERM | libc::EROFS | libc::EACCES => EPERM,
-            libc::EINVAL => EINVAL,
-            _ => EIO,
-        };
-    }
-    match e.kind() {
-        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported => EINVAL,
-        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => EPERM,
-        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded | std::io::ErrorKind::FileTooLarge => {
-            ENOSPC
-        }
+    match DeviceError::kind_of(e) {
+        IoErrorKind::NoSpace => ENOSPC,
+        IoErrorKind::ReadOnly => EPERM,
+        IoErrorKind::InvalidRequest | IoErrorKind::Unsupported => EINVAL,
         _ => EIO,
     }
 }
@@ -214,6 +207,7 @@ impl RequestHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mdkit_io::IoOp;
 
     #[test]
     fn request_header_parses_big_endian_fields() {
@@ -254,5 +248,10 @@ mod tests {
         assert_eq!(errno_from_io(&Error::new(ErrorKind::InvalidInput, "x")), EINVAL);
         assert_eq!(errno_from_io(&Error::new(ErrorKind::Unsupported, "x")), EINVAL);
         assert_eq!(errno_from_io(&Error::other("x")), EIO);
+        // Typed device errors keep their errno through the message-carrying wrapper.
+        let full: Error = DeviceError::errno("m0", IoOp::Write, 0, 4096, libc::ENOSPC).into();
+        assert_eq!(errno_from_io(&full), ENOSPC);
+        let short: Error = DeviceError::new(IoErrorKind::ShortRead, "m0", IoOp::Read, 0, 4096).into();
+        assert_eq!(errno_from_io(&short), EIO);
     }
 }

@@ -1,13 +1,17 @@
 //! Soak (not in the default suite: `#[ignore]`, run by `scripts/soak [MINUTES]`): raid1, raid5,
 //! raid6 and raid10 arrays served by `mdkit serve`, each under a verifying writer over NBD, while
-//! at random times a member is failed, removed and re-added (bitmap rebuild under load), the
-//! service is stopped with SIGTERM or killed with SIGKILL and started again, and `check` runs at
-//! quiet points. Every block carries its array, block number, generation and a checksum; a read
-//! must return the last acknowledged generation (after SIGTERM too), or after SIGKILL any
-//! generation between the last flushed and the last acknowledged one. mismatch_cnt must be 0.
+//! some members inject random faults (the test-only `faults` member table of docs/CONFIG.md:
+//! read EIO, short reads, write EIO), at random times a fault-injecting member is failed, removed
+//! and re-added (bitmap rebuild under load), the service is stopped with SIGTERM or killed with
+//! SIGKILL and started again, and `check` runs at quiet points. Every block carries its array,
+//! block number, generation and a checksum; a read must return the last acknowledged generation
+//! (after SIGTERM too), or after SIGKILL any generation between the last flushed and the last
+//! acknowledged one. No request may fail, mismatch_cnt must be 0.
 //!
-//! The service config has no fault-injecting member kind, so faults are `manage --fail` and
-//! process kills. Seeded: MDKIT_SOAK_SEED (default: the clock), printed; MDKIT_SOAK_MINUTES
+//! Faults stay within redundancy: one fault-injecting member per raid1/raid5/raid10 set, two
+//! for raid6, and only those members are ever failed on purpose. A member md's error policy
+//! fails (write error, too many read errors) is removed and re-added by the soak, as an operator
+//! would. Seeded: MDKIT_SOAK_SEED (default: the clock), printed; MDKIT_SOAK_MINUTES
 //! (default 30).
 
 mod common;
@@ -15,7 +19,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::raw::Raw;
-use common::{Server, mdkit_ok};
+use common::{Server, mdkit, mdkit_ok};
 use serde_json::Value;
 
 const BLOCK_BYTES: usize = 4096;
@@ -28,19 +32,40 @@ struct ArraySpec {
     name: &'static str,
     level: &'static str,
     members: usize,
+    /// Members that inject faults (within the level's redundancy).
+    faulty: &'static [usize],
 }
 
 const ARRAYS: [ArraySpec; 4] = [
-    ArraySpec { name: "r1", level: "raid1", members: 2 },
-    ArraySpec { name: "r5", level: "raid5", members: 3 },
-    ArraySpec { name: "r6", level: "raid6", members: 4 },
-    ArraySpec { name: "r10", level: "raid10", members: 4 },
+    ArraySpec { name: "r1", level: "raid1", members: 2, faulty: &[1] },
+    ArraySpec { name: "r5", level: "raid5", members: 3, faulty: &[2] },
+    ArraySpec { name: "r6", level: "raid6", members: 4, faulty: &[1, 3] },
+    // near-2 on 4: copies on (0,1) and (2,3); one faulty member.
+    ArraySpec { name: "r10", level: "raid10", members: 4, faulty: &[0] },
 ];
 
-fn config() -> String {
+/// Per-request fault rates of a fault-injecting member, parts per million.
+const READ_ERROR_PPM: u32 = 2000;
+const SHORT_READ_PPM: u32 = 1000;
+const WRITE_ERROR_PPM: u32 = 300;
+
+fn config(seed: u64) -> String {
     let mut c = String::new();
-    for a in &ARRAYS {
-        let members: Vec<String> = (0..a.members).map(|i| format!("\"{}-{i}.img\"", a.name)).collect();
+    for (ai, a) in ARRAYS.iter().enumerate() {
+        let members: Vec<String> = (0..a.members)
+            .map(|i| {
+                let path = format!("\"{}-{i}.img\"", a.name);
+                if a.faulty.contains(&i) {
+                    format!(
+                        "{{ path = {path}, faults = {{ read_error_ppm = {READ_ERROR_PPM}, short_read_ppm = \
+                         {SHORT_READ_PPM}, write_error_ppm = {WRITE_ERROR_PPM}, seed = {} }} }}",
+                        seed.wrapping_add((ai * 16 + i) as u64)
+                    )
+                } else {
+                    path
+                }
+            })
+            .collect();
         c += &format!(
             "[[volume]]\nname = \"{n}\"\nkind = \"md\"\nmembers = [{m}]\nmember_size = \"32MiB\"\ncreate = true\n\
              level = \"{l}\"\nassume_clean = true\n[volume.attributes]\nsync_speed_min = \"1000000\"\n\
@@ -115,6 +140,15 @@ struct Counts {
     sigterm_restarts: u64,
     sigkill_restarts: u64,
     checks: u64,
+    /// Members md's error policy failed (or assembly left out) that the soak re-added.
+    policy_readds: u64,
+    /// Injected by the fault-injecting members (summed over service lifetimes).
+    injected_read_errors: u64,
+    injected_short_reads: u64,
+    injected_write_errors: u64,
+    /// Sectors md rewrote after read errors and read back: md's `corrected_reads` of the
+    /// members as last seen (persisted in the superblocks, so not summed over lifetimes).
+    corrected_sectors: u64,
 }
 
 struct Soak {
@@ -186,23 +220,76 @@ impl Soak {
         serde_json::from_str(&mdkit_ok(&self.srv, &["detail", name, "--json"])).unwrap()
     }
 
-    /// Polls (hang guard: 5 minutes) until no sync work runs and nothing is degraded.
-    fn wait_settled(&self, name: &str) {
+    /// Polls (hang guard: 5 minutes) until no sync work runs and nothing is degraded; members
+    /// md's policy failed meanwhile (or that assembly left out) are removed and re-added.
+    fn wait_settled(&mut self, name: &str) {
         let t = Instant::now();
         loop {
             let d = self.detail(name);
             if d["sync"]["action"] == "idle" && d["degraded"] == 0 && d["sync"]["resync_start"].is_null() {
                 return;
             }
+            self.readd_failed(name, &d);
             assert!(t.elapsed() < Duration::from_secs(300), "{name} did not settle: {d:#}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
+    /// Removes and re-adds every member of `name` that is faulty or missing from the array.
+    fn readd_failed(&mut self, name: &str, d: &Value) {
+        assert!(d["broken"].is_null() && d["needs_check"].is_null(), "{name}: faults went beyond redundancy: {d:#}");
+        let spec = ARRAYS.iter().find(|a| a.name == name).unwrap();
+        let members = d["members"].as_array().cloned().unwrap_or_default();
+        for i in 0..spec.members {
+            let file = format!("{name}-{i}.img");
+            let path = self.srv.path(&file).display().to_string();
+            let shown = members.iter().find(|m| m["name"] == file.as_str() || m["name"] == path.as_str());
+            let faulty = shown.is_some_and(|m| m["state"].as_array().is_some_and(|s| s.iter().any(|w| w == "faulty")));
+            if shown.is_some() && !faulty {
+                continue;
+            }
+            if let Some(m) = shown {
+                eprintln!("soak: {name}: {file} failed ({}): remove and re-add", m["fail_reason"]);
+                mdkit_ok(&self.srv, &["manage", name, "--remove", m["name"].as_str().unwrap()]);
+            } else {
+                eprintln!("soak: {name}: {file} is not in the array: re-add");
+            }
+            mdkit_ok(&self.srv, &["manage", name, "--re-add", &path]);
+            self.counts.policy_readds += 1;
+        }
+    }
+
+    /// Adds what this service lifetime injected and corrected to the counts.
+    fn collect_fault_counts(&mut self) {
+        let mut corrected = 0;
+        for a in &ARRAYS {
+            let d = self.detail(a.name);
+            if let Some(inj) = d["injected_faults"].as_object() {
+                for v in inj.values() {
+                    self.counts.injected_read_errors += v["read_errors"].as_u64().unwrap_or(0);
+                    self.counts.injected_short_reads += v["short_reads"].as_u64().unwrap_or(0);
+                    self.counts.injected_write_errors += v["write_errors"].as_u64().unwrap_or(0);
+                }
+            }
+            for m in d["members"].as_array().cloned().unwrap_or_default() {
+                corrected += m["corrected_reads"].as_u64().unwrap_or(0);
+            }
+        }
+        self.counts.corrected_sectors = corrected;
+    }
+
     fn check(&mut self, name: &str) {
-        self.wait_settled(name);
-        mdkit_ok(&self.srv, &["attr", name, "sync_action=check"]);
         let t = Instant::now();
+        loop {
+            self.wait_settled(name);
+            // md's policy may fail a member between the two commands: settle and try again.
+            let out = mdkit(&self.srv, &["attr", name, "sync_action=check"]);
+            if out.status.success() {
+                break;
+            }
+            eprintln!("soak: {name}: check not started: {}", String::from_utf8_lossy(&out.stderr).trim());
+            assert!(t.elapsed() < Duration::from_secs(300), "{name}: check never started");
+        }
         loop {
             std::thread::sleep(Duration::from_millis(100));
             let d = self.detail(name);
@@ -215,11 +302,11 @@ impl Soak {
         self.counts.checks += 1;
     }
 
-    /// Fails a random member, removes it and re-adds it: rebuilt (from the bitmap) while the
-    /// writers continue.
+    /// Fails a random fault-injecting member, removes it and re-adds it: rebuilt (from the
+    /// bitmap) while the writers continue.
     fn member_fault(&mut self) {
         let a = &ARRAYS[self.rng.below(ARRAYS.len() as u64) as usize];
-        let member = format!("{}-{}.img", a.name, self.rng.below(a.members as u64));
+        let member = format!("{}-{}.img", a.name, a.faulty[self.rng.below(a.faulty.len() as u64) as usize]);
         eprintln!("soak: fail, remove and re-add {member}");
         self.wait_settled(a.name);
         mdkit_ok(&self.srv, &["manage", a.name, "--fail", &member]);
@@ -233,6 +320,7 @@ impl Soak {
         for a in &ARRAYS {
             self.wait_settled(a.name);
         }
+        self.collect_fault_counts();
         self.conns.clear();
         let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
         eprintln!("soak: restart after {}", if kill { "SIGKILL" } else { "SIGTERM" });
@@ -297,7 +385,7 @@ fn soak_mixed_load_with_member_faults_and_restarts() {
     let models =
         ARRAYS.iter().map(|_| Model { acked: vec![0; BLOCKS as usize], flushed: vec![0; BLOCKS as usize] }).collect();
     let mut s = Soak {
-        srv: Server::start(&config()),
+        srv: Server::start(&config(seed)),
         conns: Vec::new(),
         models,
         rng: Rng(seed | 1),
@@ -317,10 +405,28 @@ fn soak_mixed_load_with_member_faults_and_restarts() {
         s.check(a.name);
     }
     s.verify_all(false);
+    s.collect_fault_counts();
     let c = &s.counts;
     eprintln!(
         "soak: seed {seed}: {} writes, {} reads verified, {} flushes, {} member faults (fail/remove/re-add), \
-         {} SIGTERM and {} SIGKILL restarts, {} checks with mismatch_cnt 0; zero verify errors",
-        c.writes, c.reads_verified, c.flushes, c.member_faults, c.sigterm_restarts, c.sigkill_restarts, c.checks
+         {} SIGTERM and {} SIGKILL restarts, {} checks with mismatch_cnt 0; injected {} read EIO, {} short reads, \
+         {} write EIO; {} sectors corrected, {} members failed by md's policy re-added; zero client-visible errors, \
+         zero verify errors",
+        c.writes,
+        c.reads_verified,
+        c.flushes,
+        c.member_faults,
+        c.sigterm_restarts,
+        c.sigkill_restarts,
+        c.checks,
+        c.injected_read_errors,
+        c.injected_short_reads,
+        c.injected_write_errors,
+        c.corrected_sectors,
+        c.policy_readds
+    );
+    assert!(
+        c.injected_read_errors + c.injected_short_reads + c.injected_write_errors > 0,
+        "the fault-injecting members injected nothing"
     );
 }

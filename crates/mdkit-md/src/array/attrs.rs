@@ -377,6 +377,8 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
         "failed_devices": count(&|m| m.is_faulty()),
         "spare_devices": count(&|m| !m.is_faulty() && !m.is_in_sync()),
         "needs_check": core.needs_check(),
+        "broken": core.broken_reason(),
+        "unrecoverable_reads": core.unrecoverable_reads(),
         "sync": {
             "action": st.action,
             "done_sectors": st.done_sectors,

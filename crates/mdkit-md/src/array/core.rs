@@ -68,6 +68,10 @@ pub struct ArrayCore {
     needs_check: Mutex<Option<String>>,
     needs_check_flag: AtomicBool,
     broken: AtomicBool,
+    /// Why the array is broken (for `detail` / `status`).
+    broken_reason: Mutex<Option<String>>,
+    /// User reads answered with an error because no member could supply or rebuild the data.
+    unrecoverable_reads: AtomicU64,
     pub(crate) sync: SyncState,
     /// Wakes the array daemon (safe mode, failure recording) and the sync engine.
     pub(crate) wake: Notify,
@@ -106,6 +110,8 @@ impl ArrayCore {
             needs_check: Mutex::new(None),
             needs_check_flag: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            broken_reason: Mutex::new(None),
+            unrecoverable_reads: AtomicU64::new(0),
             sync: SyncState::new(),
             wake: Notify::new(),
             sync_wake: Notify::new(),
@@ -179,6 +185,33 @@ impl ArrayCore {
     /// I/O (it is kept, the I/O failed). Writes are refused from then on, as md does.
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Acquire)
+    }
+
+    /// Why the array is broken, once it is.
+    pub fn broken_reason(&self) -> Option<String> {
+        self.broken_reason.lock().clone()
+    }
+
+    /// Marks the array broken (first reason kept, logged once).
+    fn set_broken(&self, m: &Member, why: &str) {
+        let mut g = self.broken_reason.lock();
+        if g.is_none() {
+            *g = Some(format!("member {}: {why}", m.name()));
+        }
+        drop(g);
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            tracing::error!(array = self.name(), member = m.name(), "array broken, writes are refused: {why}");
+        }
+    }
+
+    /// Counts a user read that failed because the data could neither be read nor rebuilt.
+    pub(crate) fn note_unrecoverable_read(&self) {
+        self.unrecoverable_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// User reads answered with an error because the data could neither be read nor rebuilt.
+    pub fn unrecoverable_reads(&self) -> u64 {
+        self.unrecoverable_reads.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -264,13 +297,7 @@ impl ArrayCore {
         if self.fail_member(m, reason) {
             return true;
         }
-        if !self.broken.swap(true, Ordering::AcqRel) {
-            tracing::error!(
-                array = self.name(),
-                member = m.name(),
-                "array broken: the last member holding some data failed an I/O; writes are refused: {reason}"
-            );
-        }
+        self.set_broken(m, &format!("the last member holding some data failed an I/O: {reason}"));
         false
     }
 
@@ -282,17 +309,27 @@ impl ArrayCore {
     /// to the user instead), and a level without redundancy marks the array broken. Returns
     /// whether the member is now faulty.
     pub fn fail_member(&self, m: &Member, reason: &str) -> bool {
+        self.fail_member_inner(m, reason, true)
+    }
+
+    /// raid4/5/6's md_error (raid5.c raid5_error): the member is failed even when the array
+    /// cannot run without it; the array is then broken (md's MD_BROKEN, "Cannot continue
+    /// operation"): writes are refused and reads that need the member fail.
+    pub(crate) fn fail_member_beyond_redundancy(&self, m: &Member, reason: &str) {
+        if !self.fail_member_inner(m, reason, false) {
+            return;
+        }
+        if !self.pers.can_run(&self.slots()) {
+            self.set_broken(m, &format!("more members failed than the level's redundancy: {reason}"));
+        }
+    }
+
+    fn fail_member_inner(&self, m: &Member, reason: &str, keep_last: bool) -> bool {
         if m.is_faulty() {
             return true;
         }
         if !self.pers.has_redundancy() {
-            if !self.broken.swap(true, Ordering::AcqRel) {
-                tracing::error!(
-                    array = self.name(),
-                    member = m.name(),
-                    "member I/O error on a level without redundancy: array broken: {reason}"
-                );
-            }
+            self.set_broken(m, &format!("member I/O error on a level without redundancy: {reason}"));
             return false;
         }
         let _g = self.fail_lock.lock();
@@ -301,7 +338,7 @@ impl ArrayCore {
         }
         let slots = self.slots();
         let holds_data = slots.role_of(m).is_some() && m.is_in_sync();
-        if holds_data && !self.pers.can_run(&slots.without(m)) {
+        if keep_last && holds_data && !self.pers.can_run(&slots.without(m)) {
             tracing::error!(
                 array = self.name(),
                 member = m.name(),
@@ -315,7 +352,7 @@ impl ArrayCore {
         tracing::warn!(
             array = self.name(),
             member = m.name(),
-            degraded = self.pers.degraded(&slots),
+            degraded = self.pers.degraded(&self.slots()),
             "member failed: {reason}"
         );
         // A recovery onto this member, or from it, must stop; the engine re-plans.

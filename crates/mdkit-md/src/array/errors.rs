@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use mdkit_io::DeviceError;
 use parking_lot::Mutex;
 
 /// md's MD_DEFAULT_MAX_CORRECTED_READ_ERRORS.
@@ -86,6 +87,8 @@ pub struct MdError {
     pub detail: String,
     /// The `io::ErrorKind` to present (the member's, or `Other`).
     pub io_kind: io::ErrorKind,
+    /// The member device's typed error this one wraps (its `source()`).
+    pub device: Option<Box<DeviceError>>,
 }
 
 impl MdError {
@@ -98,6 +101,7 @@ impl MdError {
             op,
             detail: detail.into(),
             io_kind: io::ErrorKind::Other,
+            device: None,
         }
     }
 
@@ -114,6 +118,10 @@ impl MdError {
     /// Whether `e` is an `MdError` of kind `kind`.
     pub fn is(e: &io::Error, kind: MdErrorKind) -> bool {
         MdError::of(e).is_some_and(|m| m.kind == kind)
+    /// Keeps the member device's typed error, if `e` carries one.
+    pub fn caused_by(mut self, e: &io::Error) -> MdError {
+        self.device = DeviceError::of(e).cloned().map(Box::new);
+        self
     }
 
     /// The `MdError` inside an `io::Error`, if it carries one.
@@ -136,7 +144,11 @@ impl fmt::Display for MdError {
     }
 }
 
-impl std::error::Error for MdError {}
+impl std::error::Error for MdError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.device.as_deref().map(|d| d as _)
+    }
+}
 
 impl From<MdError> for io::Error {
     fn from(e: MdError) -> io::Error {
@@ -257,6 +269,20 @@ mod tests {
         );
         let plain = io::Error::other("x");
         assert!(MdError::of(&plain).is_none());
+    }
+
+    #[test]
+    fn the_member_device_error_stays_reachable() {
+        use mdkit_io::{IoErrorKind, IoOp};
+        let dev: io::Error = DeviceError::errno("sda", IoOp::Write, 8192, 4096, 28 /* ENOSPC */).into();
+        let e: io::Error = MdError::new(MdErrorKind::MemberWrite, "md0", "write", 16, dev.to_string())
+            .member("sda")
+            .io_kind(dev.kind())
+            .caused_by(&dev)
+            .into();
+        assert_eq!(DeviceError::kind_of(&e), IoErrorKind::NoSpace, "{e}");
+        assert_eq!(DeviceError::of(&e).map(|d| d.offset_bytes), Some(8192));
+        assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::MemberWrite));
     }
 
     #[test]

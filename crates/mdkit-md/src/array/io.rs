@@ -25,7 +25,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
+use mdkit_io::{DeviceError, IoBuf, IoErrorKind, IoFuture, IoOp, ReadResult, SharedBuf, WriteFlags, ZeroFlags};
 
 use super::core::ArrayCore;
 use super::errors::{MdError, MdErrorKind};
@@ -73,15 +73,26 @@ impl<F: Future> Future for JoinAll<F> {
 }
 
 /// Wraps a member's error into an [`MdError`] naming the array, member, operation and member
-/// sector (the member's `io::ErrorKind` is kept).
+/// sector; the member's `io::ErrorKind` and typed [`DeviceError`] are kept, and the kind is
+/// chosen from the typed error (a short read is not an I/O error), never from message text.
 pub(crate) fn member_error(a: &ArrayCore, m: &Member, op: &'static str, sector: u64, e: io::Error) -> io::Error {
-    let kind = if op == "read" { MdErrorKind::MemberRead } else { MdErrorKind::MemberWrite };
-    MdError::new(kind, a.name(), op, sector, e.to_string()).member(m.name()).io_kind(e.kind()).into()
+    let kind = match (op, DeviceError::kind_of(&e)) {
+        ("read", IoErrorKind::ShortRead) => MdErrorKind::ShortRead,
+        ("read", _) => MdErrorKind::MemberRead,
+        _ => MdErrorKind::MemberWrite,
+    };
+    MdError::new(kind, a.name(), op, sector, e.to_string()).member(m.name()).io_kind(e.kind()).caused_by(&e).into()
+}
+
+/// Whether a member error is the caller's fault or a missing feature, not the member's: such
+/// errors never fail the member.
+fn is_request_error(e: &io::Error) -> bool {
+    matches!(DeviceError::kind_of(e), IoErrorKind::InvalidRequest | IoErrorKind::Unsupported)
 }
 
 /// Errors that say the request was wrong, not the member: they never fail it.
 pub(crate) fn is_caller_error(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported)
+    is_request_error(e)
 }
 
 impl ArrayCore {
@@ -119,16 +130,12 @@ impl ArrayCore {
             let _g = m.io_started();
             let (buf, r) = m.device().read(off, buf).await;
             let r = match r {
-                Ok(()) if buf.len() != want => Err(MdError::new(
-                    MdErrorKind::ShortRead,
-                    self.name(),
-                    "read",
-                    sector,
-                    format!("{} of {want} bytes", buf.len()),
-                )
-                .member(m.name())
-                .io_kind(io::ErrorKind::UnexpectedEof)
-                .into()),
+                Ok(()) if buf.len() != want => {
+                    let short =
+                        DeviceError::new(IoErrorKind::ShortRead, m.device().name(), IoOp::Read, off, want as u64)
+                            .detail(format!("{} of {want} bytes", buf.len()));
+                    Err(member_error(self, m, "read", sector, short.into()))
+                }
                 Ok(()) => Ok(()),
                 Err(e) => Err(member_error(self, m, "read", sector, e)),
             };
@@ -241,7 +248,7 @@ impl ArrayCore {
     fn after_modify(&self, m: &Member, op: &'static str, sector: u64, r: io::Result<()>) -> io::Result<()> {
         match r {
             Ok(()) => Ok(()),
-            Err(e) if is_caller_error(&e) => Err(member_error(self, m, op, sector, e)),
+            Err(e) if is_request_error(&e) => Err(member_error(self, m, op, sector, e)),
             Err(e) => {
                 let e = member_error(self, m, op, sector, e);
                 self.fail_member_on_error(m, &e.to_string());

@@ -34,6 +34,7 @@ fn eio(msg: String) -> io::Error {
 /// for it (md returns the error when the only usable copy fails).
 fn unrecoverable(a: &ArrayCore, domain: &Range<u64>, detail: String) -> io::Error {
     let detail = format!("sync-domain sectors {}..{}: {detail}", domain.start, domain.end);
+    a.note_unrecoverable_read();
     MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", domain.start, detail).into()
 }
 

@@ -560,7 +560,8 @@ impl Array {
         }
         if core.is_broken() {
             // md refuses writes to a broken array (md_submit_bio).
-            let detail = "a member the array cannot run without failed an I/O; writes are refused";
+            let why = core.broken_reason().unwrap_or_else(|| "a member the array cannot run without failed".into());
+            let detail = format!("writes are refused: {why}");
             return Err(MdError::new(MdErrorKind::Broken, core.name(), op.as_str(), offset_bytes / 512, detail).into());
         }
         core.note_user_request();

@@ -75,7 +75,7 @@ use parking_lot::Mutex;
 
 use self::cache::{BatchError, BatchResult, Leadership, StripeCache, StripeEntry, Turn, WriteTicket, to_io};
 use self::exec::Target;
-use self::plan::{Members, Mode, Seg, bit, has};
+use self::plan::{Members, Mode, RoleSet, Seg, bit, has};
 use self::stripe::StripeShape;
 use super::core::ArrayCore;
 use super::errors::{MdError, MdErrorKind};
@@ -106,6 +106,15 @@ const GATHER_HOLD_CAP_US: u64 = 50_000;
 const SYNC_STRIPES_AT_ONCE: usize = 16;
 /// Mismatch details kept for `mismatch_members`.
 const MISMATCH_LOG_MAX: usize = 1024;
+
+/// What re-reading failed members once more gave.
+enum Retry {
+    /// The block asked for read back.
+    Target(IoBuf),
+    /// These roles read back (bit set).
+    Recovered(RoleSet),
+    Failed,
+}
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
@@ -364,6 +373,7 @@ impl Raid5 {
         let slots = a.slots();
         let mut excluded = bit(target);
         let mut fixes: Vec<(usize, Arc<Member>)> = failed.into_iter().map(|m| (target, m)).collect();
+        let mut retried = false;
         let mut blocks: Vec<Option<IoBuf>> = loop {
             let sources: Vec<(usize, Arc<Member>)> = (0..self.n)
                 .filter(|r| !has(excluded, *r))
@@ -371,12 +381,24 @@ impl Raid5 {
                 .collect();
             let missing = self.n - sources.len();
             if missing > self.max_degraded() {
-                let detail = format!(
-                    "stripe {stripe}: cannot rebuild data at member sector {sector}: {missing} of {} members unavailable",
-                    self.n
-                );
-                let e = MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", sector, detail);
-                return (part, Err(e.into()));
+                if !retried && !fixes.is_empty() {
+                    // md retries a failed read once more, alone (R5_ReadNoMerge), before it
+                    // gives up on the block.
+                    retried = true;
+                    match self.retry_failed_reads(a, &mut fixes, target, sector, len).await {
+                        Retry::Target(b) => {
+                            part.as_mut_slice().copy_from_slice(b.as_slice());
+                            return (part, Ok(()));
+                        }
+                        Retry::Recovered(roles) => {
+                            excluded &= !roles;
+                            continue;
+                        }
+                        Retry::Failed => {}
+                    }
+                }
+                let e = self.uncorrectable(a, stripe, sector..base + hi, missing, &fixes);
+                return (part, Err(e));
             }
             let results =
                 join_all(sources.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
@@ -426,6 +448,87 @@ impl Raid5 {
             let _ = exec::write_targets(a, self, writes, WriteFlags::NONE).await;
         }
         (part, Ok(()))
+    }
+
+    /// Reads every member in `fixes` (not failed meanwhile) once more. The target's block read
+    /// back is the answer; other members read back rejoin the rebuild and leave `fixes`.
+    async fn retry_failed_reads(
+        &self,
+        a: &ArrayCore,
+        fixes: &mut Vec<(usize, Arc<Member>)>,
+        target: usize,
+        sector: u64,
+        len: usize,
+    ) -> Retry {
+        let mut recovered = 0;
+        let mut still = Vec::with_capacity(fixes.len());
+        for (r, m) in fixes.drain(..) {
+            if m.is_faulty() {
+                still.push((r, m));
+                continue;
+            }
+            match a.member_read(&m, sector, IoBuf::uninit_contents(len)).await {
+                (b, Ok(())) if r == target => return Retry::Target(b),
+                (_, Ok(())) => recovered |= bit(r),
+                (_, Err(e)) => {
+                    tracing::warn!(array = a.name(), member = m.name(), sector, "read error again on retry: {e}");
+                    still.push((r, m));
+                }
+            }
+        }
+        *fixes = still;
+        if recovered != 0 { Retry::Recovered(recovered) } else { Retry::Failed }
+    }
+
+    /// A block that can neither be read nor rebuilt: the request fails (never with data a member
+    /// failed to read). As md's raid5_end_read_request: when the array was already degraded
+    /// to its limit, the read error is "not correctable" — md records a bad block or, when it
+    /// cannot (mdkit keeps no bad-block log), fails the member (raid5_error, which has no
+    /// last-member exception) and the array is broken. Errors on an array that was not
+    /// degraded that far keep the members (only the request fails), as md's retry path does.
+    fn uncorrectable(
+        &self,
+        a: &ArrayCore,
+        stripe: u64,
+        sectors: Range<u64>,
+        missing: usize,
+        fixes: &[(usize, Arc<Member>)],
+    ) -> io::Error {
+        a.note_unrecoverable_read();
+        let sector = sectors.start;
+        let degraded = a.degraded() as usize;
+        let slots = a.slots();
+        let unavailable: Vec<String> = (0..self.n)
+            .filter_map(|r| {
+                if let Some((_, m)) = fixes.iter().find(|(fr, _)| *fr == r) {
+                    return Some(format!("{} (read error)", m.name()));
+                }
+                if slots.readable(r, sectors.end).is_some() {
+                    return None;
+                }
+                Some(match slots.slot(r).and_then(|s| s.member.as_ref()) {
+                    Some(m) if m.is_faulty() => format!("{} (faulty)", m.name()),
+                    Some(m) => format!("{} (not rebuilt this far)", m.name()),
+                    None => format!("role {r} (empty)"),
+                })
+            })
+            .collect();
+        let detail = format!(
+            "stripe {stripe}: cannot rebuild data at member sector {sector}: {missing} of {} members unavailable \
+             ({}; array degraded {degraded})",
+            self.n,
+            unavailable.join(", ")
+        );
+        tracing::error!(array = a.name(), sector, "read error not correctable: {detail}");
+        if degraded >= self.max_degraded() {
+            for (_, m) in fixes {
+                a.fail_member_beyond_redundancy(
+                    m,
+                    &format!("read error not correctable at member sector {sector} (array degraded {degraded})"),
+                );
+            }
+        }
+        MdError::new(MdErrorKind::Unrecoverable, a.name(), "read", sector, detail).into()
     }
 
     //--------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@
 //! kind = "md"
 //! members = ["md0-a.img", "md0-b.img"]   # relative to data_dir; "volume:NAME" = another volume;
 //!                           # "nbd://HOST[:PORT]/EXPORT", "nbd+unix:///EXPORT?socket=PATH" = remote
+//!                           # TESTING ONLY: { path = "md0-b.img", faults = { read_error_ppm = 500,
+//!                           #   short_read_ppm = 200, write_error_ppm = 100, seed = 1 } }
+//!                           #   injects random member errors (see faults.rs)
 //! write_mostly = []         # members (as in `members`) that reads avoid while another copy is in sync
 //! member_size = "1GiB"      # create missing member files sparse with this size
 //! create = true             # no member has a superblock yet: create the array (else assemble)
@@ -43,6 +46,7 @@ use mdkit_md::format::superblock::MetadataVersion;
 use mdkit_md::layout::{Level, parse_layout, parse_level};
 use serde::Deserialize;
 
+use super::faults::{self, FaultSpec};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
 use crate::config::{Size, VolumeSpec};
 
@@ -57,10 +61,27 @@ pub enum Direct {
     Off,
 }
 
+/// One `members` entry: a path / `volume:NAME`, or (testing only) a table with fault injection.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MemberEntry {
+    Spec(String),
+    Faulty { path: String, faults: FaultSpec },
+}
+
+impl MemberEntry {
+    fn spec(&self) -> &str {
+        match self {
+            MemberEntry::Spec(s) => s,
+            MemberEntry::Faulty { path, .. } => path,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MdParams {
-    members: Vec<String>,
+    members: Vec<MemberEntry>,
     member_size: Option<Size>,
     #[serde(default)]
     create: bool,
@@ -236,7 +257,7 @@ fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Res
     if let Some(why) = dev.direct_fallback_reason() {
         tracing::warn!(path = %path.display(), "member not using O_DIRECT: {why}");
     }
-    Ok(Arc::new(dev))
+    Ok(faults::wrap(path, Arc::new(dev)))
 }
 
 /// What `create` needs besides the members; parsed from config keys or CLI/control arguments.
@@ -355,7 +376,7 @@ impl VolumeKind for MdKind {
             c.to_options(&spec.name, parsed.params.members.len(), false)?;
         }
         remote_options(&parsed.params)?;
-        for uri in parsed.params.members.iter().filter(|m| is_nbd_uri(m)) {
+        for uri in parsed.params.members.iter().map(|m| m.spec()).filter(|m| is_nbd_uri(m)) {
             mdkit_io::NbdUri::parse(uri)?;
         }
         Ok(())
@@ -370,8 +391,15 @@ impl VolumeKind for MdKind {
                 create_size_bytes: p.member_size.map(Size::bytes),
                 remote: remote_options(&p)?,
             };
-            let opened = open_members(&p.members, ctx.data_dir, ctx.volumes, how).await?;
-            let write_mostly = write_mostly_names(&p.members, &p.write_mostly, &opened)?;
+            let specs: Vec<String> = p.members.iter().map(|m| m.spec().to_string()).collect();
+            for m in &p.members {
+                if let MemberEntry::Faulty { path, faults: f } = m {
+                    let p = Path::new(path);
+                    faults::register(&if p.is_absolute() { p.to_path_buf() } else { ctx.data_dir.join(p) }, *f);
+                }
+            }
+            let opened = open_members(&specs, ctx.data_dir, ctx.volumes, how).await?;
+            let write_mostly = write_mostly_names(&specs, &p.write_mostly, &opened)?;
             let vol = start_array(&spec.name, opened, create.as_ref(), uuid, p.force).await?;
             for name in write_mostly {
                 vol.array.set_write_mostly(&name, true).await.with_context(|| format!("write_mostly {name}"))?;
@@ -396,6 +424,14 @@ struct Parsed {
 
 fn parse(spec: &VolumeSpec) -> Result<Parsed> {
     let p: MdParams = spec.parse_params()?;
+    for m in &p.members {
+        if let MemberEntry::Faulty { path, faults: f } = m {
+            if path.starts_with("volume:") {
+                bail!("member {path:?}: fault injection applies to member files and block devices, not volumes");
+            }
+            f.check().with_context(|| format!("member {path:?}"))?;
+        }
+    }
     let uuid = match &p.uuid {
         Some(u) => Some(parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
         None => None,
@@ -487,13 +523,23 @@ impl Volume for MdVolume {
         if let Some(why) = core.needs_check() {
             return Some(why);
         }
-        core.is_broken().then(|| "a member failed and the level has no redundancy: I/O fails".to_string())
+        core.is_broken().then(|| {
+            let why = core.broken_reason().unwrap_or_else(|| "a member the array cannot run without failed".into());
+            format!("array broken, writes fail: {why}")
+        })
     }
     fn details(&self) -> serde_json::Value {
         let mut d = self.array.detail();
+        let sources = self.sources.lock();
         d["member_sources"] = serde_json::json!(
-            self.sources.lock().iter().map(|(n, s)| serde_json::json!({"name": n, "source": s})).collect::<Vec<_>>()
+            sources.iter().map(|(n, s)| serde_json::json!({"name": n, "source": s})).collect::<Vec<_>>()
         );
+        let injected: serde_json::Map<String, serde_json::Value> =
+            sources.iter().filter_map(|(n, s)| Some((n.clone(), faults::stats_json(Path::new(s))?))).collect();
+        if !injected.is_empty() {
+            // Testing only (faults.rs): what the fault-injecting members made up so far.
+            d["injected_faults"] = serde_json::Value::Object(injected);
+        }
         d
     }
     fn as_any(&self) -> &dyn Any {

@@ -18,6 +18,7 @@
 //! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
 pub mod failed;
+pub mod faults;
 pub mod file;
 pub mod md;
 pub mod mem;
