@@ -10,7 +10,7 @@
 //! - a member that dies during a write fails and the write still succeeds on the others;
 //! - the last member the array needs is never failed: the client gets the error instead.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;

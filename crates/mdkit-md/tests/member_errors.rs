@@ -15,7 +15,7 @@
 //!
 //! Seeds are printed (`MDKIT_TEST_SEED` replays).
 
-mod array_util;
+use crate::array_util;
 
 use std::io;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //!   cannot run without is never failed (the client gets the error instead);
 //! - a dirty degraded raid5 is refused at assembly unless forced.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;
