@@ -4,7 +4,7 @@
 #                  everything is present, so a prepared machine pays nothing).
 # ensure_rust:     installs a Rust toolchain with rustup when `cargo` is missing, and the
 #                  rustfmt and clippy components when they are (scripts/test's lint steps).
-# ensure_cargo_fuzz: installs cargo-fuzz when missing (scripts/test builds the fuzz targets).
+# ensure_cargo_fuzz: installs cargo-fuzz when missing (scripts/fuzz runs the fuzz targets).
 
 # Host tools the test suite drives (NBD clients incl. nbdfuse, which Debian 12 ships in
 # libnbd-bin; fio; md/thin tools; filesystems; `ip` from iproute2, which the docs tests'
@@ -15,7 +15,7 @@ MDKIT_APT_PACKAGES=(
     build-essential pkg-config curl ca-certificates
     fio qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-client
     mdadm thin-provisioning-tools e2fsprogs fuse3 util-linux iproute2
-    cpio kmod zstd xz-utils
+    cpio kmod zstd xz-utils mold
     python3-prometheus-client
 )
 

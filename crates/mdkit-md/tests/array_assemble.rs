@@ -5,7 +5,7 @@
 //! events rule; unsupported levels are refused without touching the members; a dirty degraded
 //! parity array needs --force; a dirty array resyncs after assembly.
 
-mod array_util;
+use crate::array_util;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, Rng};

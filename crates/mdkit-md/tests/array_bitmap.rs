@@ -3,7 +3,7 @@
 //! chunks only (md's bitmap-based re-add) and ends in sync with 0 mismatches; bits clear lazily
 //! once the array is idle and whole, never while degraded.
 
-mod array_util;
+use crate::array_util;
 
 use std::time::Duration;
 

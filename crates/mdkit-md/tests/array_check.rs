@@ -3,7 +3,7 @@
 //! `repair`; a resync after creation makes the copies equal; sync_action requests behave as md's
 //! (check refused while a resync runs, frozen stops work, idle interrupts).
 
-mod array_util;
+use crate::array_util;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! that was durable at the point (acknowledged FUA, or acknowledged before a completed flush
 //! started) reads back exactly; every other sector holds either its old or its new contents.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;

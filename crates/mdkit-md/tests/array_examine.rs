@@ -5,8 +5,8 @@
 //! survivors' superblocks (Array State with '.', higher events), and a rebuilding member shows
 //! its Recovery Offset.
 
-mod array_util;
-mod common;
+use crate::array_util;
+use crate::common;
 
 use array_util::*;
 use common::require_tool;

@@ -11,7 +11,7 @@
 //! - the last member the array needs is never failed: a write error there is recorded as a
 //!   bad block and the client gets the error (that range then reads as an error).
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;

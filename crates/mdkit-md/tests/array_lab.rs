@@ -14,8 +14,8 @@
 //! Members are regions of one sparse file (`losetup --offset --sizelimit` in the guest). Skips
 //! loudly (SKIP: ...) when the lab cannot be built or booted.
 
-mod array_util;
-mod common;
+use crate::array_util;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -217,7 +217,7 @@ async fn write_pattern(a: &Array, at: u64, data: &[u8]) {
 
 #[test]
 fn kernel_and_mdkit_read_each_others_arrays() {
-    let lab = lab_or_skip!("kernel_and_mdkit_read_each_others_arrays");
+    let lab = crate::lab_or_skip!("kernel_and_mdkit_read_each_others_arrays");
     let dir = lab.scratch_dir("array-lab");
     let members_file = dir.path().join("members.img");
     let (pat_file, pat2_file) = (dir.path().join("pattern.img"), dir.path().join("pattern2.img"));

@@ -4,7 +4,7 @@
 //! re-assembly, then `check` (0 mismatches), plus out-of-range and misaligned requests that must
 //! fail and change nothing.
 
-mod array_util;
+use crate::array_util;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, BlockDeviceExt, IoBuf, Rng, SharedBuf, WriteFlags, ZeroFlags};

@@ -11,7 +11,7 @@
 //! healthy members hold exactly the superblock state a normal degraded start (without the
 //! member) writes: they are never marked stale.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 

@@ -11,7 +11,7 @@
 //!
 //! `MDKIT_SOAK=1` runs more seeds and longer workloads; `MDKIT_TEST_SEED` replays one seed.
 
-mod bitmap_support;
+use crate::bitmap_support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //!   neighbour's owner rewrites them concurrently under `tail_block_guard`;
 //! - placements mdkit cannot serve with whole aligned blocks are refused with a clear error.
 
-mod bitmap_support;
+use crate::bitmap_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,8 +13,8 @@
 //!
 //! Skips loudly (SKIP: ...) when the lab cannot be built or booted.
 
-mod bitmap_support;
-mod common;
+use crate::bitmap_support;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -61,7 +61,7 @@ fn open(images: &[&MemberImage]) -> Vec<(DeviceRef, Superblock)> {
 
 #[test]
 fn kernel_and_runtime_read_each_others_bitmaps() {
-    let lab = lab_or_skip!("bitmap_lab");
+    let lab = crate::lab_or_skip!("bitmap_lab");
     let dir = lab.scratch_dir("bitmap");
     let mut req = CreateRequest::new(Level::Raid1, vec![128 * MIB_SECTORS; 2], [0x4b; 16], 1_790_000_000);
     req.name = "bmlab".into();

@@ -6,8 +6,8 @@
 //! dirty chunks and the same header fields, line for line as mdkit renders it, and both members
 //! carry the same bits.
 
-mod bitmap_support;
-mod common;
+use crate::bitmap_support;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //!   others; when no member takes it, `start_write` fails and holds nothing; a flush error
 //!   during a clear sweep fails the member and clears nothing.
 
-mod bitmap_support;
+use crate::bitmap_support;
 
 use std::sync::Arc;
 use std::time::Duration;

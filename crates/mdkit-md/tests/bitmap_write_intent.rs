@@ -10,7 +10,7 @@
 //!   `events_cleared` does not move then), as soon as idle dirty chunks reach `flush_chunks`,
 //!   never while `can_clear` is false or the chunk is being written.
 
-mod bitmap_support;
+use crate::bitmap_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //!   completed before asking is durable (the image of a power cut right then has it);
 //! - batching off: one round per request; the rule also holds on a multi-thread runtime.
 
-mod bitmap_support;
+use crate::bitmap_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

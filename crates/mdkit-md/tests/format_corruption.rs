@@ -4,8 +4,6 @@
 //! make the decoders, the examine renderer or the geometry constructors panic (the same
 //! inputs the cargo-fuzz targets in /fuzz feed, run here in the normal suite).
 
-mod common;
-
 use mdkit_md::format::badblocks;
 use mdkit_md::format::bitmap::{BitmapError, BitmapSuper};
 use mdkit_md::format::create::{BitmapRequest, CreateRequest, InitialSync, plan};

@@ -17,7 +17,7 @@
 //!
 //! Skips loudly (SKIP: ...) when qemu or the lab are unavailable.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -406,7 +406,7 @@ fn host_examine_region(file: &Path, r: &Region) -> Option<String> {
 
 #[test]
 fn kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays() {
-    let lab = lab_or_skip!("kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays");
+    let lab = crate::lab_or_skip!("kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays");
     let dir = lab.scratch_dir("format-lab");
     let members_file = dir.path().join("members.img");
     let pattern_file = dir.path().join("pattern.img");
@@ -672,7 +672,7 @@ fn check_ma(c: &MaCase, run: &common::lab::LabRun, file: &Path) -> Result<(), St
 /// The reference images made by the lab's md-raid.sh example.
 #[test]
 fn kernel_reference_images_decode_and_read_back() {
-    let lab = lab_or_skip!("kernel_reference_images_decode_and_read_back");
+    let lab = crate::lab_or_skip!("kernel_reference_images_decode_and_read_back");
     let dir = lab.images_dir();
     let mut groups = 0;
     for level in ["raid1", "raid5", "raid6", "raid10"] {

@@ -5,7 +5,7 @@
 //! through `mdadm --examine-bitmap` on a read-only loop device (mdadm 4.2 cannot find an
 //! internal bitmap on a plain file).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! copies land on distinct members; hand-checked examples; the reverse map checked against an
 //! independent port of the kernel's raid5_compute_blocknr index arithmetic.
 
-mod common;
+use crate::common;
 
 use common::{Rng, test_seed};
 use mdkit_md::layout::names::algorithm as alg;

@@ -16,7 +16,7 @@
 //!
 //! Seeds are printed (`MDKIT_TEST_SEED` replays).
 
-mod array_util;
+use crate::array_util;
 
 use std::io;
 use std::sync::Arc;

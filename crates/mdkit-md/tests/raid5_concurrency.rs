@@ -8,7 +8,7 @@
 //! workload: nothing is lost. At the end (after rebuilding the missing members) `check` finds
 //! 0 mismatches.
 
-mod array_util;
+use crate::array_util;
 
 use std::collections::HashMap;
 use std::sync::Arc;

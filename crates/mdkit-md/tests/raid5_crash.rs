@@ -8,7 +8,7 @@
 //! completed flush started) reads back exactly, and every other sector holds its old or its new
 //! contents.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! and mdkit's own examine text agrees with mdadm's line for line. A raid6 that lost a member
 //! at run time shows it missing in the survivors' Array State.
 
-mod array_util;
-mod common;
+use crate::array_util;
+use crate::common;
 
 use array_util::*;
 use common::require_tool;

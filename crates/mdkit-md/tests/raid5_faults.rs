@@ -15,7 +15,7 @@
 //!   the member is failed and the array broken, as md does without a bad-block log; on an
 //!   array that was not degraded that far only the request fails.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::Duration;

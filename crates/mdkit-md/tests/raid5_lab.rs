@@ -22,8 +22,8 @@
 //!
 //! Skips loudly (SKIP: ...) when the lab cannot be built or booted.
 
-mod array_util;
-mod common;
+use crate::array_util;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -255,7 +255,7 @@ async fn mdkit_workload(a: &Array, m: &mut Model, rng: &mut Rng, lose: &[String]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
-    let lab = lab_or_skip!("kernel_and_mdkit_share_raid456_arrays_both_ways");
+    let lab = crate::lab_or_skip!("kernel_and_mdkit_share_raid456_arrays_both_ways");
     let seed = array_util::seed("kernel_and_mdkit_share_raid456_arrays_both_ways", 91);
     let mut rng = Rng::new(seed);
     let dir = lab.scratch_dir("raid5-lab");

@@ -5,7 +5,7 @@
 //! kernel's layout and P/Q arithmetic say (each stripe recomputed independently from the
 //! member images with `mdkit-parity`).
 
-mod array_util;
+use crate::array_util;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, Rng};

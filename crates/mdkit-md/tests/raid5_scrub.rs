@@ -5,7 +5,7 @@
 //! `repair` rewrites the wrong block (RAID6: the named member, so corrupted *data* comes back;
 //! RAID5: the parity, as md does); the next `check` finds 0.
 
-mod array_util;
+use crate::array_util;
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;

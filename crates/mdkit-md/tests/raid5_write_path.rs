@@ -9,7 +9,7 @@
 //!   per member I/O at 4 KiB and 64 KiB per member I/O at 64 KiB;
 //! - no member write is below 4 KiB or misaligned.
 
-mod array_util;
+use crate::array_util;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! The runtimes are single-threaded on purpose: the sync engine is a task of the same thread,
 //! so it cannot start between a change and the read that follows it without an `.await`.
 
-mod array_util;
+use crate::array_util;
 
 use std::io;
 

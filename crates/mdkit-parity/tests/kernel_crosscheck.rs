@@ -17,7 +17,7 @@
 //! Skips (loudly) when the lab cannot be built or qemu is missing, or with MDKIT_SKIP_LAB=1.
 //! Takes 35-45 s (two TCG boots of the lab kernel).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

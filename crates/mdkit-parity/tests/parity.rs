@@ -2,7 +2,7 @@
 //! this CPU supports, against a naive reference written from the definitions
 //! (tests/common/mod.rs) and against each other.
 
-mod common;
+use crate::common;
 
 use common::{Blocks, LENGTHS, TestRng, garbage_out, ref_mul, ref_pow2, ref_pq};
 use mdkit_parity::{Implementation, Member, PqCheck, RecoverError, gf};

@@ -46,7 +46,7 @@ fn environment_override_applies_at_first_use() {
     let exe = std::env::current_exe().expect("test binary path");
     for (value, expected) in [("scalar", "scalar"), ("no-such-impl", Implementation::best().name())] {
         let out = std::process::Command::new(&exe)
-            .args(["--exact", "environment_override_applies_at_first_use", "--nocapture"])
+            .args(["--exact", "selection::environment_override_applies_at_first_use", "--nocapture"])
             .env(mdkit_parity::IMPLEMENTATION_ENV, value)
             .env(CHILD_MARKER, expected)
             .output()

@@ -5,7 +5,7 @@
 //! hold exactly the last committed state (or the one being committed, if its superblock write
 //! had been issued).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

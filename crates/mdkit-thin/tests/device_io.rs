@@ -2,7 +2,7 @@
 //! `FileDevice` (O_DIRECT), driven from a plain thread while the runtime serves the I/O, as
 //! the pool runtime's metadata worker will. thin_check must accept the result.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@
 //! Skips loudly (prints "SKIP: ...") when the lab cannot be built or booted, or with
 //! MDKIT_SKIP_LAB=1. Environment: MDKIT_LAB_DIR (default ../shared/lab or /work/shared/lab).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Randomized model test: the engine against plain maps across commits, aborts, reopens and
 //! injected I/O errors. The seed is printed; rerun with MDKIT_SEED=<n> to reproduce.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,8 +5,7 @@
 //! is not a pool, or uses unknown features, is refused. Out-of-range and misaligned thin I/O
 //! fails with InvalidInput and changes nothing.
 
-mod common;
-mod pool_util;
+use crate::pool_util;
 
 use std::sync::Arc;
 

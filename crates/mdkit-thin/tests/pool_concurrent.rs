@@ -18,8 +18,8 @@
 //! over a volume far larger than a tiny mapping cache, so mappings are evicted and reloaded
 //! from the metadata while I/O on them is in flight.
 
-mod common;
-mod pool_util;
+use crate::common;
+use crate::pool_util;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

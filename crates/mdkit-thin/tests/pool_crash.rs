@@ -10,8 +10,8 @@
 //!   write that completed — or the value of a later write issued before the power cut;
 //! - snapshots hold exactly their origin's contents at snapshot time (until overwritten).
 
-mod common;
-mod pool_util;
+use crate::common;
+use crate::pool_util;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -12,8 +12,8 @@
 //!
 //! Every metadata device both sides wrote passes thin_check.
 
-mod common;
-mod pool_util;
+use crate::common;
+use crate::pool_util;
 
 use common::*;
 use mdkit_io::{BlockDevice, BlockDeviceExt, WriteFlags, ZeroFlags};

@@ -11,8 +11,7 @@
 //!   not panic, and leaves both devices byte for byte as they were — with the default options,
 //!   with `check_on_open = false`, and read-only.
 
-mod common;
-mod pool_util;
+use crate::pool_util;
 
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@
 //! volumes, snapshot chains, shared blocks) opens in the runtime and its volumes read back the
 //! data the test put at the XML's data blocks.
 
-mod common;
-mod pool_util;
+use crate::common;
+use crate::pool_util;
 
 use std::os::unix::fs::FileExt;
 

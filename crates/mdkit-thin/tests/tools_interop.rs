@@ -3,7 +3,7 @@
 //! the devices, mappings and times the engine reports; metadata made by `thin_restore` must
 //! open in mdkit, match the XML, and stay clean after mdkit modifies it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

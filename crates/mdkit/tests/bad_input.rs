@@ -4,7 +4,7 @@
 //! connection keeps writing and verifying its own data, and a "victim" range that bad requests
 //! aim at must stay unchanged.
 
-mod common;
+use crate::common;
 
 use std::net::Shutdown;
 use std::sync::Arc;

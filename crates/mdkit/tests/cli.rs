@@ -1,6 +1,6 @@
 //! The `mdkit` command line: default config, status output, config errors.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

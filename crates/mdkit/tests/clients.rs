@@ -1,7 +1,7 @@
 //! Real NBD clients against the real `mdkit serve`: nbdinfo, qemu-io, qemu-img, nbdcopy and
 //! fio's nbd engine, over TCP and Unix sockets.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! usage synopses are recognised and counted. One test per doc file, so a failure names the
 //! file and the line; files added later run in `other_doc_files`.
 
-mod docs_harness;
+use crate::docs_harness;
 
 use docs_harness::listing::Listing;
 use docs_harness::{LISTING, check_file, doc_files, repo_root, stale_entries};

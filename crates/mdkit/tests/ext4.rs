@@ -2,7 +2,7 @@
 //! write files, unmount, fsck clean, remount, contents intact. Needs root, /dev/fuse and loop
 //! devices.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

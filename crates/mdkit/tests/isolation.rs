@@ -12,7 +12,7 @@
 //! - output into a closed pipe (`examine | head -c1`, `status`) ends without a panic;
 //! - an event count at 2^64-2 saturates at 2^64-1 through writes and a stop (no wrap to 0).
 
-mod common;
+use crate::common;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;

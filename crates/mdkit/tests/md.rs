@@ -8,7 +8,7 @@
 //! - bad input: an existing superblock without --force, an unknown level, a missing member,
 //!   an unknown level, stopping an unknown array — clear errors, nothing changed.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

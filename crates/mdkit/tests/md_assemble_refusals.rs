@@ -7,7 +7,7 @@
 //!   carry a valid superblock; another array of the service keeps serving throughout;
 //! - a member left out (damaged, or stale) can be added back with `manage --add` / `--re-add`.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

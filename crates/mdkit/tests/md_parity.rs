@@ -5,7 +5,7 @@
 //! - `attr NAME sync_action=VALUE` prints the new value; a recovery reads `recover` from the
 //!   `manage --add` on; `last_sync_action` names the last action; raid0 refuses `check`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! whose values must equal `mdkit status --json`, `mdkit detail --json` and
 //! `mdkit thin status --json` for the same volumes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -8,7 +8,7 @@
 //! The streaming monitor is started with `--test`: its `TestMessage` lines prove it is
 //! subscribed before the test changes anything. Waits have generous hang guards only.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;

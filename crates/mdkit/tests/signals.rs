@@ -1,7 +1,7 @@
 //! SIGTERM / SIGINT with requests in flight: the service stops accepting, answers what it has
 //! read, flushes every volume and exits 0; every acknowledged write is in the member file.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

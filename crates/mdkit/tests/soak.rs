@@ -14,7 +14,7 @@
 //! would. Seeded: MDKIT_SOAK_SEED (default: the clock), printed; MDKIT_SOAK_MINUTES
 //! (default 30).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

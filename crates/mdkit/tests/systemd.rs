@@ -2,7 +2,7 @@
 //! `systemd-analyze verify` and keeps io_uring allowed; `mdkit serve` speaks sd_notify
 //! (READY=1 once it serves, STOPPING=1 on SIGTERM) to the socket in $NOTIFY_SOCKET.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;

@@ -10,7 +10,7 @@
 //! - bad requests (duplicate id, unknown origin/pool, deleting a configured volume) get clear
 //!   errors and change nothing; `thin delete` of a run-time volume frees its blocks.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

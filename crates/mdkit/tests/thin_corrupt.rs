@@ -10,7 +10,7 @@
 //! - a config pool (`create = true`) whose superblock was zeroed is never formatted anew: its
 //!   files stay byte for byte the same and the error names block 0.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -1,0 +1,22 @@
+//! The crate's integration tests as one binary: each tests/*.rs file is a module here, so the
+//! suite compiles and links one test binary per crate instead of one per file (most of a
+//! from-scratch build's time was spent optimising and linking ~70 near-identical binaries).
+//! A new test file needs a `mod` line below; shared helpers are reached with `use crate::...`.
+
+mod common;
+mod pool_util;
+
+mod concurrent;
+mod corruption;
+mod crash;
+mod device_io;
+mod kernel_lab;
+mod model;
+mod no_panic;
+mod pool_bad_input;
+mod pool_concurrent;
+mod pool_crash;
+mod pool_kernel_lab;
+mod pool_open_safety;
+mod pool_tools;
+mod tools_interop;
