@@ -79,8 +79,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::buf::{IoBuf, SharedBuf};
 use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlags, ZeroFlags, check_io};
-use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
 use crate::error::{DeviceError, IoErrorKind};
+use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
 use crate::flush::{FlushBatcher, FlushStats};
 use crate::plug::{self, PlugTarget};
 

@@ -28,8 +28,8 @@
 pub mod buf;
 pub mod crash;
 pub mod device;
-pub mod extent;
 pub mod error;
+pub mod extent;
 pub mod fault;
 pub mod file;
 pub mod flash;
@@ -50,8 +50,8 @@ pub use device::{
     BlockDevice, BlockDeviceExt, DeviceRef, IoFuture, IoOp, PerOp, ReadResult, Topology, WriteFlags, ZeroFlags,
     check_io, join_read_parts, unsupported,
 };
-pub use extent::{Extent, ExtentFlags, ExtentList, check_status_range, seek_extents};
 pub use error::{DeviceError, IoErrorKind};
+pub use extent::{Extent, ExtentFlags, ExtentList, check_status_range, seek_extents};
 pub use fault::{
     FaultAction, FaultHandle, FaultRule, FaultStats, FaultyDevice, OpMask, PER_MILLION_ALWAYS, RuleId, injected_errno,
 };

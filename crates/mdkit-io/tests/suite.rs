@@ -3,7 +3,7 @@
 //! from-scratch build's time was spent optimising and linking ~70 near-identical binaries).
 //! A new test file needs a `mod` line below; shared helpers are reached with `use crate::...`.
 
-
 mod crash_recorder;
 mod file_device;
+mod nbd_client;
 mod write_back;

@@ -8,7 +8,7 @@
 //!   a later successful write clears it, on disk too once the array stops;
 //! - a full log fails the member as before; a log that does not decode leaves the member out.
 
-mod array_util;
+use crate::array_util;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, BlockDeviceExt, FaultRule, MemDevice, OpMask, Rng, SharedBuf, WriteFlags};

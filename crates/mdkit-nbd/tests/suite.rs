@@ -3,6 +3,7 @@
 //! from-scratch build's time was spent optimising and linking ~70 near-identical binaries).
 //! A new test file needs a `mod` line below; shared helpers are reached with `use crate::...`.
 
-
 mod abuse;
+mod block_status;
+mod fuzz_corpus;
 mod server;

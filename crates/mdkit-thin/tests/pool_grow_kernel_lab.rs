@@ -9,8 +9,8 @@
 //! reports 256 data blocks and 2048 metadata blocks, reads every volume as mdkit did and
 //! provisions more blocks in the grown part; thin_check accepts what the kernel left.
 
-mod common;
-mod pool_util;
+use crate::common;
+use crate::pool_util;
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! a held snapshot) writes metadata that passes thin_check, holds exactly the mappings that were
 //! reachable, and leaves its input unchanged.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

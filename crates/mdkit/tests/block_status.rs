@@ -8,7 +8,7 @@
 //!   `thin_delta` reports between the snapshot and its origin;
 //! - a sparse file volume maps its holes (SEEK_HOLE), an md array is all data.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -15,7 +15,7 @@
 //! - bad member URIs and unreachable servers are refused with errors naming the URI (no member
 //!   file created), and `--check-config` checks URIs and the remote keys.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! - autoextend: a pool on a 4 MiB data file takes a 20 MiB write because each low-water
 //!   event grows the file (counted in `thin status --json`), up to its cap.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::mpsc;

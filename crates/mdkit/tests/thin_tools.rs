@@ -11,7 +11,7 @@
 //! - `mdkit thin repair` of metadata with broken space maps keeps every mapping and passes
 //!   thin_check; it refuses to write over its input.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -118,6 +118,8 @@ impl MdError {
     /// Whether `e` is an `MdError` of kind `kind`.
     pub fn is(e: &io::Error, kind: MdErrorKind) -> bool {
         MdError::of(e).is_some_and(|m| m.kind == kind)
+    }
+
     /// Keeps the member device's typed error, if `e` carries one.
     pub fn caused_by(mut self, e: &io::Error) -> MdError {
         self.device = DeviceError::of(e).cloned().map(Box::new);

@@ -12,8 +12,8 @@ pub mod monitor;
 pub mod serve;
 pub mod status;
 pub mod thin;
-pub mod thin_tools;
 pub mod thin_activate;
+pub mod thin_tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -21,8 +21,8 @@ pub mod md;
 pub mod monitor;
 pub mod status;
 pub mod thin;
-pub mod thin_tools;
 pub mod thin_activate;
+pub mod thin_tools;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
