@@ -157,7 +157,7 @@ fn serve_starts_with_bad_volumes_and_serves_the_good_ones() {
     let st = srv.status();
     let r0 = status_entry(&st, "volumes", "r0");
     assert_eq!(r0["state"], "broken", "{st:#}");
-    assert!(r0["error"].as_str().is_some_and(|e| e.contains("no redundancy")), "{r0:#}");
+    assert!(r0["error"].as_str().is_some_and(|e| e.contains("without redundancy")), "{r0:#}");
     assert!(mdkit_ok(&srv, &["status"]).contains("volume r0 (broken)"));
     assert_eq!(nbd_read(&srv, "plain", 1 << 20), pattern(4, 1 << 20));
     // --check-config stays strict about config mistakes and opens nothing.
