@@ -11,6 +11,7 @@
 //! | [`file`](mod@file) | [`FileDevice`]: files and block devices through io_uring + O_DIRECT     |
 //! | [`mem`]    | [`MemDevice`]: sparse RAM disk, base of the simulated disks             |
 //! | [`nbd_client`] | [`NbdDevice`]: a member on a remote NBD server (`nbd://`, `nbd+unix://`) |
+//! | [`nbd_wire`] | NBD protocol constants, shared with the server in mdkit-nbd              |
 //! | [`flush`]  | [`FlushBatcher`]: one flush round serves every request that came before it |
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
 //! | [`error`]  | [`DeviceError`] / [`IoErrorKind`]: typed errors of every device         |
@@ -36,6 +37,7 @@ pub mod flash;
 pub mod flush;
 pub mod mem;
 pub mod nbd_client;
+pub mod nbd_wire;
 pub mod plug;
 pub mod rng;
 pub mod timer;

@@ -22,7 +22,7 @@ use crate::budget::{BudgetSnapshot, PayloadBudget};
 use crate::conn::{self, ConnLimits, Ending};
 use crate::export::{Export, ExportState, ExportStatsSnapshot};
 use crate::handshake;
-use crate::proto::MAX_PAYLOAD_BYTES_DEFAULT;
+use crate::proto::DEFAULT_MAX_PAYLOAD_BYTES;
 
 /// Tunables of the server; every limit a client could otherwise push on.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ impl Default for ServerOptions {
         ServerOptions {
             max_in_flight_requests: 128,
             max_in_flight_bytes: 64 << 20,
-            max_payload_bytes: MAX_PAYLOAD_BYTES_DEFAULT,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             payload_budget_bytes: PAYLOAD_BUDGET_BYTES_DEFAULT,
             max_connections: 384,
             max_connections_per_peer: 64,
