@@ -1,34 +1,8 @@
-//! Replays the committed fuzz corpus (fuzz/corpus/<target>/: seeds `seed-*` and crash
-//! regressions `crash-*`, `oom-*`, `timeout-*`, `leak-*`, `slow-unit-*`) through the same entry
-//! functions the cargo-fuzz targets call, so a fixed crash stays fixed without cargo-fuzz.
-
-use std::path::{Path, PathBuf};
+//! The committed fuzz corpus of this crate's targets, replayed (fuzz/corpus_replay.rs).
 
 use mdkit_md::fuzzing;
 
-/// The committed inputs of `target` (files the fuzzer adds locally are skipped: they are not
-/// in the repository).
-fn corpus(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let prefixes = ["seed-", "crash-", "oom-", "timeout-", "leak-", "slow-unit-"];
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.expect("a readable corpus directory").path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| prefixes.iter().any(|x| n.starts_with(x))))
-        .collect();
-    files.sort();
-    files
-}
-
-fn replay(target: &str, entry: fn(&[u8])) -> usize {
-    let files = corpus(target);
-    for f in &files {
-        let data = std::fs::read(f).unwrap();
-        eprintln!("{target}: {}", f.display());
-        entry(&data);
-    }
-    files.len()
-}
+use crate::corpus_replay::replay;
 
 #[test]
 fn md_superblock_corpus() {

@@ -132,26 +132,10 @@ pub fn to_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
         let d = md.device_details(dev)?;
         let mut mappings: Vec<XmlMapping> = Vec::new();
         md.for_each_mapping(dev, 0, u64::MAX, &mut |vb, m| {
-            match mappings.last_mut() {
-                Some(r)
-                    if r.origin_begin + r.length == vb
-                        && r.data_begin + r.length == m.data_block
-                        && r.time == m.time =>
-                {
-                    r.length += 1;
-                }
-                _ => mappings.push(XmlMapping { origin_begin: vb, data_begin: m.data_block, length: 1, time: m.time }),
-            }
+            push_run(&mut mappings, vb, m.data_block, m.time);
             true
         })?;
-        x.devices.push(XmlDevice {
-            dev_id: dev,
-            mapped_blocks: d.mapped_blocks,
-            transaction: d.transaction_id,
-            creation_time: d.creation_time,
-            snap_time: d.snapshotted_time,
-            mappings,
-        });
+        x.devices.push(xml_device(dev, &d, mappings));
     }
     Ok(x)
 }
@@ -179,16 +163,20 @@ pub fn snapshot_xml_metadata(md: &ThinMetadata) -> Result<XmlMetadata> {
             push_run(&mut mappings, vb, m.data_block, m.time);
             true
         })?;
-        x.devices.push(XmlDevice {
-            dev_id: dev,
-            mapped_blocks: d.mapped_blocks,
-            transaction: d.transaction_id,
-            creation_time: d.creation_time,
-            snap_time: d.snapshotted_time,
-            mappings,
-        });
+        x.devices.push(xml_device(dev, &d, mappings));
     }
     Ok(x)
+}
+
+fn xml_device(dev_id: u64, d: &DeviceDetails, mappings: Vec<XmlMapping>) -> XmlDevice {
+    XmlDevice {
+        dev_id,
+        mapped_blocks: d.mapped_blocks,
+        transaction: d.transaction_id,
+        creation_time: d.creation_time,
+        snap_time: d.snapshotted_time,
+        mappings,
+    }
 }
 
 /// Appends one mapping in ascending virtual order, extending the last run when it continues
