@@ -27,6 +27,10 @@
 #   the servers' own cost per request with no device behind them.
 # - Runs are interleaved (raw, mdkit, nbdkit per workload, REPS rounds with the order rotating
 #   each round) so machine noise hits all alike; the table shows the median of the rounds.
+# - A/A control: a second, identical `mdkit serve` (same config, own port and data_dir, same
+#   file and an own `mem` volume) is run interleaved like the others. Its ratio to the first
+#   (column `A/A`, mdkit/mdkit) is what this run resolves: a side-by-side ratio closer to 1 than
+#   the A/A ratio's distance from 1 is noise, not a difference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -43,6 +47,7 @@ NBDKIT_CACHED_PORT=${NBDKIT_CACHED_PORT:-10873}
 MDKIT_BUFFERED_PORT=${MDKIT_BUFFERED_PORT:-10874}
 NBDKIT_MEM_PORT=${NBDKIT_MEM_PORT:-10875}
 MDKIT_WB_PORT=${MDKIT_WB_PORT:-10876}
+MDKIT_AA_PORT=${MDKIT_AA_PORT:-10877}
 NBDKIT_THREADS=${NBDKIT_THREADS:-16}
 REPS=${REPS:-1}
 IDLE_POLL_US=${IDLE_POLL_US:-100}
@@ -96,11 +101,16 @@ size = "$SIZE"
 name = "mem"
 volume = "mem"
 TOML
+# The A/A control: the same service (file and mem volume) a second time.
+sed -e "s/$MDKIT_PORT/$MDKIT_AA_PORT/" -e "s|^data_dir = .*|data_dir = \"$WORKDIR/mdkit-aa\"|" \
+    "$WORKDIR/mdkit.toml" > "$WORKDIR/mdkit-aa.toml"
 "$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit.log" &
 pids+=($!)
 "$MDKIT" serve --config "$WORKDIR/mdkit-buffered.toml" 2>"$WORKDIR/mdkit-buffered.log" &
 pids+=($!)
 "$MDKIT" serve --config "$WORKDIR/mdkit-wb.toml" 2>"$WORKDIR/mdkit-wb.log" &
+pids+=($!)
+"$MDKIT" serve --config "$WORKDIR/mdkit-aa.toml" 2>"$WORKDIR/mdkit-aa.log" &
 pids+=($!)
 nbdkit -f -p "$NBDKIT_PORT" --threads "$NBDKIT_THREADS" file "$FILE" cache=none 2>"$WORKDIR/nbdkit.log" &
 pids+=($!)
@@ -109,7 +119,7 @@ pids+=($!)
 nbdkit -f -p "$NBDKIT_MEM_PORT" --threads "$NBDKIT_THREADS" memory "$SIZE" 2>"$WORKDIR/nbdkit-mem.log" &
 pids+=($!)
 for uri in "$MDKIT_PORT/bench" "$MDKIT_PORT/mem" "$MDKIT_BUFFERED_PORT/bench" "$MDKIT_WB_PORT/bench" "$NBDKIT_PORT/" \
-    "$NBDKIT_CACHED_PORT/" "$NBDKIT_MEM_PORT/"; do
+    "$NBDKIT_CACHED_PORT/" "$NBDKIT_MEM_PORT/" "$MDKIT_AA_PORT/bench" "$MDKIT_AA_PORT/mem"; do
     for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null 2>&1 && break; sleep 0.1; done
     nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null
 done
@@ -123,13 +133,15 @@ run_fio() {
         raw) eng=(--ioengine=io_uring --direct=1 "--filename=$FILE") ;;
         mdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/bench") ;;
         mdkit-wb) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_WB_PORT/bench") ;;
+        mdkit-aa) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_AA_PORT/bench") ;;
         mdkit-buffered) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_BUFFERED_PORT/bench") ;;
         nbdkit) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_PORT/") ;;
         nbdkit-cached) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_CACHED_PORT/") ;;
         mdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_PORT/mem") ;;
         nbdkit-mem) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$NBDKIT_MEM_PORT/") ;;
+        mdkit-mem-aa) eng=(--ioengine=nbd "--uri=nbd://127.0.0.1:$MDKIT_AA_PORT/mem") ;;
     esac
-    case $target in raw|mdkit|mdkit-wb|nbdkit) drop_caches ;; esac
+    case $target in raw|mdkit|mdkit-wb|mdkit-aa|nbdkit) drop_caches ;; esac
     fio --name="$name" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$SIZE" \
         --runtime="$RUNTIME_S" --ramp_time="$RAMP_S" --time_based --norandommap --randrepeat=0 \
         --output-format=json --output="$out" >/dev/null 2>&1
@@ -137,7 +149,7 @@ run_fio() {
 }
 
 IFS=';' read -r -a workloads <<< "$WORKLOADS"
-TARGETS=(raw mdkit mdkit-wb nbdkit mdkit-buffered nbdkit-cached mdkit-mem nbdkit-mem)
+TARGETS=(raw mdkit mdkit-wb nbdkit mdkit-aa mdkit-buffered nbdkit-cached mdkit-mem nbdkit-mem mdkit-mem-aa)
 results=$WORKDIR/results.txt
 : > "$results"
 for w in "${workloads[@]}"; do
@@ -161,11 +173,14 @@ for line in open(sys.argv[1]):
     j = json.load(open(path))["jobs"][0]
     d = j["write"] if "write" in rw else j["read"]
     runs.setdefault((rw, bs, qd), {}).setdefault(target, []).append((d["iops"], d["bw_bytes"] / 1e6))
+def ratio(r, a, b, k):
+    """Median of `a` over median of `b` (IOPS, or MB/s when k = 1); nan when either is missing."""
+    return r[a][k] / r[b][k] if a in r and b in r and r[b][k] else float("nan")
 rows = {w: {t: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for t, v in r.items()}
         for w, r in runs.items()}
 reps = max(len(v) for r in runs.values() for v in r.values())
 print(f"\nfio {sys.argv[2]} s per run, median of {reps} round(s), 1 job (1 NBD connection), TCP loopback; nbdkit --threads {sys.argv[3]}; mdkit nbd.idle_poll_us = {sys.argv[4]}")
-hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10} |{'mdkit(wb)':>15}{'wb/nbdkit':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
+hdr = f"{'workload':<20}{'raw':>15}{'mdkit':>15}{'nbdkit':>15}{'mdkit/nbdkit':>13}{'mdkit/raw':>10}{'A/A':>7} |{'mdkit(wb)':>15}{'wb/nbdkit':>10} |{'mdkit(buf)':>15}{'nbdkit(cache)':>15}"
 print(hdr)
 print("-" * len(hdr))
 for (rw, bs, qd), r in rows.items():
@@ -175,15 +190,12 @@ for (rw, bs, qd), r in rows.items():
         iops, mbs = r[t]
         return f"{mbs:>10.0f} MB/s" if big else f"{iops:>10.0f} IOPS"
     name = f"{rw} {bs} QD{qd}"
-    m, n, w = r["mdkit"], r["nbdkit"], r["raw"]
     k = 1 if big else 0
-    ratio_n = m[k] / n[k] if n[k] else float("nan")
-    ratio_r = m[k] / w[k] if w[k] else float("nan")
-    wb = r.get("mdkit-wb")
-    ratio_wb = wb[k] / n[k] if wb and n[k] else float("nan")
-    print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x |{cell('mdkit-wb')}{ratio_wb:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
+    ratio_n, ratio_r = ratio(r, "mdkit", "nbdkit", k), ratio(r, "mdkit", "raw", k)
+    ratio_aa, ratio_wb = ratio(r, "mdkit", "mdkit-aa", k), ratio(r, "mdkit-wb", "nbdkit", k)
+    print(f"{name:<20}{cell('raw')}{cell('mdkit')}{cell('nbdkit')}{ratio_n:>12.2f}x{ratio_r:>9.2f}x{ratio_aa:>6.2f}x |{cell('mdkit-wb')}{ratio_wb:>9.2f}x |{cell('mdkit-buffered')}{cell('nbdkit-cached')}")
 print("\nProtocol path only (no device behind either server): mdkit `mem` volume vs `nbdkit memory`")
-hdr2 = f"{'workload':<20}{'mdkit(mem)':>15}{'nbdkit(mem)':>15}{'mdkit/nbdkit':>13}"
+hdr2 = f"{'workload':<20}{'mdkit(mem)':>15}{'nbdkit(mem)':>15}{'mdkit/nbdkit':>13}{'A/A':>7}"
 print(hdr2)
 print("-" * len(hdr2))
 for (rw, bs, qd), r in rows.items():
@@ -193,11 +205,13 @@ for (rw, bs, qd), r in rows.items():
     def cell2(t):
         iops, mbs = r[t]
         return f"{mbs:>10.0f} MB/s" if big else f"{iops:>10.0f} IOPS"
-    ratio = r["mdkit-mem"][k] / r["nbdkit-mem"][k] if r["nbdkit-mem"][k] else float("nan")
-    print(f"{rw + ' ' + bs + ' QD' + qd:<20}{cell2('mdkit-mem')}{cell2('nbdkit-mem')}{ratio:>12.2f}x")
+    ratio_n, ratio_aa = ratio(r, "mdkit-mem", "nbdkit-mem", k), ratio(r, "mdkit-mem", "mdkit-mem-aa", k)
+    print(f"{rw + ' ' + bs + ' QD' + qd:<20}{cell2('mdkit-mem')}{cell2('nbdkit-mem')}{ratio_n:>12.2f}x{ratio_aa:>6.2f}x")
 print("\nmdkit = O_DIRECT member (io_uring), writes answered when the member finished them; mdkit(wb) =")
 print("the same with write_back = true (plain writes answered once queued on the member, bounded window,")
 print("durable at flush); nbdkit = file plugin cache=none; caches dropped before")
 print("each raw/mdkit/mdkit(wb)/nbdkit run. Reference only (page cache, warmed during the run): mdkit(buf) =")
 print("mdkit with direct = \"off\"; nbdkit(cache) = nbdkit file plugin default cache mode.")
+print("A/A = mdkit over a second, identical mdkit service run interleaved with the others (the")
+print("control: how far from 1.00x this run puts two identical servers).")
 PY
