@@ -137,7 +137,10 @@ fn member_failure_under_load_raises_fail_and_degraded_and_runs_the_program() {
     // speed limit keeps the rebuild longer than a few watcher polls.
     mdkit_ok(&srv, &["attr", "md0", "sync_speed_max=16000"]);
     mdkit_ok(&srv, &["manage", "md0", "--remove", "md0-b.img"]);
-    mdkit_ok(&srv, &["manage", "md0", "--add", "md0-c.img", "--member-size", "32M"]);
+    // The new member lives in the test's directory; a relative path would be taken from the
+    // test's working directory (the crate's source tree).
+    let spare = srv.path("md0-c.img");
+    mdkit_ok(&srv, &["manage", "md0", "--add", spare.to_str().unwrap(), "--member-size", "32M"]);
     mon.wait_for(&srv, "RebuildStarted", "md0");
     let active = mon.wait_for(&srv, "SpareActive", "md0");
     assert_eq!(active["member"], "md0-c.img", "{active}");
