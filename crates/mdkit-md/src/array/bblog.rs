@@ -188,7 +188,7 @@ impl ArrayCore {
         let mut block = if lo == start && hi == start + size {
             vec![0u8; (hi - lo) as usize]
         } else {
-            m.device().read_vec(lo, (hi - lo) as usize).await.map_err(|e| {
+            m.device().read_metadata(lo, (hi - lo) as usize).await.map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("{}: member {}: reading around the bad-block log at byte {lo}: {e}", self.name(), m.name()),

@@ -153,7 +153,12 @@ async fn read_blockwise(a: &ArrayCore, order: &[(Arc<Member>, u64)], len: u64, b
                 recorded += usize::from(a.record_unreadable(m, sector + s, n).await);
             }
             if recorded > 0 {
-                tracing::warn!(array = a.name(), sectors = s, recorded, "unreadable on every copy: bad blocks recorded");
+                tracing::warn!(
+                    array = a.name(),
+                    sectors = s,
+                    recorded,
+                    "unreadable on every copy: bad blocks recorded"
+                );
             }
             return Err(eio(format!(
                 "{}: sectors {}..{} of the range are unreadable on every copy",
