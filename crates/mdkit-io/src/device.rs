@@ -277,11 +277,45 @@ pub fn unsupported(name: &str, op: IoOp) -> io::Error {
 
 /// Convenience wrappers for callers that hold plain slices (tests, metadata code). They copy.
 pub trait BlockDeviceExt: BlockDevice {
-    /// Reads `len` bytes at `offset_bytes` into a fresh buffer.
+    /// Reads `len` bytes at `offset_bytes` into a fresh buffer. A read that comes back short
+    /// is a typed [`IoErrorKind::ShortRead`](crate::IoErrorKind) error, never a shorter vector.
     fn read_vec(&self, offset_bytes: u64, len: usize) -> IoFuture<'_, io::Result<Vec<u8>>> {
         Box::pin(async move {
             let (buf, r) = self.read(offset_bytes, IoBuf::uninit_contents(len)).await;
-            r.map(|()| buf.as_slice().to_vec())
+            r?;
+            if buf.len() != len {
+                let e = crate::DeviceError::new(
+                    crate::IoErrorKind::ShortRead,
+                    self.name(),
+                    IoOp::Read,
+                    offset_bytes,
+                    len as u64,
+                )
+                .detail(format!("{} of {len} bytes", buf.len()));
+                return Err(e.into());
+            }
+            Ok(buf.as_slice().to_vec())
+        })
+    }
+
+    /// [`read_vec`](Self::read_vec) for metadata (superblocks, bitmaps, logs) read outside the
+    /// data path: a failed or short read is tried once more before its error is returned, so
+    /// one transient fault does not turn a member away at assembly or re-add (what is read is
+    /// validated by its own checks anyway).
+    fn read_metadata(&self, offset_bytes: u64, len: usize) -> IoFuture<'_, io::Result<Vec<u8>>> {
+        Box::pin(async move {
+            match self.read_vec(offset_bytes, len).await {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    tracing::warn!(
+                        device = self.name(),
+                        offset_bytes,
+                        len,
+                        "metadata read failed, trying once more: {e}"
+                    );
+                    self.read_vec(offset_bytes, len).await
+                }
+            }
         })
     }
 

@@ -602,6 +602,25 @@ mod tests {
     }
 
     #[test]
+    fn read_vec_types_short_reads_and_read_metadata_retries_once() {
+        block_on(async {
+            let d = FaultyDevice::new(MemDevice::new("m0", 1 << 20));
+            let h = d.handle();
+            d.write_slice(0, &[7u8; 8192], WriteFlags::NONE).await.unwrap();
+            h.add(FaultRule::short_reads(None).times(1));
+            let e = d.read_vec(0, 8192).await.expect_err("a short read is an error, not a shorter vector");
+            assert_eq!(crate::DeviceError::kind_of(&e), crate::IoErrorKind::ShortRead, "{e}");
+            h.add(FaultRule::short_reads(None).times(1));
+            assert_eq!(d.read_metadata(0, 8192).await.unwrap(), vec![7u8; 8192], "retried once");
+            h.add(FaultRule::error(OpMask::READ, None).times(1));
+            assert_eq!(d.read_metadata(0, 8192).await.unwrap(), vec![7u8; 8192], "an EIO is retried too");
+            h.add(FaultRule::error(OpMask::READ, None).times(2));
+            let e = d.read_metadata(0, 8192).await.expect_err("only once");
+            assert_eq!(crate::DeviceError::kind_of(&e), crate::IoErrorKind::Eio, "{e}");
+        });
+    }
+
+    #[test]
     fn probabilistic_rules_fire_at_their_rate_and_repeat_from_the_seed() {
         block_on(async {
             let run = |seed: u64| async move {

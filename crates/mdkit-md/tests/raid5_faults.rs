@@ -26,7 +26,7 @@ use mdkit_io::{
     MemDevice, OpMask, Rng, SharedBuf, WriteFlags,
 };
 use mdkit_md::array::{Array, AssembleOptions, MdError, MdErrorKind, assemble};
-use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
+use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock, feature};
 use mdkit_md::layout::Level;
 
 /// Fault injectors over flash-latency RAM members.
@@ -320,11 +320,13 @@ fn detail_of<'a>(d: &'a serde_json::Value, m: &SimMember) -> &'a serde_json::Val
 
 /// `level` on `n` members with as many members failed as it tolerates, then read errors on one
 /// more member `y`: a transient one is retried once (md's R5_ReadNoMerge) and served; a
-/// persistent one fails the request with EIO and a typed error — never data — and, as md does
-/// when the array is degraded to its limit and no bad block can be recorded, fails `y` and
-/// breaks the array (writes refused), all visible in `detail`.
-async fn degraded_to_the_limit_then_read_errors(level: Level, n: usize, gone: &[usize], y: usize) {
-    let name = format!("{}-uncorrectable", level.name());
+/// persistent one fails the request with EIO and a typed error — never data. As md's
+/// handle_failed_stripe, the lost range is recorded in `y`'s bad-block log: `y` and the array
+/// stay, the range reads EIO without touching `y` again, and a write there clears it. With
+/// `log_full`, no entry can be recorded and md fails `y` instead, which breaks the array
+/// (writes refused); everything visible in `detail`.
+async fn degraded_to_the_limit_then_read_errors(level: Level, n: usize, gone: &[usize], y: usize, log_full: bool) {
+    let name = format!("{}-uncorrectable{}", level.name(), if log_full { "-full" } else { "" });
     let mut rng = Rng::new(seed(&name, 83));
     let ms = members(&format!("{name}-"), n, 8 * MIB);
     let a = create_array(&ms, opts(level, n as u32, Some(64), None, false, true)).await;
@@ -338,6 +340,14 @@ async fn degraded_to_the_limit_then_read_errors(level: Level, n: usize, gone: &[
     // One stripe's data: some chunk of it is on `y` or needs `y` to be rebuilt.
     let data_len = (n as u64 - if level == Level::Raid6 { 2 } else { 1 }) * 64 * 1024;
     let fy = ms[y].fault.as_ref().unwrap();
+    if log_full {
+        // 512 one-sector entries (one 4 KiB log page, md's limit) far from the stripe.
+        let far = my.data_offset_sectors + 8192;
+        for i in 0..512 {
+            a.set_attribute(&format!("dev-{}/bad_blocks", ms[y].name), &format!("{} 1", far + 2 * i)).unwrap();
+        }
+    }
+    let entries_before = detail_of(&a.detail(), &ms[y])["bad_blocks"].as_u64().unwrap();
 
     // Transient: the retry reads it back; the client gets its data, nothing is failed.
     let rule = fy.add(FaultRule::error(OpMask::READ, Some(dof..dof + MIB)).times(1));
@@ -347,45 +357,77 @@ async fn degraded_to_the_limit_then_read_errors(level: Level, n: usize, gone: &[
     assert_eq!(a.core().unrecoverable_reads(), 0, "{name}");
     assert!(!a.core().is_broken(), "{name}");
 
-    // Persistent: EIO, typed, no data; y failed, the array broken.
-    fy.add(FaultRule::error(OpMask::READ, Some(dof..dof + MIB)));
+    // Persistent, on stripe 0's chunk of `y`: EIO, typed, no data.
+    let rule = fy.add(FaultRule::error(OpMask::READ, Some(dof..dof + 64 * 1024)));
     let e = a.read_vec(0, data_len as usize).await.expect_err("no data a member failed to read");
     let md = MdError::of(&e).unwrap_or_else(|| panic!("{name}: untyped error {e}"));
     assert_eq!((md.kind, md.op), (MdErrorKind::Unrecoverable, "read"), "{name}: {e}");
     assert!(e.to_string().contains(&ms[y].name), "{name}: the error names the member that failed the read: {e}");
     assert_eq!(DeviceError::kind_of(&e), IoErrorKind::Eio, "{name}: an I/O error (NBD: EIO), not another kind");
-    assert!(my.is_faulty(), "{name}: md fails a member whose read error is not correctable");
-    let why = my.fail_reason().unwrap_or_default();
-    assert!(why.contains("read error not correctable"), "{name}: {why}");
-    assert!(a.core().is_broken(), "{name}: more members failed than the level tolerates");
-    assert_eq!(a.get_attribute("array_state").unwrap(), "broken", "{name}");
     let d = a.detail();
     assert!(d["unrecoverable_reads"].as_u64().unwrap() >= 1, "{name}: {d:#}");
-    assert!(d["broken"].as_str().unwrap_or_default().contains(&ms[y].name), "{name}: {d:#}");
-    assert_eq!(detail_of(&d, &ms[y])["state"][0], "faulty", "{name}: {d:#}");
     assert!(detail_of(&d, &ms[y])["read_errors"].as_u64().unwrap() >= 2, "{name}: the error and its retry");
-    let e = a.write(0, SharedBuf::zeroed(4096), WriteFlags::NONE).await.expect_err("writes are refused");
-    assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Broken), "{name}: {e}");
-    // The failure is recorded where a later assembly will see it.
-    a.core().settle_failures().await.unwrap();
-    let survivor = (0..n).find(|i| !gone.contains(i) && *i != y).unwrap();
-    assert_eq!(sb_of(&ms[survivor]).dev_roles[my.dev_number as usize], ROLE_FAULTY, "{name}");
+    if log_full {
+        assert!(my.is_faulty(), "{name}: with no room in its log, md fails the member");
+        let why = my.fail_reason().unwrap_or_default();
+        assert!(why.contains("read error not correctable") && why.contains("bad-block log"), "{name}: {why}");
+        assert!(a.core().is_broken(), "{name}: more members failed than the level tolerates");
+        assert_eq!(a.get_attribute("array_state").unwrap(), "broken", "{name}");
+        assert!(d["broken"].as_str().unwrap_or_default().contains(&ms[y].name), "{name}: {d:#}");
+        assert_eq!(detail_of(&d, &ms[y])["state"][0], "faulty", "{name}: {d:#}");
+        let e = a.write(0, SharedBuf::zeroed(4096), WriteFlags::NONE).await.expect_err("writes are refused");
+        assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Broken), "{name}: {e}");
+        // The failure is recorded where a later assembly will see it.
+        a.core().settle_failures().await.unwrap();
+        let survivor = (0..n).find(|i| !gone.contains(i) && *i != y).unwrap();
+        assert_eq!(sb_of(&ms[survivor]).dev_roles[my.dev_number as usize], ROLE_FAULTY, "{name}");
+        a.stop().await.unwrap();
+        return;
+    }
+    assert!(my.is_in_sync() && !a.core().is_broken(), "{name}: a recorded bad block keeps the member: {d:#}");
+    assert!(detail_of(&d, &ms[y])["bad_blocks"].as_u64().unwrap() > entries_before, "{name}: recorded: {d:#}");
+    assert_eq!(sb_of(&ms[y]).feature_map & feature::BAD_BLOCKS, feature::BAD_BLOCKS, "{name}: persisted");
+    // The lost range now fails at once, without reading `y` again.
+    let fired = fy.fired(rule).unwrap();
+    let e = a.read_vec(0, data_len as usize).await.expect_err("still lost");
+    assert_eq!(DeviceError::kind_of(&e), IoErrorKind::Eio, "{name}: {e}");
+    assert_eq!(fy.fired(rule), Some(fired), "{name}: a listed range is not read from the media");
+    // Reads elsewhere and writes keep working; rewriting the stripe clears the entry.
+    verify_range(&a, &model, data_len, data_len).await;
+    assert!(fy.remove(rule));
+    let mut buf = vec![0u8; data_len as usize];
+    rng.fill(&mut buf);
+    a.write(0, SharedBuf::from_slice(&buf), WriteFlags::FUA).await.unwrap();
+    model.apply(0, &buf);
+    verify_range(&a, &model, 0, 2 * data_len).await;
+    assert_eq!(detail_of(&a.detail(), &ms[y])["bad_blocks"].as_u64().unwrap(), entries_before, "{name}: cleared");
     a.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raid5_read_error_on_a_degraded_array_fails_the_request_and_the_member() {
-    degraded_to_the_limit_then_read_errors(Level::Raid5, 4, &[0], 1).await;
+async fn raid5_read_error_on_a_degraded_array_records_a_bad_block() {
+    degraded_to_the_limit_then_read_errors(Level::Raid5, 4, &[0], 1, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raid6_third_failure_fails_the_request_and_the_member() {
-    degraded_to_the_limit_then_read_errors(Level::Raid6, 5, &[0, 1], 2).await;
+async fn raid5_read_error_on_a_degraded_array_with_a_full_log_fails_the_member() {
+    degraded_to_the_limit_then_read_errors(Level::Raid5, 4, &[0], 1, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_third_failure_records_a_bad_block() {
+    degraded_to_the_limit_then_read_errors(Level::Raid6, 5, &[0, 1], 2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_third_failure_with_a_full_log_fails_the_request_and_the_member() {
+    degraded_to_the_limit_then_read_errors(Level::Raid6, 5, &[0, 1], 2, true).await;
 }
 
 /// Not degraded, but two members fail the same stripe's reads: the request fails (EIO, typed),
-/// both members are kept (md retries them instead of failing them), nothing breaks, and the
-/// data is served again once the members read.
+/// both members are kept, nothing breaks; as md's handle_failed_stripe, the lost range is
+/// recorded in both members' bad-block logs, so it fails at once until a write replaces it;
+/// after that write the data reads back and a check finds the stripe consistent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_two_read_errors_on_a_whole_array_fail_the_request_only() {
     let mut rng = Rng::new(seed("raid5_two_read_errors_on_a_whole_array_fail_the_request_only", 89));
@@ -402,14 +444,24 @@ async fn raid5_two_read_errors_on_a_whole_array_fail_the_request_only() {
     let e = a.read_vec(0, data_len).await.expect_err("two of four members unreadable");
     assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Unrecoverable), "{e}");
     assert!(a.core().unrecoverable_reads() >= 1);
+    let d = a.detail();
     for (m, _) in &rules {
         assert!(a.core().slots().find(&m.name).unwrap().is_in_sync(), "{}: kept", m.name);
+        assert!(detail_of(&d, m)["bad_blocks"].as_u64().unwrap() >= 1, "{}: recorded: {d:#}", m.name);
     }
     assert!(!a.core().is_broken() && a.core().degraded() == 0);
     for (m, id) in rules {
         assert!(m.fault.as_ref().unwrap().remove(id));
     }
+    a.read_vec(0, data_len).await.expect_err("listed as lost until rewritten");
+    let mut buf = vec![0u8; data_len];
+    rng.fill(&mut buf);
+    a.write(0, SharedBuf::from_slice(&buf), WriteFlags::NONE).await.unwrap();
+    model.apply(0, &buf);
     verify_range(&a, &model, 0, data_len as u64).await;
+    for m in &ms[1..3] {
+        assert_eq!(detail_of(&a.detail(), m)["bad_blocks"].as_u64().unwrap(), 0, "{}: cleared by the write", m.name);
+    }
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
 }

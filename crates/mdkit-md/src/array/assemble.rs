@@ -119,7 +119,7 @@ pub async fn read_superblock(dev: &DeviceRef) -> Result<Superblock, String> {
     let mut problems: Vec<String> = Vec::new();
     let mut magic_seen = false;
     for (v, off) in locations {
-        let bytes = match dev.read_vec(off * 512, SB_BLOCK_BYTES).await {
+        let bytes = match dev.read_metadata(off * 512, SB_BLOCK_BYTES).await {
             Ok(b) => b,
             Err(e) => {
                 problems.push(format!("metadata {} at byte {}: read error: {e}", v.as_str(), off * 512));
@@ -238,7 +238,7 @@ async fn bitmap_problem(md: &MemberDev, sb: &Superblock) -> Option<String> {
         return Some(format!("its bitmap at sector {sector} lies outside the {device_sectors}-sector device"));
     };
     let at = sector * 512;
-    let bytes = match md.dev.read_vec(at, SB_BLOCK_BYTES).await {
+    let bytes = match md.dev.read_metadata(at, SB_BLOCK_BYTES).await {
         Ok(b) => b,
         Err(e) => return Some(format!("reading its bitmap superblock at byte {at}: {e}")),
     };
@@ -272,7 +272,7 @@ async fn read_bad_blocks(md: &MemberDev, sb: &Superblock) -> Result<Vec<BadBlock
     }
     let block = md
         .dev
-        .read_vec(lo, (hi - lo) as usize)
+        .read_metadata(lo, (hi - lo) as usize)
         .await
         .map_err(|e| format!("reading its bad-block log at byte {at}: {e}"))?;
     let log = &block[(at - lo) as usize..(at - lo + len_sectors * 512) as usize];

@@ -13,6 +13,11 @@
 //!   round (a stale entry only sends reads elsewhere).
 //! - The log page is written FUA before the member's superblock in every round where the list
 //!   changed: `bblog_size` sectors at `super_offset + bblog_offset`, unused entries all-ones.
+//! - A read that no copy and no parity can supply (md's handle_failed_stripe for raid4/5/6,
+//!   fix_read_error for raid1/10) records the range on each member whose read failed
+//!   ([`ArrayCore::record_unreadable`]): the lost block is never read from the media again
+//!   (reads there get EIO at once) until a write replaces it and clears the entry. Only where
+//!   that cannot be recorded does the personality fall back to failing the member.
 
 use std::io;
 
@@ -110,6 +115,38 @@ impl ArrayCore {
         Err(MdError::new(MdErrorKind::BadBlockRecorded, self.name(), op, sector, detail).member(m.name()).into())
     }
 
+    /// A read of data-area `[sector, sector + len_sectors)` failed on `m` and nothing else could
+    /// supply the data: record the range in `m`'s bad-block log (md's rdev_set_badblocks after
+    /// an uncorrectable read) and start a superblock round to persist it. Returns whether it is
+    /// recorded; `false` when `m` is faulty, has no log or its log is full (the caller then
+    /// applies the level's old rule). A round that fails to persist the entry leaves it in
+    /// memory (reads still avoid the range; the next round retries): no acknowledged write
+    /// depends on it.
+    pub(crate) async fn record_unreadable(&self, m: &Member, sector: u64, len_sectors: u64) -> bool {
+        let log = m.bad_blocks();
+        if m.is_faulty() || !log.has_log() {
+            return false;
+        }
+        let generation = log.snapshot().1;
+        if !log.set(m.data_offset_sectors + sector, len_sectors) {
+            return false;
+        }
+        if log.snapshot().1 == generation {
+            return true; // already listed (a read of a known bad range): nothing to persist
+        }
+        tracing::warn!(
+            array = self.name(),
+            member = m.name(),
+            sector,
+            len_sectors,
+            "read error not correctable: data-area range recorded as a bad block; the member stays"
+        );
+        if let Err(e) = self.update_superblocks("bad block recorded after a read error").await {
+            tracing::warn!(array = self.name(), member = m.name(), "bad-block log not yet persisted: {e}");
+        }
+        true
+    }
+
     /// Rewrites `buf` at data-area `sector` unit by unit; returns the `(sector, len)` runs that
     /// still fail (adjacent units merged). Units that land forget their bad blocks.
     async fn narrow_write_error(&self, m: &Member, sector: u64, buf: &SharedBuf, flags: WriteFlags) -> Vec<(u64, u64)> {
@@ -151,7 +188,7 @@ impl ArrayCore {
         let mut block = if lo == start && hi == start + size {
             vec![0u8; (hi - lo) as usize]
         } else {
-            m.device().read_vec(lo, (hi - lo) as usize).await.map_err(|e| {
+            m.device().read_metadata(lo, (hi - lo) as usize).await.map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("{}: member {}: reading around the bad-block log at byte {lo}: {e}", self.name(), m.name()),

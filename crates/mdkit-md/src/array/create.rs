@@ -102,7 +102,7 @@ pub async fn write_superblocks(members: &[MemberDev], opts: &CreateOptions) -> i
             }
             let old = m
                 .dev
-                .read_vec(off_bytes, 4096)
+                .read_metadata(off_bytes, 4096)
                 .await
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", m.name)))?;
             if old[..4] == MD_SB_MAGIC.to_le_bytes() {

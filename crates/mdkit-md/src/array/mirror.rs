@@ -31,7 +31,8 @@ fn eio(msg: String) -> io::Error {
 }
 
 /// No copy of sync-domain range `domain` could be read: the request fails, no member is failed
-/// for it (md returns the error when the only usable copy fails).
+/// for it (md returns the error when the only usable copy fails); the unreadable blocks are
+/// recorded in the copies' bad-block logs where there is room ([`read_blockwise`]).
 fn unrecoverable(a: &ArrayCore, domain: &Range<u64>, detail: String) -> io::Error {
     let detail = format!("sync-domain sectors {}..{}: {detail}", domain.start, domain.end);
     a.note_unrecoverable_read();
@@ -146,6 +147,19 @@ async fn read_blockwise(a: &ArrayCore, order: &[(Arc<Member>, u64)], len: u64, b
             }
         }
         if !ok {
+            // md's fix_read_error: "Cannot read from anywhere - mark it bad".
+            let mut recorded = 0;
+            for (m, sector) in order {
+                recorded += usize::from(a.record_unreadable(m, sector + s, n).await);
+            }
+            if recorded > 0 {
+                tracing::warn!(
+                    array = a.name(),
+                    sectors = s,
+                    recorded,
+                    "unreadable on every copy: bad blocks recorded"
+                );
+            }
             return Err(eio(format!(
                 "{}: sectors {}..{} of the range are unreadable on every copy",
                 a.name(),

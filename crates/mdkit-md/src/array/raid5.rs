@@ -397,7 +397,7 @@ impl Raid5 {
                         Retry::Failed => {}
                     }
                 }
-                let e = self.uncorrectable(a, stripe, sector..base + hi, missing, &fixes);
+                let e = self.uncorrectable(a, stripe, sector..base + hi, missing, &fixes).await;
                 return (part, Err(e));
             }
             let results =
@@ -481,12 +481,14 @@ impl Raid5 {
     }
 
     /// A block that can neither be read nor rebuilt: the request fails (never with data a member
-    /// failed to read). As md's raid5_end_read_request: when the array was already degraded
-    /// to its limit, the read error is "not correctable" — md records a bad block or, when it
-    /// cannot (mdkit keeps no bad-block log), fails the member (raid5_error, which has no
-    /// last-member exception) and the array is broken. Errors on an array that was not
-    /// degraded that far keep the members (only the request fails), as md's retry path does.
-    fn uncorrectable(
+    /// failed to read). As md's handle_failed_stripe, each member whose read failed gets the
+    /// range recorded in its bad-block log: the stripe's block is lost, the member and the
+    /// array stay, later reads of it fail at once and a write there clears the entry. Where
+    /// no entry can be recorded (no log, log full) and the array was already degraded to its
+    /// limit, md fails the member instead (raid5_error, which has no last-member exception)
+    /// and the array is broken; on an array that was not degraded that far the members are
+    /// kept (only the request fails), as md's retry path does.
+    async fn uncorrectable(
         &self,
         a: &ArrayCore,
         stripe: u64,
@@ -520,11 +522,18 @@ impl Raid5 {
             unavailable.join(", ")
         );
         tracing::error!(array = a.name(), sector, "read error not correctable: {detail}");
-        if degraded >= self.max_degraded() {
-            for (_, m) in fixes {
+        let len_sectors = sectors.end - sectors.start;
+        for (_, m) in fixes {
+            if a.record_unreadable(m, sector, len_sectors).await {
+                continue;
+            }
+            if degraded >= self.max_degraded() {
                 a.fail_member_beyond_redundancy(
                     m,
-                    &format!("read error not correctable at member sector {sector} (array degraded {degraded})"),
+                    &format!(
+                        "read error not correctable at member sector {sector} (array degraded {degraded}) \
+                         and no room in its bad-block log"
+                    ),
                 );
             }
         }

@@ -76,7 +76,7 @@ pub(super) async fn load(
     for m in members {
         let at = m.bitmap_offset_bytes;
         let name = m.dev.name().to_string();
-        let head = match m.dev.read_vec(at, PAGE_BYTES as usize).await {
+        let head = match m.dev.read_metadata(at, PAGE_BYTES as usize).await {
             Ok(b) => b,
             Err(e) => {
                 let e = io::Error::new(e.kind(), format!("{name}: reading the bitmap superblock at byte {at}: {e}"));
@@ -219,7 +219,7 @@ async fn read_area(m: &BitmapMember, area_bytes: u64) -> io::Result<Vec<u8>> {
         let len = (area_bytes - off).min(LOAD_READ_BYTES);
         let at = m.bitmap_offset_bytes + off;
         let piece =
-            m.dev.read_vec(at, len as usize).await.map_err(|e| {
+            m.dev.read_metadata(at, len as usize).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("{}: reading the bitmap at byte {at}: {e}", m.dev.name()))
             })?;
         if piece.len() as u64 != len {
