@@ -4,13 +4,16 @@
 //! fine), never panic, hang or allocate from a size the input chose.
 //!
 //! Built for speed (the campaign runs 10^7 inputs per target on two cores): the arrays the
-//! assembly target damages are created once per process, members are small sparse RAM
-//! devices copied per input, and one current-thread runtime per thread serves every input.
+//! assembly target damages are created once per process, each input sees them through
+//! copy-on-write members (`cow`), and one current-thread runtime per thread serves every input.
+
+mod cow;
 
 use std::sync::{Arc, OnceLock};
 
 use mdkit_io::{BlockDevice, BlockDeviceExt, DeviceRef, MemDevice, WriteFlags};
 
+use self::cow::CowDevice;
 use crate::array::{AssembleOptions, CreateOptions, MemberDev, PartialStart, assemble_with, create};
 use crate::format::badblocks;
 use crate::format::bitmap::{self, BITMAP_MAGIC, BitmapSuper};
@@ -150,7 +153,7 @@ fn templates() -> &'static Vec<Template> {
 }
 
 /// Recomputes a member's superblock checksum after its edits (max_dev clamped for the sum).
-fn reseal(dev: &MemDevice) {
+fn reseal(dev: &CowDevice) {
     let mut block = [0u8; SB_BLOCK_BYTES];
     dev.read_bytes(SB_OFFSET_BYTES as u64, &mut block);
     let max_dev = u32::from_le_bytes(block[off::MAX_DEV..off::MAX_DEV + 4].try_into().unwrap());
@@ -170,8 +173,8 @@ pub fn assemble(data: &[u8]) {
     let [pick, order, flags, edits @ ..] = data else { return };
     let t = &templates()[usize::from(*pick) % templates().len()];
     let n = t.members.len();
-    let copies: Vec<Arc<MemDevice>> =
-        t.members.iter().enumerate().map(|(i, m)| Arc::new(m.snapshot(format!("m{i}")))).collect();
+    let copies: Vec<Arc<CowDevice>> =
+        t.members.iter().enumerate().map(|(i, m)| Arc::new(CowDevice::new(format!("m{i}"), m.clone()))).collect();
     let mut resealed = vec![false; n];
     for e in edits.chunks_exact(EDIT_BYTES) {
         let m = usize::from(e[0]) % n;
@@ -201,4 +204,36 @@ pub fn assemble(data: &[u8]) {
         let _ = a.array.flush().await;
         let _ = a.array.stop().await;
     });
+}
+
+//------------------------------------------------------------------------------------------------
+// Seeds (fuzz/corpus/md_superblock, fuzz/corpus/md_bitmap): what mdkit's own create wrote.
+
+/// One superblock block per assembly template (member 0 of each, as `create` wrote it).
+pub fn seed_superblocks() -> Vec<Vec<u8>> {
+    templates().iter().map(|t| read_member(&t.members[0], SB_OFFSET_BYTES as u64, SB_BLOCK_BYTES)).collect()
+}
+
+/// The internal bitmap (superblock and first bits, 4 KiB) of every assembly template's member
+/// 0, and one bad-block log page (first byte 0: shift 0, and not a bitmap).
+pub fn seed_bitmaps() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = templates()
+        .iter()
+        .map(|t| {
+            let sb_bytes = read_member(&t.members[0], SB_OFFSET_BYTES as u64, SB_BLOCK_BYTES);
+            let sb = Superblock::decode(&sb_bytes, (SB_OFFSET_BYTES / 512) as u64).expect("a template superblock");
+            let at = sb.bitmap_sector().expect("templates have an internal bitmap") * 512;
+            read_member(&t.members[0], at, 4096)
+        })
+        .collect();
+    let bad =
+        [(2048, 1), (4096, 8), (1 << 20, 64)].map(|(s, l)| badblocks::BadBlock { start_sector: s, len_sectors: l });
+    seeds.push(badblocks::encode(&bad, 0).expect("a small log encodes").to_vec());
+    seeds
+}
+
+fn read_member(dev: &MemDevice, offset_bytes: u64, len_bytes: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len_bytes];
+    dev.read_bytes(offset_bytes, &mut v);
+    v
 }

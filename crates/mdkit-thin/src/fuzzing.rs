@@ -13,7 +13,7 @@ use crate::meta::block::{BLOCK_SIZE, BlockBuf, BlockKind, identify, seal, verify
 use crate::meta::sm_format::{ENTRIES_PER_BITMAP, bitmap_decode, index_block_decode};
 use crate::meta::{
     CheckOptions, FormatOptions, MemMetaIo, MetaIo, NodeView, OpenOptions, Superblock, ThinMetadata, calc_max_entries,
-    check, parse_xml, restore_xml, validate_node,
+    check, dump_xml, parse_xml, restore_xml, validate_node,
 };
 
 /// Metadata device of the damaged pool, in 4 KiB blocks.
@@ -109,21 +109,26 @@ fn pool() -> &'static Pool {
 /// snapshot, delete a device, commit, and check again.
 pub fn metadata(data: &[u8]) {
     let pool = pool();
-    let mut blocks: Vec<Box<BlockBuf>> = pool.blocks.iter().map(|(_, blk, _)| blk.clone()).collect();
-    let mut reseal = vec![false; blocks.len()];
+    // Only edited blocks are copied here; `poke` copies every block once into the device.
+    let mut edited: Vec<Option<(Box<BlockBuf>, bool)>> = vec![None; pool.blocks.len()];
     for edit in data.chunks_exact(EDIT_BYTES) {
-        let i = usize::from(edit[0]) % blocks.len();
+        let i = usize::from(edit[0]) % pool.blocks.len();
         let at = usize::from(u16::from_le_bytes([edit[1], edit[2]])) % BLOCK_SIZE;
-        blocks[i][at] = edit[3];
-        reseal[i] |= edit[4] & 1 == 1;
+        let (blk, reseal) = edited[i].get_or_insert_with(|| (pool.blocks[i].1.clone(), false));
+        blk[at] = edit[3];
+        *reseal |= edit[4] & 1 == 1;
     }
     let mem = MemMetaIo::new("fuzz", POOL_META_BLOCKS);
-    for (i, blk) in blocks.iter_mut().enumerate() {
-        let (b, _, kind) = &pool.blocks[i];
-        if let (true, Some(kind)) = (reseal[i], kind) {
-            seal(blk, *kind, *b);
+    for ((b, original, kind), edit) in pool.blocks.iter().zip(edited.iter_mut()) {
+        match edit {
+            None => mem.poke(*b, original),
+            Some((blk, reseal)) => {
+                if let (true, Some(kind)) = (*reseal, kind) {
+                    seal(blk, *kind, *b);
+                }
+                mem.poke(*b, blk);
+            }
         }
-        mem.poke(*b, blk);
     }
     let io: Arc<dyn MetaIo> = Arc::new(mem);
     let _ = check(&*io, &CheckOptions::default());
@@ -158,4 +163,48 @@ pub fn xml(data: &[u8]) {
     }
     let io: Arc<dyn MetaIo> = Arc::new(MemMetaIo::new("xml", 512));
     let _ = restore_xml(io, &x, OpenOptions { cache_blocks: CACHE_BLOCKS, ..OpenOptions::default() });
+}
+
+//------------------------------------------------------------------------------------------------
+// Seeds (fuzz/corpus/thin_*): what mdkit's own encoders wrote.
+
+/// `thin_node` seeds: every used block of the [`metadata`] pool (superblock, btree nodes,
+/// space-map bitmaps and index), as the engine wrote it.
+pub fn seed_nodes() -> Vec<Vec<u8>> {
+    pool().blocks.iter().map(|(_, blk, _)| blk.to_vec()).collect()
+}
+
+/// `thin_metadata` seeds: the clean pool with one edit that rewrites the superblock's first
+/// byte unchanged and re-seals it; one that changes a byte of the first node and re-seals it
+/// (damage the checksum does not catch); one that changes the superblock without re-sealing.
+pub fn seed_metadata_edits() -> Vec<Vec<u8>> {
+    let pool = pool();
+    let index_of = |kind: BlockKind| pool.blocks.iter().position(|(_, _, k)| *k == Some(kind)).unwrap_or(0) as u8;
+    let (sb, node) = (index_of(BlockKind::Superblock), index_of(BlockKind::Node));
+    let first = pool.blocks[usize::from(sb)].1[0];
+    vec![vec![sb, 0, 0, first, 1], vec![node, 40, 0, 0x7f, 1], vec![sb, 32, 0, 0xff, 0]]
+}
+
+/// `thin_xml` seeds: thin_dump XML of a small pool (a thin device, a snapshot of it with its
+/// own mappings, an empty device) and of an empty pool.
+pub fn seed_xml() -> Vec<Vec<u8>> {
+    let dump = |fill: bool| {
+        let io: Arc<dyn MetaIo> = Arc::new(MemMetaIo::new("seed", 64));
+        let fo = FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 256, metadata_nr_blocks: None };
+        let mut md = ThinMetadata::format(io, fo).expect("the seed pool formats");
+        if fill {
+            md.create_thin(0).unwrap();
+            for vb in [0, 1, 2, 3, 10, 11, 40] {
+                md.provision(0, vb).unwrap();
+            }
+            md.create_snap(1, 0).unwrap();
+            md.provision(1, 2).unwrap();
+            md.create_thin(2).unwrap();
+        }
+        md.commit().unwrap();
+        let mut out = Vec::new();
+        dump_xml(&md, &mut out).expect("the seed pool dumps");
+        out
+    };
+    vec![dump(true), dump(false)]
 }
