@@ -83,7 +83,7 @@ pub const ARRAY_BLOCK_BYTES: u32 = 4096;
 
 /// A running md array. See the module documentation.
 pub struct Array {
-    name: String,
+    array_name: String,
     /// The running array: `grow` replaces it (stop, rewrite the metadata, assemble again).
     live: parking_lot::RwLock<Live>,
     /// Every request and membership change holds this shared; `grow` holds it exclusively
@@ -121,7 +121,7 @@ impl Array {
         let tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
         let name_for_device = format!("{}:{}", core.info().level.name(), core.name());
         Array {
-            name: core.name().to_string(),
+            array_name: core.name().to_string(),
             live: parking_lot::RwLock::new(Live { core, topology, tasks }),
             pause: tokio::sync::RwLock::new(()),
             name_for_device,
@@ -136,7 +136,7 @@ impl Array {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.array_name
     }
 
     pub fn info(&self) -> ArrayInfo {

@@ -124,8 +124,12 @@ fn plan_size(
         _ => s - s % u64::from(refsb.chunk_sectors.max(1)),
     };
     let old = refsb.size_sectors;
-    let (new, data_size): (u64, Box<dyn Fn(&PlanMember) -> u64>) = match size {
-        GrowSize::Max => (round(members.iter().map(avail).min().unwrap_or(0)), Box::new(avail)),
+    let data_size = |m: &PlanMember| match size {
+        GrowSize::Max => avail(m),
+        GrowSize::Sectors(s) => s,
+    };
+    let new = match size {
+        GrowSize::Max => round(members.iter().map(avail).min().unwrap_or(0)),
         GrowSize::Sectors(s) => {
             if let Some(m) = members.iter().find(|m| avail(m) < s) {
                 return refuse(format!(
@@ -135,7 +139,7 @@ fn plan_size(
                     s / 2
                 ));
             }
-            (round(s), Box::new(move |_: &PlanMember| s))
+            round(s)
         }
     };
     if new < old {
