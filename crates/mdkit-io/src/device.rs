@@ -157,6 +157,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// changed (or not known to be unchanged). Same shape rules as [`Self::block_status`]; a
     /// zero-length range just checks that `base` can be compared against. Default:
     /// `Unsupported`.
+    /// Reads the device's size again (a member file grown under the open device, a grown
+    /// block device) and returns it in bytes; the device only grows. Default: the size does
+    /// not change.
+    fn refresh_size(&self) -> io::Result<u64> {
+        Ok(self.topology().size_bytes)
+    }
+
     fn changed_since(
         &self,
         base: u64,
@@ -366,6 +373,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
         max_extents: usize,
     ) -> IoFuture<'_, io::Result<Vec<Extent<bool>>>> {
         (**self).changed_since(base, offset_bytes, len_bytes, max_extents)
+    }
+    fn refresh_size(&self) -> io::Result<u64> {
+        (**self).refresh_size()
     }
 }
 

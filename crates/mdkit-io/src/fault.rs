@@ -434,6 +434,10 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         self.inner.topology()
     }
 
+    fn refresh_size(&self) -> io::Result<u64> {
+        self.inner.refresh_size()
+    }
+
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
         match self.admit(IoOp::Read, offset_bytes, buf.len() as u64) {
             Err(e) => Box::pin(std::future::ready((buf, Err(e)))),

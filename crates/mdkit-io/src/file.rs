@@ -1604,6 +1604,10 @@ impl BlockDevice for FileDevice {
         self.shared.current_topology()
     }
 
+    fn refresh_size(&self) -> io::Result<u64> {
+        FileDevice::refresh_size(self)
+    }
+
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
         Box::pin(self.do_read(offset_bytes, buf))
     }

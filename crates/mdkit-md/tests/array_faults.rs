@@ -259,5 +259,5 @@ async fn raid0_member_error_reaches_the_client_and_marks_broken() {
     }
     assert!(saw_error);
     assert_eq!(a.get_attribute("array_state").unwrap(), "broken");
-    let _ = Arc::strong_count(a.core());
+    let _ = Arc::strong_count(&a.core());
 }

@@ -185,7 +185,7 @@ fn parse_speed(name: &str, value: &str, system: u64) -> io::Result<u64> {
 
 /// Sets one attribute.
 pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
-    let core = array.core();
+    let core = &array.core();
     let value = value.trim();
     match name {
         "sync_action" => {

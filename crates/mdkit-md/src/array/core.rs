@@ -252,6 +252,11 @@ impl ArrayCore {
         *self.clock.write() = clock;
     }
 
+    /// The read-error policy's clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.read().clone()
+    }
+
     pub(crate) fn now_secs(&self) -> u64 {
         self.clock.read().now().as_secs()
     }

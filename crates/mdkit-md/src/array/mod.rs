@@ -19,6 +19,7 @@
 //! | [`barrier`]       | the bucketed region barrier (sync vs writes)                      |
 //! | [`sync`]          | resync / recover / check / repair engine, speed limits, progress  |
 //! | [`assemble`], [`create`] | starting arrays from members, creating new ones            |
+//! | [`grow`]          | `--grow` without restriping: size, bitmap, raid1 mirrors          |
 //! | [`attrs`]         | md's sysfs-named attributes                                       |
 //! | [`raid0`], [`raid1`], [`raid10`], [`raid5`] | the personalities (`raid5`: dispatch point) |
 //! | [`bitmap`], [`flush`] | the write-intent bitmap; flush batching                    |
@@ -40,6 +41,7 @@ pub mod errors;
 /// Flush batching lives in the member I/O layer (file volumes use it too).
 pub use mdkit_io::flush;
 pub mod gate;
+pub mod grow;
 pub mod io;
 pub mod member;
 pub mod mirror;
@@ -66,10 +68,12 @@ pub use self::assemble::{
 pub use self::core::{ArrayCore, ArrayInfo};
 pub use self::create::{CreateOptions, create, write_superblocks};
 pub use self::errors::{Clock, ManualClock, MdError, MdErrorKind};
+pub use self::grow::GrowReport;
 pub use self::member::Member;
 pub use self::personality::{Personality, SyncMode, SyncOutcome};
 pub use self::slots::SlotTable;
 pub use self::sync::SyncStatus;
+pub use crate::format::grow::{BitmapChange, GrowChange, GrowSize};
 
 use self::member::flag;
 use crate::format::superblock::{MAX_SECTOR, MetadataVersion, Superblock};
@@ -79,12 +83,24 @@ pub const ARRAY_BLOCK_BYTES: u32 = 4096;
 
 /// A running md array. See the module documentation.
 pub struct Array {
-    core: Arc<ArrayCore>,
-    topology: Topology,
+    array_name: String,
+    /// The running array: `grow` replaces it (stop, rewrite the metadata, assemble again).
+    live: parking_lot::RwLock<Live>,
+    /// Every request and membership change holds this shared; `grow` holds it exclusively
+    /// while it replaces the running array, so requests wait (they do not fail) meanwhile.
+    pause: tokio::sync::RwLock<()>,
     name_for_device: String,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Members assembly left out and why (until they are added or re-added).
     left_out: Mutex<Vec<Refusal>>,
+    /// Its core and tasks moved into another handle (`grow`): dropping this one stops nothing.
+    detached: std::sync::atomic::AtomicBool,
+}
+
+/// What `grow` swaps: the core, the size it gives and its background tasks.
+struct Live {
+    core: Arc<ArrayCore>,
+    topology: Topology,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 fn needs_check_error(core: &ArrayCore, reason: &str) -> stdio::Error {
@@ -104,44 +120,52 @@ impl Array {
         let topology = compute_topology(&core);
         let tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
         let name_for_device = format!("{}:{}", core.info().level.name(), core.name());
-        Array { core, topology, name_for_device, tasks: Mutex::new(tasks), left_out: Mutex::new(Vec::new()) }
+        Array {
+            array_name: core.name().to_string(),
+            live: parking_lot::RwLock::new(Live { core, topology, tasks }),
+            pause: tokio::sync::RwLock::new(()),
+            name_for_device,
+            left_out: Mutex::new(Vec::new()),
+            detached: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
-    pub fn core(&self) -> &Arc<ArrayCore> {
-        &self.core
+    /// The running array's core (`grow` replaces it: do not keep it across a grow).
+    pub fn core(&self) -> Arc<ArrayCore> {
+        self.live.read().core.clone()
     }
 
     pub fn name(&self) -> &str {
-        self.core.name()
+        &self.array_name
     }
 
-    pub fn info(&self) -> &ArrayInfo {
-        self.core.info()
+    pub fn info(&self) -> ArrayInfo {
+        self.core().info().clone()
     }
 
     /// Array size in bytes (the personality's size, rounded down to 4 KiB).
     pub fn size_bytes(&self) -> u64 {
-        self.topology.size_bytes
+        self.live.read().topology.size_bytes
     }
 
     pub fn events(&self) -> u64 {
-        self.core.sb.events()
+        self.core().sb.events()
     }
 
     pub fn sync_status(&self) -> SyncStatus {
-        sync::status(&self.core)
+        sync::status(&self.core())
     }
 
     /// Waits until no sync work runs or is pending (or the engine is frozen).
     pub async fn wait_sync_idle(&self) {
-        self.core.sync_wake.notify_one();
-        self.core.sync.wait_idle().await;
+        self.core().sync_wake.notify_one();
+        self.core().sync.wait_idle().await;
     }
 
     /// md's `sync_action` write: idle, frozen, check, repair, resync, recover.
     pub fn request_sync(&self, action: &str) -> stdio::Result<()> {
-        self.core.sync.request(action)?;
-        self.core.sync_wake.notify_one();
+        self.core().sync.request(action)?;
+        self.core().sync_wake.notify_one();
         Ok(())
     }
 
@@ -149,9 +173,9 @@ impl Array {
     /// flushed and the superblocks are written clean (with the resync/recovery checkpoints).
     /// The caller must have stopped issuing I/O.
     pub async fn stop(&self) -> stdio::Result<()> {
-        let core = &self.core;
+        let core = &self.core();
         core.begin_shutdown();
-        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock());
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut self.live.write().tasks);
         for t in tasks {
             let _ = t.await;
         }
@@ -188,28 +212,31 @@ impl Array {
     // Management (mdadm --manage)
 
     fn find(&self, member: &str) -> stdio::Result<Arc<Member>> {
-        self.core.slots().find(member).ok_or_else(|| {
+        self.core().slots().find(member).ok_or_else(|| {
             stdio::Error::new(stdio::ErrorKind::NotFound, format!("{}: no member named {member:?}", self.name()))
         })
     }
 
     /// `--fail`: marks the member faulty (refused for the last member the array needs).
     pub async fn fail_member(&self, member: &str) -> stdio::Result<()> {
+        let _p = self.pause.read().await;
         let m = self.find(member)?;
-        if !self.core.fail_member(&m, "failed by request") {
+        if !self.core().fail_member(&m, "failed by request") {
             return Err(stdio::Error::new(
                 stdio::ErrorKind::ResourceBusy,
                 format!("{}: member {member} cannot be failed: the array cannot run without it", self.name()),
             ));
         }
-        self.core.settle_failures().await
+        self.core().settle_failures().await
     }
 
     /// `--remove`: takes a faulty member or a spare out of the array.
     pub async fn remove_member(&self, member: &str) -> stdio::Result<()> {
-        let _g = self.core.membership.lock().await;
+        let _p = self.pause.read().await;
+        let core = self.core();
+        let _g = core.membership.lock().await;
         let m = self.find(member)?;
-        let slots = self.core.slots();
+        let slots = self.core().slots();
         if !m.is_faulty() && slots.role_of(&m).is_some() {
             return Err(stdio::Error::new(
                 stdio::ErrorKind::ResourceBusy,
@@ -218,8 +245,8 @@ impl Array {
         }
         let mut t = (*slots).clone();
         t.remove(&m);
-        self.core.set_slots(t);
-        self.core.update_superblocks("member removed").await?;
+        self.core().set_slots(t);
+        self.core().update_superblocks("member removed").await?;
         tracing::info!(array = self.name(), member, "member removed");
         Ok(())
     }
@@ -227,15 +254,17 @@ impl Array {
     /// `--add`: writes a new superblock (and bitmap) to the device and adds it as a spare; the
     /// sync engine puts it into an empty role and rebuilds it.
     pub async fn add_member(&self, dev: MemberDev) -> stdio::Result<()> {
-        let _g = self.core.membership.lock().await;
-        let slots = self.core.slots();
+        let _p = self.pause.read().await;
+        let core = self.core();
+        let _g = core.membership.lock().await;
+        let slots = self.core().slots();
         if slots.all_members().iter().any(|m| m.name() == dev.name) {
             return Err(stdio::Error::new(
                 stdio::ErrorKind::AlreadyExists,
                 format!("{}: {} is already a member", self.name(), dev.name),
             ));
         }
-        if !self.core.personality().has_redundancy() {
+        if !self.core().personality().has_redundancy() {
             return Err(stdio::Error::new(
                 stdio::ErrorKind::Unsupported,
                 format!("{}: {} arrays take no spares", self.name(), self.info().level.name()),
@@ -244,18 +273,18 @@ impl Array {
         let sb = self.new_member_superblock(&dev, &slots)?;
         let block = sb.encode().map_err(|e| stdio::Error::other(format!("{}: {}: {e}", self.name(), dev.name)))?;
         let m = Arc::new(Member::new(dev.name.clone(), dev.dev.clone(), sb.clone()));
-        if let Some(bm) = &self.core.bitmap {
+        if let Some(bm) = &self.core().bitmap {
             // The new member's bitmap copy is complete before its superblock points at it.
             let mut t = (*slots).clone();
             t.add_spare(m.clone());
-            bm.set_members(self.core.bitmap_members(&t));
+            bm.set_members(self.core().bitmap_members(&t));
             bm.sync_all_pages().await?;
         }
-        self.core.member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
+        self.core().member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
         let mut t = (*slots).clone();
         t.add_spare(m);
-        self.core.set_slots(t);
-        self.core.update_superblocks("member added").await?;
+        self.core().set_slots(t);
+        self.core().update_superblocks("member added").await?;
         drop(_g);
         self.kick_sync();
         self.forget_left_out(&dev.name);
@@ -306,7 +335,7 @@ impl Array {
         sb.recovery_offset_sectors = 0;
         sb.cnt_corrected_read = 0;
         sb.devflags = 0;
-        sb.events = self.core.sb.events();
+        sb.events = self.core().sb.events();
         sb.feature_map &=
             !(crate::format::superblock::feature::RECOVERY_OFFSET | crate::format::superblock::feature::REPLACEMENT);
         let need = sb.dev_number as usize + 1;
@@ -322,7 +351,9 @@ impl Array {
     /// the bitmap's `events_cleared`) it is rebuilt bitmap-guided; otherwise re-add is refused
     /// (use `--add` for a full rebuild).
     pub async fn re_add_member(&self, dev: MemberDev) -> stdio::Result<()> {
-        let _g = self.core.membership.lock().await;
+        let _p = self.pause.read().await;
+        let core = self.core();
+        let _g = core.membership.lock().await;
         let sb = assemble::read_superblock(&dev.dev).await.map_err(|e| {
             stdio::Error::new(stdio::ErrorKind::InvalidData, format!("{}: {}: {e}", self.name(), dev.name))
         })?;
@@ -340,17 +371,17 @@ impl Array {
         if role >= info.raid_disks as usize {
             return Err(refuse("it was not an active member (add it as a spare instead)".into()));
         }
-        let slots = self.core.slots();
+        let slots = self.core().slots();
         if slots.working(role).is_some() {
             return Err(refuse(format!("role {role} is held by another member")));
         }
         if slots.all_members().iter().any(|m| m.dev_number == sb.dev_number && !m.is_faulty()) {
             return Err(refuse(format!("dev_number {} is in use", sb.dev_number)));
         }
-        let events = self.core.sb.events();
+        let events = self.core().sb.events();
         let in_sync = sb.events == events && sb.feature_map & crate::format::superblock::feature::RECOVERY_OFFSET == 0;
         if !in_sync {
-            let covered = match &self.core.bitmap {
+            let covered = match &self.core().bitmap {
                 Some(bm) => bm.can_readd(sb.events) && sb.events <= events,
                 None => false,
             };
@@ -375,8 +406,8 @@ impl Array {
             t.add_faulty(old);
         }
         t.set_holder(role, Some(m));
-        self.core.set_slots(t);
-        self.core.update_superblocks("member re-added").await?;
+        self.core().set_slots(t);
+        self.core().update_superblocks("member re-added").await?;
         drop(_g);
         self.kick_sync();
         self.forget_left_out(&dev.name);
@@ -388,20 +419,21 @@ impl Array {
     /// `writemostly`): reads avoid a write-mostly member while another in-sync copy exists. The
     /// flag is written to the member's superblock (devflags WriteMostly1) before this returns.
     pub async fn set_write_mostly(&self, member: &str, on: bool) -> stdio::Result<()> {
+        let _p = self.pause.read().await;
         let m = self.find(member)?;
         if on {
             m.set(flag::WRITE_MOSTLY);
         } else {
             m.clear(flag::WRITE_MOSTLY);
         }
-        self.core.update_superblocks(if on { "member write-mostly" } else { "member not write-mostly" }).await
+        self.core().update_superblocks(if on { "member write-mostly" } else { "member not write-mostly" }).await
     }
 
     /// `--replace`: rebuild a spare as the member's replacement, then fail the member.
     /// With `with`, that device is added as the spare to use.
     pub async fn replace_member(&self, member: &str, with: Option<MemberDev>) -> stdio::Result<()> {
         let m = self.find(member)?;
-        if self.core.slots().role_of(&m).is_none() || m.is_faulty() {
+        if self.core().slots().role_of(&m).is_none() || m.is_faulty() {
             return Err(stdio::Error::new(
                 stdio::ErrorKind::InvalidInput,
                 format!("{}: {member} is not an active member", self.name()),
@@ -416,8 +448,8 @@ impl Array {
     }
 
     fn kick_sync(&self) {
-        self.core.sync.not_idle();
-        self.core.sync_wake.notify_one();
+        self.core().sync.not_idle();
+        self.core().sync_wake.notify_one();
     }
 
     //--------------------------------------------------------------------------------------------
@@ -425,11 +457,11 @@ impl Array {
 
     /// Every attribute with its value (md sysfs names).
     pub fn attributes(&self) -> Vec<(String, String)> {
-        attrs::all(&self.core, self.size_bytes())
+        attrs::all(&self.core(), self.size_bytes())
     }
 
     pub fn get_attribute(&self, name: &str) -> stdio::Result<String> {
-        attrs::get(&self.core, self.size_bytes(), name)
+        attrs::get(&self.core(), self.size_bytes(), name)
     }
 
     pub fn set_attribute(&self, name: &str, value: &str) -> stdio::Result<()> {
@@ -439,7 +471,7 @@ impl Array {
     /// What `mdadm --detail` shows, as JSON, plus the members assembly left out
     /// (`left_out`: member and reason).
     pub fn detail(&self) -> serde_json::Value {
-        let mut d = attrs::detail(&self.core, self.size_bytes());
+        let mut d = attrs::detail(&self.core(), self.size_bytes());
         let left_out: Vec<serde_json::Value> =
             self.left_out().iter().map(|r| serde_json::json!({ "member": r.member, "reason": r.reason })).collect();
         d["left_out"] = serde_json::Value::Array(left_out);
@@ -463,8 +495,12 @@ impl Array {
 
 impl Drop for Array {
     fn drop(&mut self) {
-        self.core.begin_shutdown();
-        for t in self.tasks.lock().drain(..) {
+        if self.detached.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let live = self.live.get_mut();
+        live.core.begin_shutdown();
+        for t in live.tasks.drain(..) {
             t.abort();
         }
     }
@@ -542,7 +578,7 @@ impl Drop for GateGuard<'_> {
 
 impl Array {
     fn check(&self, op: IoOp, offset_bytes: u64, len_bytes: u64) -> stdio::Result<()> {
-        check_io(&self.name_for_device, &self.topology, op, offset_bytes, len_bytes)
+        check_io(&self.name_for_device, &self.topology(), op, offset_bytes, len_bytes)
     }
 
     /// The common path of every modifying request.
@@ -554,7 +590,9 @@ impl Array {
         if len_bytes == 0 {
             return Ok(());
         }
-        let core = &*self.core;
+        let _p = self.pause.read().await;
+        let core_ref = self.core();
+        let core = &*core_ref;
         if let Some(reason) = core.needs_check() {
             return Err(needs_check_error(core, &reason));
         }
@@ -598,7 +636,7 @@ impl BlockDevice for Array {
     }
 
     fn topology(&self) -> Topology {
-        self.topology
+        self.live.read().topology
     }
 
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {
@@ -609,8 +647,11 @@ impl BlockDevice for Array {
             if buf.is_empty() {
                 return (buf, Ok(()));
             }
-            self.core.note_user_request();
-            self.core.personality().read(&self.core, offset_bytes / 512, buf).await
+            let _p = self.pause.read().await;
+            let core = self.core();
+            core.note_user_request();
+            let pers = core.personality().clone();
+            pers.read(&core, offset_bytes / 512, buf).await
         })
     }
 
@@ -623,7 +664,10 @@ impl BlockDevice for Array {
     }
 
     fn flush(&self) -> IoFuture<'_, stdio::Result<()>> {
-        Box::pin(async move { self.core.flush_members().await })
+        Box::pin(async move {
+            let _p = self.pause.read().await;
+            self.core().flush_members().await
+        })
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, stdio::Result<()>> {

@@ -89,7 +89,7 @@ enum RoundError {
     Fatal(String),
 }
 
-fn now_md_time() -> u64 {
+pub(crate) fn now_md_time() -> u64 {
     let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     md_time(d.as_secs(), d.subsec_micros())
 }

@@ -25,6 +25,7 @@ pub mod bitmap;
 pub mod consistency;
 pub mod create;
 pub mod examine;
+pub mod grow;
 pub mod superblock;
 pub mod validate;
 

@@ -156,7 +156,7 @@ pub struct AttrArgs {
 
 /// Member specs as the service should see them: absolute paths (from the current directory),
 /// `volume:NAME` or NBD URIs (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`).
-fn absolute_members(members: &[String]) -> Result<Vec<String>> {
+pub(crate) fn absolute_members(members: &[String]) -> Result<Vec<String>> {
     let cwd = std::env::current_dir().context("current directory")?;
     Ok(members
         .iter()

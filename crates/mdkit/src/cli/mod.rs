@@ -8,6 +8,7 @@
 //! (see `control/mod.rs`).
 
 pub mod md;
+pub mod md_grow;
 pub mod monitor;
 pub mod serve;
 pub mod status;
@@ -50,6 +51,8 @@ pub enum Command {
     Stop(md::NameArgs),
     /// Add, fail, remove, re-add or replace an md array member.
     Manage(md::ManageArgs),
+    /// Grow an md array: size after the members grew, bitmap, raid1 mirrors (like mdadm --grow).
+    Grow(md_grow::GrowArgs),
     /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
     Attr(md::AttrArgs),
     /// Thin pools and volumes: pool-create, status, check, create, snapshot, delete, list,
@@ -72,6 +75,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stop(a) => md::stop(a),
         Command::Manage(a) => md::manage(a),
         Command::Attr(a) => md::attr(a),
+        Command::Grow(a) => md_grow::grow(a),
         Command::Monitor(a) => monitor::run(a),
     }
 }

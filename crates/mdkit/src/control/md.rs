@@ -10,6 +10,7 @@
 //! | `md.stop`     | name                                                                  |
 //! | `md.manage`   | name, action (add, fail, remove, re-add, replace), member, with,      |
 //! |               | write_mostly (add, re-add)                                            |
+//! | `md.grow`     | see `md_grow.rs` (size, raid_devices, bitmap, add, ...)               |
 //! | `md.attr`     | name, key (optional), value (optional: set)                           |
 //! | `md.list`     | —                                                                     |
 //!
@@ -89,7 +90,7 @@ fn forget(svc: &Service, name: &str) -> Result<()> {
 }
 
 /// Updates the remembered members of `name`, if it is remembered.
-fn remember_members(svc: &Service, vol: &MdVolume) -> Result<()> {
+pub(crate) fn remember_members(svc: &Service, vol: &MdVolume) -> Result<()> {
     let mut st = load_state(&svc.config.data_dir)?;
     if let Some(a) = st.arrays.iter_mut().find(|a| a.name == vol.name) {
         a.members = vol.member_sources();
@@ -113,6 +114,9 @@ pub fn register(r: &mut Registry) {
     });
     r.register("md.manage", "add / fail / remove / re-add / replace a member (mdadm --manage)", |svc, args| {
         Box::pin(async move { manage(svc, args).await })
+    });
+    r.register("md.grow", "grow an md array: size, bitmap, raid1 mirrors (mdadm --grow)", |svc, args| {
+        Box::pin(async move { super::md_grow::grow(svc, args).await })
     });
     r.register("md.attr", "get all, get one or set an md attribute (sysfs names: sync_action, ...)", |svc, args| {
         Box::pin(async move { attr(svc, args).await })
@@ -140,7 +144,7 @@ struct NameArg {
     name: String,
 }
 
-async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
+pub(crate) async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
     let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
     let vols = svc.volumes.read().await;
     let v = vols.get(&a.name).ok_or_else(|| match vols.get_failed(&a.name) {
@@ -153,7 +157,7 @@ async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
     Ok(v.clone())
 }
 
-fn as_md(v: &Arc<dyn Volume>) -> &MdVolume {
+pub(crate) fn as_md(v: &Arc<dyn Volume>) -> &MdVolume {
     // Invariant: md_volume() only returns volumes that downcast to MdVolume.
     v.as_any().downcast_ref::<MdVolume>().expect("md_volume checked the kind")
 }
@@ -177,7 +181,7 @@ struct CreateArgs {
 
 /// Refuses members another running array already uses (same file opened twice = corruption).
 /// Members assembly left out are not in use.
-async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
+pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
     let vols = svc.volumes.read().await;
     for v in vols.iter() {
         if let Some(m) = v.as_any().downcast_ref::<MdVolume>() {

@@ -18,6 +18,7 @@
 
 pub mod client;
 pub mod md;
+pub mod md_grow;
 pub mod monitor;
 pub mod status;
 pub mod thin;

@@ -1,0 +1,231 @@
+//! `mdadm --grow` for the changes that move no data (`format/grow.rs` plans them): the used
+//! size per member, the internal bitmap, the number of raid1 mirrors — on a running array.
+//!
+//! ```text
+//!  pause requests ─ refresh member sizes ─ plan (refusals change nothing) ─ stop at a
+//!  checkpoint (clean superblocks) ─ re-read superblocks and bitmap, plan again ─ write bitmap
+//!  areas, then superblocks with events + 1 (FUA) ─ assemble again from the same devices ─
+//!  replace the running array ─ resume requests ─ add members (--add)
+//! ```
+//!
+//! Requests issued meanwhile wait on the pause (none fails); the new array resyncs the grown
+//! part, recovers spares into new mirrors, and serves the new size to new NBD connections.
+//! A crash between the superblock writes leaves members with different event counts: the
+//! freshest ones assemble and the others are stale (recovered like any stale member).
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mdkit_io::{BlockDeviceExt, WriteFlags};
+
+use super::assemble::{AssembleOptions, Assembled, MemberDev, assemble, read_superblock};
+use super::core::ArrayCore;
+use super::member::Member;
+use super::{Array, Live};
+use crate::format::METADATA_BLOCK_BYTES;
+use crate::format::bitmap::BitmapSuper;
+use crate::format::grow::{GrowChange, GrowPlan, PlanMember, plan};
+use crate::format::superblock::Superblock;
+
+/// What a grow did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrowReport {
+    /// "size 261120 -> 523264 sectors per member, resync from sector 261120", ...
+    pub summary: String,
+    pub size_bytes_before: u64,
+    pub size_bytes_after: u64,
+}
+
+/// Settings of the running array that assembly does not read from the superblocks.
+struct Settings {
+    speed_min_kib: u64,
+    speed_max_kib: u64,
+    max_read_errors: u64,
+    safe_mode_delay: std::time::Duration,
+    clock: Arc<dyn super::Clock>,
+    frozen: bool,
+}
+
+impl Settings {
+    fn of(core: &ArrayCore) -> Settings {
+        Settings {
+            speed_min_kib: core.sync.speed_min_kib(),
+            speed_max_kib: core.sync.speed_max_kib(),
+            max_read_errors: core.max_read_errors(),
+            safe_mode_delay: core.gate.safe_mode_delay(),
+            clock: core.clock(),
+            frozen: core.sync.is_frozen(),
+        }
+    }
+
+    fn apply(&self, core: &ArrayCore) {
+        core.sync.set_speed_min_kib(self.speed_min_kib);
+        core.sync.set_speed_max_kib(self.speed_max_kib);
+        core.set_max_read_errors(self.max_read_errors);
+        core.gate.set_safe_mode_delay(self.safe_mode_delay);
+        core.set_clock(self.clock.clone());
+    }
+}
+
+fn refused(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+}
+
+fn member_err(array: &str, m: &str, what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{array}: member {m}: {what}: {e}"))
+}
+
+/// The bitmap area (superblock and bits) of `sb`'s member, when it has a bitmap.
+async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -> io::Result<Option<Vec<u8>>> {
+    let Some(sector) = sb.bitmap_sector() else { return Ok(None) };
+    let dev = m.device();
+    let head = dev
+        .read_vec(sector * 512, METADATA_BLOCK_BYTES)
+        .await
+        .map_err(|e| member_err(array, m.name(), &format!("reading the bitmap at sector {sector}"), e))?;
+    let bms = BitmapSuper::decode(&head).map_err(|e| member_err(array, m.name(), "bitmap superblock", e))?;
+    let geo = bms.geometry().map_err(|e| member_err(array, m.name(), "bitmap superblock", e))?;
+    let area = dev
+        .read_vec(sector * 512, geo.area_bytes() as usize)
+        .await
+        .map_err(|e| member_err(array, m.name(), &format!("reading the bitmap at sector {sector}"), e))?;
+    Ok(Some(area))
+}
+
+impl Array {
+    /// `mdadm --grow` with one change (see the module documentation); `add` devices join
+    /// as spares afterwards (`--grow --raid-devices N --add DEV`: the spare is recovered into
+    /// the new mirror). Refusals (a level or change not implemented, shrinking, no room)
+    /// change nothing.
+    pub async fn grow(&self, change: GrowChange, add: Vec<MemberDev>) -> io::Result<GrowReport> {
+        if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_)) {
+            return Err(refused(format!("{}: --add goes with --raid-devices only", self.name())));
+        }
+        let pause = self.pause.write().await;
+        let core = self.core();
+        if let Some(why) = core.needs_check() {
+            return Err(refused(format!("{}: cannot grow: the array needs a check: {why}", self.name())));
+        }
+        if core.is_broken() {
+            return Err(refused(format!("{}: cannot grow a broken array", self.name())));
+        }
+        let working = core.slots().working_members();
+        if matches!(change, GrowChange::Size { .. }) {
+            for m in &working {
+                m.device().refresh_size().map_err(|e| member_err(self.name(), m.name(), "re-reading its size", e))?;
+            }
+        }
+        // Everything that can refuse runs before the array stops.
+        self.plan_from(&working, working.iter().map(|m| m.superblock()).collect(), change).await?;
+        let before = self.size_bytes();
+        let settings = Settings::of(&core);
+        let stopped = self.stop().await;
+        let written = match stopped {
+            Ok(()) => self.rewrite(&working, change).await,
+            Err(e) => Err(e),
+        };
+        let devs: Vec<MemberDev> = working.iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
+        let opts = AssembleOptions {
+            name: self.name().to_string(),
+            uuid: Some(core.info().uuid),
+            force: false,
+            start_frozen: settings.frozen,
+        };
+        match assemble(devs, opts).await {
+            Ok(a) => self.take_over(a, &settings),
+            Err(e) => {
+                let why = format!("grow: assembling the array again failed: {e}");
+                core.set_needs_check(why.clone());
+                return Err(io::Error::other(format!("{}: {why}", self.name())));
+            }
+        }
+        drop(pause);
+        let summary = written?;
+        for d in add {
+            self.add_member(d).await?;
+        }
+        tracing::info!(array = self.name(), "grown: {summary}");
+        Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
+    }
+
+    async fn plan_from(
+        &self,
+        working: &[Arc<Member>],
+        sbs: Vec<Superblock>,
+        change: GrowChange,
+    ) -> io::Result<GrowPlan> {
+        let members: Vec<PlanMember> = working
+            .iter()
+            .zip(sbs)
+            .map(|(m, sb)| PlanMember {
+                name: m.name().to_string(),
+                sb,
+                device_sectors: m.device().topology().size_bytes / 512,
+            })
+            .collect();
+        let area = match (working.first(), members.first()) {
+            (Some(m), Some(pm)) => read_bitmap_area(self.name(), m, &pm.sb).await?,
+            _ => None,
+        };
+        plan(self.name(), &members, area.as_deref(), change).map_err(refused)
+    }
+
+    /// With the array stopped: plans on the superblocks as written at the stop and writes the
+    /// new metadata (bitmap areas, then superblocks with one more event, FUA, flushed).
+    async fn rewrite(&self, working: &[Arc<Member>], change: GrowChange) -> io::Result<String> {
+        let mut sbs = Vec::with_capacity(working.len());
+        for m in working {
+            let sb =
+                read_superblock(m.device()).await.map_err(|e| member_err(self.name(), m.name(), "superblock", e))?;
+            sbs.push(sb);
+        }
+        let events = sbs.iter().map(|s| s.events).max().unwrap_or(0).saturating_add(1);
+        let p = self.plan_from(working, sbs, change).await?;
+        if let Some(area) = &p.bitmap {
+            let mut area = area.clone();
+            let mut bms = BitmapSuper::decode(&area).map_err(refused)?;
+            bms.events = events;
+            bms.write_header(&mut area).map_err(refused)?;
+            for (m, sb) in working.iter().zip(&p.superblocks) {
+                let Some(sector) = sb.bitmap_sector() else { continue };
+                m.device().write_slice(sector * 512, &area, WriteFlags::FUA).await.map_err(|e| {
+                    member_err(self.name(), m.name(), &format!("writing the bitmap at sector {sector}"), e)
+                })?;
+            }
+        }
+        for (m, sb) in working.iter().zip(&p.superblocks) {
+            let mut sb = sb.clone();
+            sb.events = events;
+            sb.utime = super::sb::now_md_time();
+            let block = sb.encode().map_err(|e| member_err(self.name(), m.name(), "superblock", e))?;
+            m.device()
+                .write_slice(sb.super_offset_sectors * 512, &block, WriteFlags::FUA)
+                .await
+                .map_err(|e| member_err(self.name(), m.name(), "writing the superblock", e))?;
+            m.device().flush().await.map_err(|e| member_err(self.name(), m.name(), "flush", e))?;
+        }
+        Ok(p.summary)
+    }
+
+    /// Moves the newly assembled array's core and tasks into this handle.
+    fn take_over(&self, a: Assembled, settings: &Settings) {
+        let new = a.array;
+        new.detached.store(true, Ordering::Release);
+        let live = {
+            let mut l = new.live.write();
+            Live { core: l.core.clone(), topology: l.topology, tasks: std::mem::take(&mut l.tasks) }
+        };
+        settings.apply(&live.core);
+        {
+            let mut left = self.left_out.lock();
+            for r in a.refused {
+                left.retain(|x| x.member != r.member);
+                left.push(r);
+            }
+        }
+        drop(new);
+        *self.live.write() = live;
+        self.kick_sync();
+    }
+}

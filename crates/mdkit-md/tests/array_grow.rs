@@ -1,0 +1,224 @@
+//! `Array::grow` on running arrays (issue 17, first slice): `--size max` after the member
+//! files grew (data written before and after, bitmap grown with a bigger chunk, new region
+//! resynced, check finds 0 mismatches), `--bitmap internal|none` under I/O, and raid1 mirrors
+//! 2 -> 3 (an added spare is recovered) and 3 -> 2 (mdadm's rules: remove a member first).
+//! Writers keep running while the array is replaced: their writes wait, none fails.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mdkit_io::{BlockDeviceExt, DeviceRef, FileDevice, FileOptions, Rng};
+use mdkit_md::array::{Array, AssembleOptions, BitmapChange, CreateOptions, GrowChange, GrowSize, MemberDev, assemble};
+use mdkit_md::format::bitmap::BitmapSuper;
+use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::layout::Level;
+
+use crate::array_util::{
+    MIB, Model, check, create_array, fast_sync, mem_members, member_devs, opts, random_write, seed, verify_all,
+};
+
+/// Writes random blocks below `limit` until told to stop; returns the model it kept.
+fn writer(a: Arc<Array>, mut m: Model, seed: u64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(Model, u64)> {
+    tokio::spawn(async move {
+        let mut rng = Rng::new(seed);
+        let mut n = 0u64;
+        while !stop.load(Ordering::Acquire) || n < 8 {
+            random_write(&*a, &mut m, &mut rng, 16).await;
+            n += 1;
+            tokio::task::yield_now().await;
+        }
+        (m, n)
+    })
+}
+
+fn file_members(dir: &std::path::Path, n: usize, size: u64) -> Vec<MemberDev> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("m{i}.img"));
+            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+            let dev: DeviceRef = Arc::new(FileDevice::open(&p, FileOptions::default()).unwrap());
+            MemberDev::new(format!("m{i}.img"), dev)
+        })
+        .collect()
+}
+
+fn reopen(dir: &std::path::Path, n: usize) -> Vec<MemberDev> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("m{i}.img"));
+            let dev: DeviceRef = Arc::new(FileDevice::open(&p, FileOptions::default()).unwrap());
+            MemberDev::new(format!("m{i}.img"), dev)
+        })
+        .collect()
+}
+
+async fn bitmap_super(dev: &DeviceRef) -> BitmapSuper {
+    let sb = mdkit_md::array::read_superblock(dev).await.unwrap();
+    let at = sb.bitmap_sector().expect("a bitmap") * 512;
+    BitmapSuper::decode(&dev.read_vec(at, 4096).await.unwrap()).unwrap()
+}
+
+async fn grow_size_max(level: Level, n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let small = 16 * MIB;
+    let devs = file_members(dir.path(), n, small);
+    let mut o = CreateOptions::new("md-grow", level, n as u32);
+    o.chunk_kib = if level.uses_chunks() { Some(64) } else { None };
+    // 4 KiB bitmap chunks in mdadm's 4 KiB of bitmap space: growing 10x needs a bigger chunk.
+    o.bitmap = BitmapRequest::Internal { chunk_bytes: Some(4096) };
+    o.assume_clean = true;
+    let a = Arc::new(mdkit_md::array::create(devs.clone(), o).await.unwrap().array);
+    fast_sync(&a);
+    let old_size = a.size_bytes();
+    let old_chunk = bitmap_super(&devs[0].dev).await.chunk_bytes;
+    assert_eq!(old_chunk, 4096);
+    let mut rng = Rng::new(seed("grow_size_max", 17));
+    let mut m = Model::new(old_size);
+    for _ in 0..64 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    // The operator grows the member files; grow re-reads their sizes.
+    for i in 0..n {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(format!("m{i}.img")))
+            .unwrap()
+            .set_len(10 * small)
+            .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    tokio::task::yield_now().await;
+    let r = a.grow(GrowChange::Size { size: GrowSize::Max, assume_clean: false }, vec![]).await.unwrap();
+    stop.store(true, Ordering::Release);
+    let (old_model, writes) = w.await.unwrap();
+    assert!(writes >= 8);
+    assert_eq!(r.size_bytes_before, old_size);
+    assert!(r.size_bytes_after > 9 * old_size, "{r:?}");
+    assert_eq!(a.size_bytes(), r.size_bytes_after);
+    assert!(r.summary.contains("resync from sector"), "{}", r.summary);
+    let new_chunk = bitmap_super(&devs[0].dev).await.chunk_bytes;
+    assert!(new_chunk > old_chunk, "the bitmap chunk grows with the array ({new_chunk})");
+    let mut m = Model::new(a.size_bytes());
+    m.apply(0, &old_model.data);
+    for _ in 0..64 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    a.wait_sync_idle().await;
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0, "check after the grown part's resync");
+    let size = a.size_bytes();
+    a.stop().await.unwrap();
+    drop(a);
+    let again = assemble(reopen(dir.path(), n), AssembleOptions { name: "md-grow".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .array;
+    assert_eq!(again.size_bytes(), size);
+    assert!(again.info().member_size_sectors * 512 > 9 * small);
+    verify_all(&again, &m).await;
+    again.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_size_max_after_the_member_files_grew() {
+    grow_size_max(Level::Raid1, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_size_max_after_the_member_files_grew() {
+    grow_size_max(Level::Raid5, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bitmap_added_and_removed_under_io() {
+    let ms = mem_members("bm", 2, 32 * MIB);
+    let a = Arc::new(create_array(&ms, opts(Level::Raid1, 2, None, None, false, true)).await);
+    fast_sync(&a);
+    assert!(a.core().bitmap.is_none());
+    let mut m = Model::new(a.size_bytes());
+    let mut rng = Rng::new(seed("bitmap_added_and_removed_under_io", 5));
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    for change in [BitmapChange::Internal { chunk_bytes: Some(MIB as u32) }, BitmapChange::None] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+        tokio::task::yield_now().await;
+        a.grow(GrowChange::Bitmap(change), vec![]).await.unwrap();
+        stop.store(true, Ordering::Release);
+        m = w.await.unwrap().0;
+        let has = a.core().bitmap.is_some();
+        assert_eq!(has, matches!(change, BitmapChange::Internal { .. }));
+        if has {
+            assert_eq!(bitmap_super(&ms[0].dev).await.chunk_bytes, MIB as u32);
+            let e = a.grow(GrowChange::Bitmap(change), vec![]).await.unwrap_err().to_string();
+            assert!(e.contains("already has an internal bitmap"), "{e}");
+        }
+        verify_all(&*a, &m).await;
+    }
+    let e = a.grow(GrowChange::Bitmap(BitmapChange::None), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("no bitmap to remove"), "{e}");
+    assert_eq!(check(&a).await, 0);
+    a.stop().await.unwrap();
+    drop(a);
+    let again = crate::array_util::assemble_array(&ms).await;
+    assert!(again.core().bitmap.is_none());
+    verify_all(&again, &m).await;
+    again.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_mirrors_two_to_three_and_back() {
+    let ms = mem_members("r1m", 3, 16 * MIB);
+    let a = Arc::new(create_array(&ms[..2], opts(Level::Raid1, 2, None, None, true, true)).await);
+    fast_sync(&a);
+    let mut m = Model::new(a.size_bytes());
+    let mut rng = Rng::new(seed("raid1_mirrors_two_to_three_and_back", 9));
+    for _ in 0..64 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    a.grow(GrowChange::RaidDevices(3), vec![ms[2].member_dev()]).await.unwrap();
+    stop.store(true, Ordering::Release);
+    m = w.await.unwrap().0;
+    a.wait_sync_idle().await;
+    assert_eq!(a.info().raid_disks, 3);
+    assert_eq!(a.core().degraded(), 0, "the added member was recovered into the third mirror");
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0);
+
+    // Fewer mirrors: md refuses while three members are active.
+    let e = a.grow(GrowChange::RaidDevices(2), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("3 members are active; fail and remove 1"), "{e}");
+    a.fail_member("r1m0").await.unwrap();
+    a.remove_member("r1m0").await.unwrap();
+    a.grow(GrowChange::RaidDevices(2), vec![]).await.unwrap();
+    assert_eq!(a.info().raid_disks, 2);
+    assert_eq!(a.core().degraded(), 0);
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0);
+    let e = a.grow(GrowChange::RaidDevices(3), vec![]).await;
+    assert!(e.is_ok(), "growing without a spare leaves a degraded mirror, as md does");
+    assert_eq!(a.core().degraded(), 1);
+    a.stop().await.unwrap();
+    drop(a);
+    let again = crate::array_util::assemble_array(&ms[1..]).await;
+    assert_eq!(again.info().raid_disks, 3);
+    verify_all(&again, &m).await;
+    again.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn restriping_changes_are_refused_by_name() {
+    let ms = mem_members("r5", 3, 16 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 3, Some(64), None, true, true)).await;
+    let e = a.grow(GrowChange::RaidDevices(4), vec![]).await.unwrap_err().to_string();
+    assert_eq!(e, "md-test: grow --raid-devices on raid5 is not implemented yet");
+    let e = a.grow(GrowChange::Size { size: GrowSize::Sectors(64), assume_clean: false }, vec![]).await.unwrap_err();
+    assert!(e.to_string().contains("shrinking would cut off data and is refused"), "{e}");
+    let e = a.grow(GrowChange::RaidDevices(3), member_devs(&ms[..1])).await.unwrap_err().to_string();
+    assert!(e.contains("not implemented yet"), "{e}");
+    a.stop().await.unwrap();
+}

@@ -1,0 +1,83 @@
+//! `mdkit grow NAME` (mdadm --grow) on a running array, one change at a time:
+//!
+//! ```text
+//! mdkit grow NAME --size max|SIZE [--assume-clean]     used size per member, after the members grew
+//! mdkit grow NAME --bitmap internal|none [--bitmap-chunk SIZE]
+//! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors
+//! ```
+//! A plain `--size` number is KiB, as in mdadm. Restriping (`--raid-devices` on raid0/4/5/6/10),
+//! `--chunk`, `--layout` and `--level` are refused as not implemented yet.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, anyhow};
+use clap::Args;
+use serde_json::json;
+
+use super::ControlArgs;
+use super::md::{absolute_members, detail_text};
+use crate::config::parse_size;
+
+#[derive(Args, Debug)]
+pub struct GrowArgs {
+    /// Array name.
+    pub name: String,
+    /// Used size per member: `max` (everything the members offer) or a size (plain number: KiB).
+    #[arg(long, short = 'z')]
+    pub size: Option<String>,
+    /// raid1: the number of mirrors.
+    #[arg(long, short = 'n')]
+    pub raid_devices: Option<u32>,
+    /// Add (`internal`) or remove (`none`) the write-intent bitmap.
+    #[arg(long, short = 'b')]
+    pub bitmap: Option<String>,
+    /// With --bitmap internal: the bitmap chunk (default: mdadm's choice).
+    #[arg(long, value_name = "SIZE")]
+    pub bitmap_chunk: Option<String>,
+    /// With --size: do not resync the grown part.
+    #[arg(long)]
+    pub assume_clean: bool,
+    /// With --raid-devices: devices to add as spares; they are recovered into the new mirrors.
+    #[arg(long, short = 'a', value_name = "MEMBER")]
+    pub add: Vec<String>,
+    /// Not implemented yet (restriping).
+    #[arg(long, short = 'c')]
+    pub chunk: Option<String>,
+    /// Not implemented yet (restriping).
+    #[arg(long, short = 'p')]
+    pub layout: Option<String>,
+    /// Not implemented yet (level change).
+    #[arg(long, short = 'l')]
+    pub level: Option<String>,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+/// mdadm's `--size`: `max`, a plain number of KiB, or a size with a unit.
+fn size_arg(s: &str) -> Result<serde_json::Value> {
+    if s == "max" {
+        return Ok(json!("max"));
+    }
+    let bytes = if s.chars().all(|c| c.is_ascii_digit()) {
+        s.parse::<u64>().map_err(|e| anyhow!("--size {s:?}: {e}"))?.saturating_mul(1024)
+    } else {
+        parse_size(s).map_err(|e| anyhow!("--size: {e}"))?
+    };
+    Ok(json!(bytes))
+}
+
+pub fn grow(a: GrowArgs) -> Result<ExitCode> {
+    let size = a.size.as_deref().map(size_arg).transpose()?;
+    let bitmap_chunk =
+        a.bitmap_chunk.as_deref().map(parse_size).transpose().map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
+    let add = absolute_members(&a.add)?;
+    let d = a.control.client()?.call(
+        "md.grow",
+        json!({ "name": a.name, "size": size, "raid_devices": a.raid_devices, "bitmap": a.bitmap,
+                "bitmap_chunk_bytes": bitmap_chunk, "assume_clean": a.assume_clean, "add": add,
+                "chunk": a.chunk, "layout": a.layout, "level": a.level }),
+    )?;
+    println!("mdkit: grow {}: {}", a.name, d["grow"].as_str().unwrap_or("done"));
+    print!("{}", detail_text(&d["detail"], false));
+    Ok(ExitCode::SUCCESS)
+}

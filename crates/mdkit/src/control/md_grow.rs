@@ -1,0 +1,112 @@
+//! `md.grow` (mdadm --grow): name, size ("max" or bytes per member), raid_devices, bitmap
+//! ("internal" | "none"), bitmap_chunk_bytes, assume_clean, add (member specs), and chunk /
+//! layout / level (refused: not implemented yet). One change per call, as mdadm does.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use mdkit_md::array::{BitmapChange, GrowChange, GrowSize};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::md::{as_md, check_not_in_use, md_volume, remember_members};
+use crate::service::Service;
+use crate::volumes::Volume;
+use crate::volumes::md::{MemberOpen, open_members};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrowArgs {
+    name: String,
+    size: Option<Value>,
+    raid_devices: Option<u32>,
+    bitmap: Option<String>,
+    bitmap_chunk_bytes: Option<u64>,
+    #[serde(default)]
+    assume_clean: bool,
+    #[serde(default)]
+    add: Vec<String>,
+    chunk: Option<String>,
+    layout: Option<String>,
+    level: Option<String>,
+}
+
+/// The one change asked for.
+fn change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
+    for (flag, given) in [("--chunk", &a.chunk), ("--layout", &a.layout), ("--level", &a.level)] {
+        if given.is_some() {
+            bail!("{}: grow {flag} on {level} is not implemented yet", a.name);
+        }
+    }
+    let asked = [a.size.is_some(), a.raid_devices.is_some(), a.bitmap.is_some()].iter().filter(|x| **x).count();
+    if asked != 1 {
+        bail!("{}: give one of --size, --raid-devices, --bitmap (mdadm changes one thing per --grow)", a.name);
+    }
+    if a.bitmap_chunk_bytes.is_some() && a.bitmap.as_deref() != Some("internal") {
+        bail!("{}: --bitmap-chunk goes with --bitmap internal", a.name);
+    }
+    if a.assume_clean && a.size.is_none() {
+        bail!("{}: --assume-clean goes with --size", a.name);
+    }
+    if let Some(s) = &a.size {
+        let size = match s {
+            Value::String(m) if m == "max" => GrowSize::Max,
+            Value::Number(n) => {
+                let b = n.as_u64().ok_or_else(|| anyhow!("size {n}: not a byte count"))?;
+                if b == 0 || b % 1024 != 0 {
+                    bail!("{}: --size {b} bytes is not a non-zero whole number of KiB", a.name);
+                }
+                GrowSize::Sectors(b / 512)
+            }
+            other => bail!("{}: size {other}: use \"max\" or a byte count", a.name),
+        };
+        return Ok(GrowChange::Size { size, assume_clean: a.assume_clean });
+    }
+    if let Some(n) = a.raid_devices {
+        return Ok(GrowChange::RaidDevices(n));
+    }
+    match a.bitmap.as_deref() {
+        Some("none") => Ok(GrowChange::Bitmap(BitmapChange::None)),
+        Some("internal") => {
+            let chunk_bytes = a
+                .bitmap_chunk_bytes
+                .map(|c| u32::try_from(c).map_err(|_| anyhow!("--bitmap-chunk {c} bytes is above 2 GiB")))
+                .transpose()?;
+            Ok(GrowChange::Bitmap(BitmapChange::Internal { chunk_bytes }))
+        }
+        Some(other) => bail!("{}: --bitmap {other:?}: use internal or none", a.name),
+        None => bail!("{}: nothing to grow", a.name),
+    }
+}
+
+pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
+    let a: GrowArgs = serde_json::from_value(args).context("md.grow arguments")?;
+    let v = md_volume(&svc, &json!({ "name": a.name })).await?;
+    let vol = as_md(&v);
+    let level = vol.array.info().level.name();
+    let c = change(&a, level)?;
+    if !a.add.is_empty() && !matches!(c, GrowChange::RaidDevices(_)) {
+        bail!("{}: --add goes with --raid-devices", a.name);
+    }
+    let opened = if a.add.is_empty() {
+        None
+    } else {
+        let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
+        let o = open_members(&a.add, &svc.config.data_dir, &vols, MemberOpen::default()).await?;
+        drop(vols);
+        check_not_in_use(&svc, &o.sources).await?;
+        Some(o)
+    };
+    let devs = opened.as_ref().map(|o| o.devs.clone()).unwrap_or_default();
+    let report = vol.array.grow(c, devs).await?;
+    if let Some(o) = opened {
+        vol.sources.lock().extend(o.devs.iter().map(|d| d.name.clone()).zip(o.sources));
+        remember_members(&svc, vol)?;
+    }
+    Ok(json!({
+        "grow": report.summary,
+        "size_bytes_before": report.size_bytes_before,
+        "size_bytes_after": report.size_bytes_after,
+        "detail": vol.details(),
+    }))
+}
