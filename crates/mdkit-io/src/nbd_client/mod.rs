@@ -193,6 +193,13 @@ async fn open_socket(
             NbdAddress::Tcp { host, port } => {
                 let mut s = TcpStream::connect((host.as_str(), *port)).await.map_err(connect_err)?;
                 s.set_nodelay(true).map_err(connect_err)?;
+                // A dropped connection is reset, and what it had not sent yet is discarded:
+                // requests failed with it must never reach the server later (after a
+                // partition heals, behind a catch-up that already wrote newer data).
+                // (Deprecated because a non-zero linger blocks the dropping thread; zero never does.)
+                #[allow(deprecated)]
+                let linger = s.set_linger(Some(std::time::Duration::ZERO));
+                linger.map_err(connect_err)?;
                 let info = handshake::handshake(&mut s, &target, &uri.export).await?;
                 let (r, w) = s.into_split();
                 Ok(((Box::new(r) as ReadHalf, Box::new(w) as WriteHalf), info))
