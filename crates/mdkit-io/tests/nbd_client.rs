@@ -54,7 +54,8 @@ fn nbdkit(socket: &Path, args: &[&str]) -> Peer {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn nbdkit");
-    wait_for("nbdkit", || socket.exists());
+    // The socket file appears at bind(), before listen(): wait until it takes connections.
+    wait_for("nbdkit", || std::os::unix::net::UnixStream::connect(socket).is_ok());
     Peer { child }
 }
 
@@ -292,6 +293,8 @@ fn server_killed_under_load_fails_requests_fast_then_reconnects() {
     }
     let link = dev.link();
     assert!(!link.up && link.losses == 1, "{link:?}");
+    assert_eq!((link.outstanding_requests, link.outstanding_bytes), (0, 0), "failed requests are not outstanding");
+    assert!(link.last_contact_unix_ms > 0, "replies before the loss were contact: {link:?}");
     // While down: requests fail at once, typed.
     let (buf, r) = rt.block_on(dev.read(0, IoBuf::zeroed(4096)));
     assert_eq!((buf.len(), kind_of(&r.unwrap_err())), (4096, Some(NbdErrorKind::Disconnected)));
@@ -327,5 +330,21 @@ fn unanswered_request_times_out_and_the_link_is_rebuilt() {
         }
         dev.write_slice(4096, &pattern(4, 4096), WriteFlags::FUA).await.unwrap();
         assert_eq!(file_at(&file, 4096, 4096), pattern(4, 4096));
+        // A read the server sits on is outstanding (with its bytes) until it times out.
+        let (r, seen) = tokio::join!(dev.read(8192, IoBuf::zeroed(4096)), async {
+            let mut seen = (0, 0);
+            while dev.link().outstanding_requests == 0 && dev.link().losses == 1 {
+                tokio::task::yield_now().await;
+            }
+            let l = dev.link();
+            if l.losses == 1 {
+                seen = (l.outstanding_requests, l.outstanding_bytes);
+            }
+            seen
+        });
+        assert!(r.1.is_err());
+        assert_eq!(seen, (1, 4096), "the hung read, outstanding");
+        let l = dev.link();
+        assert_eq!((l.outstanding_requests, l.outstanding_bytes), (0, 0));
     });
 }

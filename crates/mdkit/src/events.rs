@@ -242,6 +242,11 @@ fn md_events(name: &str, old: &MdState, new: &MdState) -> Vec<Event> {
             (Some(MemberState::Spare), MemberState::InSync) => {
                 ev.push(Event::new("SpareActive", name, Some(member), ""))
             }
+            // Re-added (a remote member whose link returned, or one missing at the start) and
+            // caught up between two polls: the short way from failed or absent to in sync.
+            (Some(MemberState::Faulty) | None, MemberState::InSync) => {
+                ev.push(Event::new("SpareActive", name, Some(member), "re-added"))
+            }
             _ => {}
         }
     }
@@ -376,6 +381,20 @@ mod tests {
         let ev = md_events("md0", &old, &new);
         assert_eq!(names(&ev), ["Fail", "DegradedArray"]);
         assert_eq!(ev[0].member.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn member_back_in_sync_between_two_polls_raises_spare_active() {
+        use MemberState::*;
+        let failed = md(&[("a", InSync), ("b", Faulty)], 1, None);
+        let missing = md(&[("a", InSync)], 1, None);
+        let whole = md(&[("a", InSync), ("b", InSync)], 0, None);
+        for old in [&failed, &missing] {
+            let ev = md_events("md0", old, &whole);
+            assert_eq!(names(&ev), ["SpareActive"]);
+            assert_eq!(ev[0].member.as_deref(), Some("b"));
+        }
+        assert!(md_events("md0", &whole, &whole).is_empty());
     }
 
     #[test]

@@ -241,6 +241,42 @@ fn md_metrics(sink: &mut Sink, device: &str, d: &Value) {
     for m in d["members"].as_array().into_iter().flatten() {
         member_metrics(sink, device, m);
     }
+    for l in d["remote_members"].as_array().into_iter().flatten() {
+        remote_metrics(sink, device, l);
+    }
+}
+
+/// A remote (NBD) member's link.
+fn remote_metrics(sink: &mut Sink, device: &str, l: &Value) {
+    let id = [("device", device), ("member", l["name"].as_str().unwrap_or(""))];
+    let up = f64::from(u8::from(l["link"] == "up"));
+    sink.gauge("mdkit_md_remote_link_up", "1 while the remote member's NBD link is up", &id, up);
+    sink.gauge(
+        "mdkit_md_remote_last_contact_seconds",
+        "when the remote member's server last answered (Unix time)",
+        &id,
+        num(&l["last_contact_unix_ms"]) / 1000.0,
+    );
+    sink.gauge(
+        "mdkit_md_remote_outstanding_requests",
+        "requests to the remote member waiting for a reply",
+        &id,
+        num(&l["outstanding_requests"]),
+    );
+    sink.gauge(
+        "mdkit_md_remote_outstanding_bytes",
+        "bytes of the requests outstanding to the remote member (its lag)",
+        &id,
+        num(&l["outstanding_bytes"]),
+    );
+    sink.counter("mdkit_md_remote_link_losses", "NBD links to the member lost", &id, count(&l["losses"]));
+    sink.counter("mdkit_md_remote_reconnects", "NBD links to the member re-established", &id, count(&l["reconnects"]));
+    sink.counter(
+        "mdkit_md_remote_auto_readds",
+        "times the member was re-added after its link returned",
+        &id,
+        count(&l["auto_readds"]),
+    );
 }
 
 fn md_sync_metrics(sink: &mut Sink, device: &str, sync: &Value) {
@@ -253,6 +289,12 @@ fn md_sync_metrics(sink: &mut Sink, device: &str, sync: &Value) {
     sink.gauge("mdkit_md_sync_progress_ratio", "running sync progress, 0..1 (0 when idle)", &dev, ratio);
     sink.gauge("mdkit_md_sync_speed_bytes_per_second", "running sync speed", &dev, num(&sync["speed_kib"]) * 1024.0);
     sink.gauge("mdkit_md_mismatch_sectors", "mismatch_cnt of the last check/repair", &dev, num(&sync["mismatch_cnt"]));
+    sink.gauge(
+        "mdkit_md_sync_copied_bytes",
+        "bytes copied by the current or last resync/recovery (bitmap-guided: the dirty chunks)",
+        &dev,
+        num(&sync["copied_bytes"]),
+    );
 }
 
 fn member_metrics(sink: &mut Sink, device: &str, m: &Value) {

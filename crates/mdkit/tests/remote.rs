@@ -29,12 +29,12 @@ use mdkit_io::{BlockDevice, BlockDeviceExt, NbdDevice, SharedBuf, WriteFlags};
 use serde_json::Value;
 
 /// A server process, killed on drop.
-struct Peer {
-    child: Option<Child>,
+pub(crate) struct Peer {
+    pub(crate) child: Option<Child>,
 }
 
 impl Peer {
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -48,7 +48,7 @@ impl Drop for Peer {
     }
 }
 
-fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let t = Instant::now();
     while !ready() {
         assert!(t.elapsed() < limit, "{what}: not reached within {limit:?}");
@@ -57,7 +57,7 @@ fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
 }
 
 /// nbdkit serving `file` on `socket`, every request logged to `log`.
-fn nbdkit(file: &Path, socket: &Path, log: &Path) -> Peer {
+pub(crate) fn nbdkit(file: &Path, socket: &Path, log: &Path) -> Peer {
     require_tool("nbdkit", "nbdkit");
     let _ = std::fs::remove_file(socket);
     let child = Command::new("nbdkit")
@@ -69,12 +69,12 @@ fn nbdkit(file: &Path, socket: &Path, log: &Path) -> Peer {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn nbdkit");
-    wait_until("nbdkit socket", Duration::from_secs(20), || socket.exists());
+    wait_until("nbdkit socket", Duration::from_secs(20), || std::os::unix::net::UnixStream::connect(socket).is_ok());
     Peer { child: Some(child) }
 }
 
 /// (offset, count) of every request of kind `what` ("Write", "Read") in an nbdkit log.
-fn logged(log: &Path, what: &str) -> Vec<(u64, u64)> {
+pub(crate) fn logged(log: &Path, what: &str) -> Vec<(u64, u64)> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let field = |line: &str, key: &str| {
         let v = line.split_whitespace().find_map(|w| w.strip_prefix(key))?;
@@ -87,23 +87,23 @@ fn logged(log: &Path, what: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn sparse(path: &Path, size: u64) {
+pub(crate) fn sparse(path: &Path, size: u64) {
     std::fs::File::create(path).unwrap().set_len(size).unwrap();
 }
 
-fn detail(srv: &Server, name: &str) -> Value {
+pub(crate) fn detail(srv: &Server, name: &str) -> Value {
     mdkit_json(srv, &["detail", name, "--json"])
 }
 
-fn member<'a>(d: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn member<'a>(d: &'a Value, name: &str) -> &'a Value {
     d["members"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("{name} in {d:#}"))
 }
 
-fn has_state(m: &Value, word: &str) -> bool {
+pub(crate) fn has_state(m: &Value, word: &str) -> bool {
     m["state"].as_array().is_some_and(|s| s.iter().any(|w| w == word))
 }
 
-fn wait_settled(srv: &Server, name: &str) -> Value {
+pub(crate) fn wait_settled(srv: &Server, name: &str) -> Value {
     let mut last = Value::Null;
     wait_until("array settled", Duration::from_secs(120), || {
         last = detail(srv, name);
@@ -112,7 +112,7 @@ fn wait_settled(srv: &Server, name: &str) -> Value {
     last
 }
 
-fn check(srv: &Server, name: &str) -> u64 {
+pub(crate) fn check(srv: &Server, name: &str) -> u64 {
     mdkit_ok(srv, &["attr", name, "sync_action=check"]);
     let mut last = Value::Null;
     wait_until("check finished", Duration::from_secs(120), || {
@@ -122,36 +122,50 @@ fn check(srv: &Server, name: &str) -> u64 {
     last["sync"]["mismatch_cnt"].as_u64().unwrap()
 }
 
-fn mdadm_examine(path: &Path) -> String {
+pub(crate) fn mdadm_examine(path: &Path) -> String {
     let out = run(Command::new("mdadm").arg("--examine").arg(path).env("TZ", "UTC"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Verifying writers through the array's export: each owns every `writers`-th 4 KiB block of
-/// the first `span_bytes` and remembers the seed it last wrote there.
-struct Load {
+/// the first `span_bytes` and remembers the seed it last wrote there. [`Load::pause`] parks
+/// them between writes (nothing of theirs in flight) until [`Load::resume`].
+pub(crate) struct Load {
     dev: Arc<NbdDevice>,
     writes: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    parked: Arc<AtomicU64>,
+    writers: u64,
     tasks: Vec<tokio::task::JoinHandle<HashMap<u64, u64>>>,
 }
 
 const BLOCK: u64 = 4096;
 
 impl Load {
-    fn start(rt: &tokio::runtime::Runtime, uri: &str, writers: u64, span_bytes: u64) -> Load {
+    pub(crate) fn start(rt: &tokio::runtime::Runtime, uri: &str, writers: u64, span_bytes: u64) -> Load {
         let dev = Arc::new(rt.block_on(NbdDevice::connect(uri, Default::default())).expect("connect to the export"));
         let (writes, errors, stop) = (Arc::default(), Arc::default(), Arc::new(AtomicBool::new(false)));
+        let (paused, parked): (Arc<AtomicBool>, Arc<AtomicU64>) = (Arc::default(), Arc::default());
         let mut tasks = Vec::new();
         for w in 0..writers {
             let (dev, writes, errors, stop): (Arc<NbdDevice>, Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>) =
                 (dev.clone(), Arc::clone(&writes), Arc::clone(&errors), stop.clone());
+            let (paused, parked) = (paused.clone(), parked.clone());
             tasks.push(rt.spawn(async move {
                 let mut model = HashMap::new();
                 let blocks = span_bytes / BLOCK / writers;
                 let mut seed = w << 32;
                 while !stop.load(Ordering::Relaxed) {
+                    if paused.load(Ordering::Acquire) {
+                        parked.fetch_add(1, Ordering::AcqRel);
+                        while paused.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        parked.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
                     seed += 1;
                     let block = (seed.wrapping_mul(0x9e37_79b9) % blocks) * writers + w;
                     let data = SharedBuf::from_slice(&pattern(seed, BLOCK as usize));
@@ -170,15 +184,31 @@ impl Load {
                 model
             }));
         }
-        Load { dev, writes, errors, stop, tasks }
+        Load { dev, writes, errors, stop, paused, parked, writers, tasks }
     }
 
-    fn writes(&self) -> u64 {
+    pub(crate) fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Parks every writer between two writes; returns once all are parked.
+    pub(crate) fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        wait_until("writers parked", Duration::from_secs(120), || {
+            self.parked.load(Ordering::Acquire) == self.writers || self.errors() > 0
+        });
+    }
+
+    pub(crate) fn resume(&self) {
+        self.paused.store(false, Ordering::Release);
+    }
+
     /// Stops the writers and verifies every block they wrote; returns the block count.
-    fn finish(self, rt: &tokio::runtime::Runtime) -> usize {
+    pub(crate) fn finish(self, rt: &tokio::runtime::Runtime) -> usize {
         self.stop.store(true, Ordering::Relaxed);
         rt.block_on(async {
             let mut model = HashMap::new();
@@ -196,8 +226,8 @@ impl Load {
     }
 }
 
-const SIZE: u64 = 64 << 20;
-const BITMAP_CHUNK: u64 = 1 << 20;
+pub(crate) const SIZE: u64 = 64 << 20;
+pub(crate) const BITMAP_CHUNK: u64 = 1 << 20;
 
 #[test]
 fn raid1_with_an_nbdkit_member_survives_the_server_dying_and_catches_up_from_the_bitmap() {

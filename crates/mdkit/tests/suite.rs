@@ -19,6 +19,7 @@ mod md_parity;
 mod metrics;
 mod monitor;
 mod remote;
+mod remote_link;
 mod signals;
 mod soak;
 mod systemd;

@@ -224,8 +224,9 @@ async fn reader(core: Arc<ConnCore>, mut r: BufReader<ReadHalf>, on_lost: impl F
     };
     core.close(&reason);
     let reason = core.close_reason().unwrap_or(reason);
+    // The link is marked down (and the loss counted) before the requests in flight hear of it.
+    on_lost(reason.clone());
     core.fail_all(&reason);
-    on_lost(reason);
 }
 
 /// Reads replies until the connection fails; returns why.

@@ -22,7 +22,8 @@
 //!   member instead of stalling the array). In the background the device reconnects with
 //!   exponential backoff (`reconnect_delay_min` doubling to `reconnect_delay_max`) to the same
 //!   export, which must still have the same size and block size; [`NbdDevice::link`] tells
-//!   whether the link is up.
+//!   whether the link is up, when the server last answered, what is outstanding (requests and
+//!   bytes: the member's lag) and how often it was lost and re-established.
 //! - Dropping the device ends its connection with `NBD_CMD_DISC` once queued requests are sent.
 
 mod conn;
@@ -89,6 +90,11 @@ pub struct LinkStatus {
     pub losses: u64,
     /// Successful reconnects since the device was opened.
     pub reconnects: u64,
+    /// When the server last answered (a reply or a completed handshake), Unix milliseconds.
+    pub last_contact_unix_ms: u64,
+    /// Requests waiting for a reply (or a slot), and the bytes they carry or ask for.
+    pub outstanding_requests: u64,
+    pub outstanding_bytes: u64,
 }
 
 enum Link {
@@ -107,6 +113,9 @@ struct Shared {
     next_conn_id: AtomicU64,
     losses: AtomicU64,
     reconnects: AtomicU64,
+    last_contact_unix_ms: AtomicU64,
+    outstanding_requests: AtomicU64,
+    outstanding_bytes: AtomicU64,
     closing: AtomicBool,
 }
 
@@ -134,6 +143,9 @@ impl NbdDevice {
             next_conn_id: AtomicU64::new(1),
             losses: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            last_contact_unix_ms: AtomicU64::new(0),
+            outstanding_requests: AtomicU64::new(0),
+            outstanding_bytes: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         });
         shared.install(halves, info);
@@ -154,6 +166,9 @@ impl NbdDevice {
             last_loss: s.last_loss.lock().clone(),
             losses: s.losses.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
+            last_contact_unix_ms: s.last_contact_unix_ms.load(Ordering::Relaxed),
+            outstanding_requests: s.outstanding_requests.load(Ordering::Relaxed),
+            outstanding_bytes: s.outstanding_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -178,6 +193,13 @@ async fn open_socket(
             NbdAddress::Tcp { host, port } => {
                 let mut s = TcpStream::connect((host.as_str(), *port)).await.map_err(connect_err)?;
                 s.set_nodelay(true).map_err(connect_err)?;
+                // A dropped connection is reset, and what it had not sent yet is discarded:
+                // requests failed with it must never reach the server later (after a
+                // partition heals, behind a catch-up that already wrote newer data).
+                // (Deprecated because a non-zero linger blocks the dropping thread; zero never does.)
+                #[allow(deprecated)]
+                let linger = s.set_linger(Some(std::time::Duration::ZERO));
+                linger.map_err(connect_err)?;
                 let info = handshake::handshake(&mut s, &target, &uri.export).await?;
                 let (r, w) = s.into_split();
                 Ok(((Box::new(r) as ReadHalf, Box::new(w) as WriteHalf), info))
@@ -233,6 +255,7 @@ impl Shared {
         };
         let conn = Arc::new(Conn::start(id, &self.name, info, self.opts.max_in_flight, halves, on_lost));
         let core = conn.core.clone();
+        self.touch();
         *self.link.lock() = Link::Up(conn);
         // A connection that died before it was current was ignored by `lost`.
         if let Some(reason) = core.close_reason() {
@@ -267,6 +290,12 @@ impl Shared {
         }
     }
 
+    /// The server answered just now.
+    fn touch(&self) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        self.last_contact_unix_ms.store(now as u64, Ordering::Relaxed);
+    }
+
     async fn request(
         &self,
         (op, cmd, flags): (&'static str, u16, u16),
@@ -275,10 +304,21 @@ impl Shared {
         payload: Option<SharedBuf>,
         buf: Option<IoBuf>,
     ) -> Reply {
-        match self.conn(op, offset_bytes) {
-            Ok(c) => c.request(op, cmd, flags, offset_bytes, len_bytes, payload, buf, self.opts.request_timeout).await,
-            Err(e) => Reply { buf, result: Err(e) },
+        let c = match self.conn(op, offset_bytes) {
+            Ok(c) => c,
+            Err(e) => return Reply { buf, result: Err(e) },
+        };
+        // TRIM and WRITE_ZEROES carry no payload: only reads and writes count as bytes.
+        let bytes = if matches!(cmd, CMD_READ | CMD_WRITE) { u64::from(len_bytes) } else { 0 };
+        self.outstanding_requests.fetch_add(1, Ordering::Relaxed);
+        self.outstanding_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let r = c.request(op, cmd, flags, offset_bytes, len_bytes, payload, buf, self.opts.request_timeout).await;
+        self.outstanding_requests.fetch_sub(1, Ordering::Relaxed);
+        self.outstanding_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if matches!(&r.result, Ok(()) | Err(NbdClientError { kind: NbdErrorKind::Server { .. }, .. })) {
+            self.touch();
         }
+        r
     }
 
     async fn simple(&self, what: (&'static str, u16, u16), offset_bytes: u64, len_bytes: u32) -> io::Result<()> {

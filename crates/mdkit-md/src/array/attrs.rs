@@ -387,6 +387,8 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
             "speed_kib": st.speed_kib,
             "eta_s": st.eta.map(|d| d.as_secs()),
             "mismatch_cnt": st.mismatch_sectors,
+            "copied_chunks": st.copied_chunks,
+            "copied_bytes": st.copied_sectors * 512,
             "mismatch_ranges": st.mismatch_ranges.iter().map(|r| json!([r.start, r.end])).collect::<Vec<_>>(),
             "last_error": st.last_error,
             "resync_start": if core.resync_checkpoint() == MAX_SECTOR { Value::Null } else { json!(core.resync_checkpoint()) },

@@ -76,6 +76,11 @@ pub struct SyncStatus {
     pub runs: u64,
     /// The last finished run: mode and whether it reached the end.
     pub last_run: Option<(SyncMode, bool)>,
+    /// What the current (else the last) resync or recovery run copied: sync-domain sectors,
+    /// and write-intent bitmap chunks (0 without a bitmap). A bitmap-guided catch-up copies
+    /// only the chunks the bitmap needed.
+    pub copied_sectors: u64,
+    pub copied_chunks: u64,
 }
 
 #[derive(Default)]
@@ -96,6 +101,8 @@ struct Inner {
     last_action: Option<SyncMode>,
     /// `interrupt_gen` when the running action started: once it moves on, the run is stopping.
     run_generation: u64,
+    copied_sectors: u64,
+    copied_chunks: u64,
 }
 
 /// Engine state shared with attributes and the CLI.
@@ -196,6 +203,8 @@ impl SyncState {
             last_error: g.last_error.clone(),
             runs: g.runs,
             last_run: g.last_run,
+            copied_sectors: g.copied_sectors,
+            copied_chunks: g.copied_chunks,
         }
     }
 
@@ -432,6 +441,10 @@ fn set_running(core: &ArrayCore, w: &Work, generation: u64) {
     g.speed_kib = 0;
     g.eta = None;
     g.idle = false;
+    if matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
+        g.copied_sectors = 0;
+        g.copied_chunks = 0;
+    }
     if matches!(w.mode, SyncMode::Check | SyncMode::Repair) {
         g.mismatch_ranges.clear();
         g.mismatch_ranges_truncated = false;
@@ -527,7 +540,8 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
             .map(|s| s..(s + STEP_SECTORS).min(w.end))
             .collect();
         // With a bitmap, ranges it does not need are skipped without I/O (or pacing).
-        let needed: Vec<bool> = ranges.iter().map(|r| !bitmap_guided || range_needed(core, r)).collect();
+        let (needed, chunks): (Vec<bool>, Vec<u64>) =
+            ranges.iter().map(|r| step_work(core, r, bitmap_guided, w.start)).unzip();
         if needed.iter().any(|n| *n) {
             pacer.pace(core, pos, generation).await;
             if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
@@ -537,7 +551,7 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
         let work = ranges.iter().zip(&needed).filter(|(_, n)| **n).map(|(r, _)| r);
         let mut results =
             join_all(work.map(|r| pers.sync_range(core, w.mode, r.start, r.end - r.start))).await.into_iter();
-        for (r, n) in ranges.iter().zip(&needed) {
+        for ((r, n), chunks) in ranges.iter().zip(&needed).zip(&chunks) {
             let res = if *n {
                 results.next().unwrap_or_else(|| Ok(SyncOutcome::default()))
             } else {
@@ -550,6 +564,9 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
                         pos = r.end;
                         if *n {
                             synced_since_checkpoint += r.end - r.start;
+                            if matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
+                                note_copied(core, r.end - r.start, *chunks);
+                            }
                         }
                     }
                 }
@@ -602,18 +619,31 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
     core.sync.idle_changed.notify_waiters();
 }
 
-/// Whether the bitmap needs any chunk of the sync-domain range.
-fn range_needed(core: &ArrayCore, r: &Range<u64>) -> bool {
-    let Some(bm) = &core.bitmap else { return true };
+/// Whether a step over the sync-domain range `r` has work (with `guided`, only when the bitmap
+/// needs one of its chunks), and how many bitmap chunks it copies that no earlier step of the
+/// run (starting at `run_start`) counted: a chunk counts in the step holding its first sector.
+/// No bitmap: always work, 0 chunks.
+fn step_work(core: &ArrayCore, r: &Range<u64>, guided: bool, run_start: u64) -> (bool, u64) {
+    let Some(bm) = &core.bitmap else { return (true, 0) };
     let chunk = bm.geometry().chunk_sectors().max(1);
     let mut s = r.start / chunk * chunk;
+    let (mut any, mut n) = (false, 0);
     while s < r.end {
-        if bm.chunk_needs_sync(s.max(r.start)) {
-            return true;
+        if !guided || bm.chunk_needs_sync(s.max(r.start)) {
+            any = true;
+            if s.max(run_start) >= r.start {
+                n += 1;
+            }
         }
         s += chunk;
     }
-    false
+    (any, n)
+}
+
+fn note_copied(core: &ArrayCore, sectors: u64, chunks: u64) {
+    let mut g = core.sync.inner.lock();
+    g.copied_sectors += sectors;
+    g.copied_chunks += chunks;
 }
 
 /// Records progress in memory (the superblocks get it at the next checkpoint).

@@ -546,6 +546,10 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
     if let Some(n) = d["sync"]["mismatch_cnt"].as_u64().filter(|n| *n > 0) {
         line("Mismatch Count", format!("{n} sectors"));
     }
+    if let Some(b) = d["sync"]["copied_bytes"].as_u64().filter(|b| *b > 0) {
+        let chunks = d["sync"]["copied_chunks"].as_u64().unwrap_or(0);
+        line("Sync Copied", format!("{} ({chunks} bitmap chunks) by the last resync/recovery", human_bytes(b)));
+    }
     if let Some(e) = d["sync"]["last_error"].as_str() {
         line("Last Sync Error", e.to_string());
     }
@@ -576,6 +580,41 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
     }
     for (member, reason) in left_out(d) {
         o.push_str(&format!("{:>10} {:>10}   {:<28} {member}: {reason}\n", "-", "-", "left out"));
+    }
+    for m in d["missing"].as_array().into_iter().flatten() {
+        let (member, reason) = (m["member"].as_str().unwrap_or("?"), m["reason"].as_str().unwrap_or("?"));
+        o.push_str(&format!("{:>10} {:>10}   {:<28} {member}: {reason}\n", "-", "-", "missing"));
+    }
+    o.push_str(&remote_links_text(d));
+    o
+}
+
+/// The `Remote links` section: one line per remote member.
+fn remote_links_text(d: &Value) -> String {
+    let links = d["remote_members"].as_array().into_iter().flatten();
+    let mut o = String::new();
+    for l in links {
+        if o.is_empty() {
+            o.push_str("\nRemote links\n");
+        }
+        let n = |k: &str| l[k].as_u64().unwrap_or(0);
+        let mut line = format!("  {}  link {}", l["uri"].as_str().unwrap_or("?"), l["link"].as_str().unwrap_or("?"));
+        if l["link"] != "missing" {
+            line.push_str(&format!(
+                ", last contact {} ms ago, outstanding {} requests / {} bytes, {} losses, {} reconnects",
+                n("last_contact_age_ms"),
+                n("outstanding_requests"),
+                n("outstanding_bytes"),
+                n("losses"),
+                n("reconnects")
+            ));
+        }
+        line.push_str(&format!(", {} automatic re-adds", n("auto_readds")));
+        if let Some(e) = l["last_readd_error"].as_str() {
+            line.push_str(&format!(", last re-add refused: {e}"));
+        }
+        o.push_str(&line);
+        o.push('\n');
     }
     o
 }

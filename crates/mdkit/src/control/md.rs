@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
-use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array};
+use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array, with_missing};
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
@@ -225,14 +225,8 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
         }
     }
     let opts = a.params.to_options(&a.name, opened.devs.len(), opened.all_created)?;
-    let sources: Vec<String> = opened.sources.clone();
-    let names: Vec<String> = opened.devs.iter().map(|d| d.name.clone()).collect();
     let assembled = mdkit_md::array::create(opened.devs.clone(), opts).await?;
-    let vol = Arc::new(MdVolume {
-        name: a.name.clone(),
-        array: Arc::new(assembled.array),
-        sources: parking_lot::Mutex::new(names.into_iter().zip(sources).collect()),
-    });
+    let vol = MdVolume::new(&a.name, assembled.array, opened);
     install(&svc, vol, a.export).await
 }
 
@@ -264,24 +258,22 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     let opened = {
         let vols = svc.volumes.read().await;
-        open_members(&a.members, &svc.config.data_dir, &vols, MemberOpen::default()).await?
+        let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
+        open_members(&a.members, &svc.config.data_dir, &vols, how).await?
     };
     check_not_in_use(&svc, &opened.sources).await?;
     let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
     let partial = if a.run { PartialStart::Allowed } else { PartialStart::NeedsRun };
-    let assembled = assemble_with(opened.devs.clone(), opts, partial).await?;
+    let missing: Vec<String> = opened.remote.iter().filter_map(|m| m.missing_reason().map(str::to_string)).collect();
+    let assembled =
+        assemble_with(opened.devs.clone(), opts, partial).await.map_err(|e| with_missing(e.into(), &missing))?;
     for r in &assembled.refused {
         tracing::warn!(array = %a.name, "member left out: {r}");
     }
     for n in &assembled.notes {
         tracing::info!(array = %a.name, "{n}");
     }
-    let sources = opened.devs.iter().zip(&opened.sources).map(|(d, s)| (d.name.clone(), s.clone())).collect();
-    let vol = Arc::new(MdVolume {
-        name: a.name.clone(),
-        array: Arc::new(assembled.array),
-        sources: parking_lot::Mutex::new(sources),
-    });
+    let vol = MdVolume::new(&a.name, assembled.array, opened);
     drop_left_out_sources(&vol);
     install(&svc, vol, a.export).await
 }
@@ -368,7 +360,8 @@ async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
     let opened = {
         let vols = svc.volumes.read().await;
-        open_members(&r.members, &svc.config.data_dir, &vols, MemberOpen::default()).await?
+        let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
+        open_members(&r.members, &svc.config.data_dir, &vols, how).await?
     };
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
     svc.volumes.write().await.insert(vol)
@@ -458,6 +451,11 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
                 vol.array.re_add_member(dev.clone()).await?;
             }
             vol.sources.lock().push((dev.name.clone(), o.sources[0].clone()));
+            for m in o.remote {
+                if let Some(d) = m.device() {
+                    vol.remote.register(&m.uri, &dev.name, d);
+                }
+            }
             if a.write_mostly {
                 vol.array.set_write_mostly(&dev.name, true).await?;
             }

@@ -47,6 +47,7 @@ use mdkit_md::layout::{Level, parse_layout, parse_level};
 use serde::Deserialize;
 
 use super::faults::{self, FaultSpec};
+use super::md_remote::{RemoteLinks, RemoteMember, spawn_watch, unreachable_reason};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
 use crate::config::{Size, VolumeSpec};
 
@@ -119,6 +120,10 @@ pub struct MemberOpen {
     pub create_size_bytes: Option<u64>,
     /// NBD client settings of remote (URI) members.
     pub remote: NbdClientOptions,
+    /// A remote member whose server cannot be reached is left out (listed in
+    /// [`OpenedMembers::remote`] as missing) instead of failing the open: assembly decides
+    /// whether the array can start without it.
+    pub allow_unreachable: bool,
 }
 
 /// Opened members: devices with their names, where each came from, and whether mdkit created
@@ -127,6 +132,9 @@ pub struct OpenedMembers {
     pub devs: Vec<MemberDev>,
     pub sources: Vec<String>,
     pub all_created: bool,
+    /// The remote members, opened or (with `allow_unreachable`) missing.
+    pub remote: Vec<RemoteMember>,
+    pub remote_options: NbdClientOptions,
 }
 
 /// Member names for messages and `dev-NAME` attributes: the file name when unique in the
@@ -161,17 +169,37 @@ pub async fn open_members(
     let names = member_names(specs);
     // Remote members first: a bad URI or an unreachable server must not leave member files
     // created behind it.
-    let mut remote: Vec<Option<DeviceRef>> = Vec::with_capacity(specs.len());
-    for spec in specs {
-        remote.push(if is_nbd_uri(spec) { Some(open_remote(spec, how.remote).await?) } else { None });
+    let mut remote_devs: Vec<Option<Arc<NbdDevice>>> = Vec::with_capacity(specs.len());
+    let mut remote = Vec::new();
+    for (spec, name) in specs.iter().zip(&names) {
+        if !is_nbd_uri(spec) {
+            remote_devs.push(None);
+            continue;
+        }
+        match open_remote(spec, how.remote).await {
+            Ok(dev) => {
+                remote.push(RemoteMember::connected(spec, name, dev.clone()));
+                remote_devs.push(Some(dev));
+            }
+            Err(e) => match unreachable_reason(&e).filter(|_| how.allow_unreachable) {
+                Some(why) => {
+                    tracing::warn!(member = %spec, "remote member left out: {why}");
+                    remote.push(RemoteMember::missing(spec, name, why));
+                    remote_devs.push(None);
+                }
+                None => return Err(anyhow::Error::new(e).context("opening a remote member")),
+            },
+        }
     }
     let mut devs = Vec::with_capacity(specs.len());
     let mut sources = Vec::with_capacity(specs.len());
     let mut all_created = true;
-    for ((spec, name), remote) in specs.iter().zip(names).zip(remote) {
-        if let Some(dev) = remote {
-            devs.push(MemberDev::new(name, dev));
-            sources.push(spec.clone());
+    for ((spec, name), remote_dev) in specs.iter().zip(names).zip(remote_devs) {
+        if is_nbd_uri(spec) {
+            if let Some(dev) = remote_dev {
+                devs.push(MemberDev::new(name, dev as DeviceRef));
+                sources.push(spec.clone());
+            }
             all_created = false;
             continue;
         }
@@ -190,11 +218,11 @@ pub async fn open_members(
         devs.push(MemberDev::new(name, dev));
         sources.push(path.display().to_string());
     }
-    Ok(OpenedMembers { devs, sources, all_created })
+    Ok(OpenedMembers { devs, sources, all_created, remote, remote_options: how.remote })
 }
 
-async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<DeviceRef> {
-    let dev = NbdDevice::connect(uri, opts).await.context("opening a remote member")?;
+async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<Arc<NbdDevice>, mdkit_io::NbdClientError> {
+    let dev = NbdDevice::connect(uri, opts).await?;
     tracing::info!(member = uri, size_bytes = dev.topology().size_bytes, "remote md member connected");
     Ok(Arc::new(dev))
 }
@@ -320,6 +348,7 @@ pub async fn start_array(
     uuid: Option<[u8; 16]>,
     force: bool,
 ) -> Result<Arc<MdVolume>> {
+    let missing: Vec<String> = opened.remote.iter().filter_map(|m| m.missing_reason().map(str::to_string)).collect();
     let mut any_sb = false;
     for m in &opened.devs {
         if read_superblock(&m.dev).await.is_ok() {
@@ -327,6 +356,9 @@ pub async fn start_array(
         }
     }
     let assembled = match create_params {
+        Some(_) if !any_sb && !missing.is_empty() => {
+            bail!("cannot create the array without every member: {}", missing.join("; "))
+        }
         Some(p) if !any_sb => {
             let o = p.to_options(name, opened.devs.len(), opened.all_created)?;
             tracing::info!(
@@ -339,8 +371,8 @@ pub async fn start_array(
             create(opened.devs.clone(), o).await?
         }
         _ => {
-            assemble(opened.devs.clone(), AssembleOptions { name: name.to_string(), force, uuid, start_frozen: false })
-                .await?
+            let opts = AssembleOptions { name: name.to_string(), force, uuid, start_frozen: false };
+            assemble(opened.devs.clone(), opts).await.map_err(|e| with_missing(e.into(), &missing))?
         }
     };
     for r in &assembled.refused {
@@ -349,12 +381,12 @@ pub async fn start_array(
     for n in &assembled.notes {
         tracing::info!(array = name, "{n}");
     }
-    let sources = opened.devs.iter().zip(&opened.sources).map(|(d, s)| (d.name.clone(), s.clone())).collect();
-    Ok(Arc::new(MdVolume {
-        name: name.to_string(),
-        array: Arc::new(assembled.array),
-        sources: parking_lot::Mutex::new(sources),
-    }))
+    Ok(MdVolume::new(name, assembled.array, opened))
+}
+
+/// An assembly error, naming the remote members that could not be reached.
+pub fn with_missing(e: anyhow::Error, missing: &[String]) -> anyhow::Error {
+    if missing.is_empty() { e } else { e.context(format!("unreachable remote members: {}", missing.join("; "))) }
 }
 
 /// Applies `[volume.attributes]`-style settings.
@@ -390,6 +422,7 @@ impl VolumeKind for MdKind {
                 queue_depth: p.queue_depth,
                 create_size_bytes: p.member_size.map(Size::bytes),
                 remote: remote_options(&p)?,
+                allow_unreachable: true,
             };
             let specs: Vec<String> = p.members.iter().map(|m| m.spec().to_string()).collect();
             for m in &p.members {
@@ -471,9 +504,39 @@ pub struct MdVolume {
     pub array: Arc<Array>,
     /// Member name → where it came from (path or `volume:NAME`).
     pub sources: parking_lot::Mutex<Vec<(String, String)>>,
+    /// Its remote members (link state, automatic re-add).
+    pub remote: RemoteLinks,
 }
 
 impl MdVolume {
+    /// The volume of a started array on `opened` members; remote members unreachable at the
+    /// start stay listed as sources (and missing), and the link watch starts.
+    pub fn new(name: &str, array: Array, opened: OpenedMembers) -> Arc<MdVolume> {
+        let mut sources: Vec<(String, String)> =
+            opened.devs.iter().zip(&opened.sources).map(|(d, s)| (d.name.clone(), s.clone())).collect();
+        for m in opened.remote.iter().filter(|m| m.missing_reason().is_some()) {
+            sources.push((m.name.clone(), m.uri.clone()));
+        }
+        let vol = Arc::new(MdVolume {
+            name: name.to_string(),
+            array: Arc::new(array),
+            sources: parking_lot::Mutex::new(sources),
+            remote: RemoteLinks::new(opened.remote_options, opened.remote),
+        });
+        spawn_watch(&vol);
+        vol
+    }
+
+    /// A member re-added by the link watch is listed among the sources again.
+    pub fn note_member_source(&self, name: &str) {
+        let mut src = self.sources.lock();
+        if !src.iter().any(|(n, _)| n == name)
+            && let Some(uri) = self.remote.uri_of(name)
+        {
+            src.push((name.to_string(), uri));
+        }
+    }
+
     /// The member sources in array order (for the state file).
     pub fn member_sources(&self) -> Vec<String> {
         self.sources.lock().iter().map(|(_, s)| s.clone()).collect()
@@ -530,6 +593,9 @@ impl Volume for MdVolume {
     }
     fn details(&self) -> serde_json::Value {
         let mut d = self.array.detail();
+        let (links, missing) = self.remote.json(&self.array);
+        d["remote_members"] = links;
+        d["missing"] = missing;
         let sources = self.sources.lock();
         d["member_sources"] = serde_json::json!(
             sources.iter().map(|(n, s)| serde_json::json!({"name": n, "source": s})).collect::<Vec<_>>()
@@ -546,7 +612,10 @@ impl Volume for MdVolume {
         self
     }
     fn close(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move { self.array.stop().await.with_context(|| format!("stopping md array {}", self.name)) })
+        Box::pin(async move {
+            self.remote.stop();
+            self.array.stop().await.with_context(|| format!("stopping md array {}", self.name))
+        })
     }
 }
 

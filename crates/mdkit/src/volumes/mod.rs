@@ -21,6 +21,7 @@ pub mod failed;
 pub mod faults;
 pub mod file;
 pub mod md;
+pub mod md_remote;
 pub mod mem;
 pub mod open_guard;
 pub mod thin;
