@@ -5,6 +5,8 @@
 //! ```text
 //! mdkit thin pool-create NAME --metadata DEV --data DEV [--block-size 64K] [--no-zeroing]
 //!                        [--error-if-no-space] [--metadata-size S] [--data-size S] [--force]
+//!                        [--autoextend-threshold-percent P [--autoextend-step S|N%]
+//!                         [--autoextend-max-size S]]
 //! mdkit thin status POOL [--json]
 //! mdkit thin check METADATA-DEV [--clear-needs-check] [--json]
 //! mdkit thin create POOL ID --size S [--name VOLUME] [--export NAME | --no-export]
@@ -91,6 +93,15 @@ pub struct PoolCreateArgs {
     /// Format the metadata device even when it is not blank: DESTROYS any pool on it.
     #[arg(long)]
     pub force: bool,
+    /// File data device: grow it when more than P% (1..=99) of the data blocks are used.
+    #[arg(long, value_name = "P")]
+    pub autoextend_threshold_percent: Option<u64>,
+    /// Each autoextend growth: N% of the data file's size or a size (default 20%).
+    #[arg(long, value_name = "SIZE|N%", requires = "autoextend_threshold_percent")]
+    pub autoextend_step: Option<String>,
+    /// Never autoextend the data file beyond this size.
+    #[arg(long, value_name = "SIZE", requires = "autoextend_threshold_percent")]
+    pub autoextend_max_size: Option<String>,
     #[command(flatten)]
     pub control: ControlArgs,
 }
@@ -234,6 +245,9 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         ("data_size", a.data_size.map(Value::from)),
         ("no_space_timeout_s", a.no_space_timeout_s.map(Value::from)),
         ("low_water_blocks", a.low_water_blocks.map(Value::from)),
+        ("autoextend_threshold_percent", a.autoextend_threshold_percent.map(Value::from)),
+        ("autoextend_step", a.autoextend_step.map(Value::from)),
+        ("autoextend_max_size", a.autoextend_max_size.map(Value::from)),
     ] {
         if let Some(v) = v {
             args[k] = v;
@@ -251,6 +265,11 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         "[[volume]]\nname = {:?}\nkind = \"thin-pool\"\nmetadata = {}\ndata = {}\nblock_size = {}\noptions = {}",
         a.name, args["metadata"], args["data"], args["block_size"], args["options"]
     );
+    for k in ["autoextend_threshold_percent", "autoextend_step", "autoextend_max_size"] {
+        if !args[k].is_null() {
+            println!("{k} = {}", args[k]);
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
