@@ -10,6 +10,7 @@
 //! mdkit thin status POOL [--json]
 //! mdkit thin check METADATA-DEV [--clear-needs-check] [--json]
 //! mdkit thin create POOL ID --size S [--name VOLUME] [--export NAME | --no-export]
+//!                   [--external-origin PATH|volume:NAME]
 //! mdkit thin snapshot POOL NEW-ID ORIGIN-ID [--name VOLUME] [--export NAME | --no-export]
 //! mdkit thin delete POOL ID
 //! mdkit thin list POOL [--json]
@@ -133,6 +134,10 @@ pub struct CreateArgs {
     /// Virtual size (e.g. 10G).
     #[arg(long)]
     pub size: String,
+    /// A read-only volume that unmapped blocks read from (dm-thin's external origin; the
+    /// golden-image case): a file or block device path, or volume:NAME. Never written.
+    #[arg(long, value_name = "PATH|volume:NAME")]
+    pub external_origin: Option<String>,
     #[command(flatten)]
     pub volume: VolumeNaming,
     #[command(flatten)]
@@ -188,7 +193,8 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
         Verb::Check(a) => check_offline(a),
         Verb::Create(a) => {
             let (name, export) = a.volume.json();
-            let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export });
+            let origin = a.external_origin.as_deref().map(device_spec).transpose()?;
+            let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export, "external_origin": origin });
             print_created(&a.control.client()?.call("thin.create", args)?)
         }
         Verb::Snapshot(a) => {
@@ -213,7 +219,7 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
 }
 
 /// Paths become absolute (the service resolves relative paths against its data directory).
-fn device_spec(s: &str) -> Result<String> {
+pub fn device_spec(s: &str) -> Result<String> {
     if s.starts_with("volume:") {
         return Ok(s.to_string());
     }
@@ -281,8 +287,12 @@ pub fn print_created(v: &Value) -> Result<ExitCode> {
         v["volume"].as_str().unwrap_or("?")
     );
     match v["export"].as_str() {
-        Some(e) => println!(", exported as {e:?}"),
-        None => println!(" (not exported)"),
+        Some(e) => print!(", exported as {e:?}"),
+        None => print!(" (not exported)"),
+    }
+    match v["external_origin"].as_str() {
+        Some(o) => println!(", over external origin {o}"),
+        None => println!(),
     }
     Ok(ExitCode::SUCCESS)
 }
