@@ -12,6 +12,8 @@ mod concurrent;
 mod corruption;
 mod crash;
 mod device_io;
+mod external_origin;
+mod external_origin_lab;
 mod fuzz_corpus;
 mod kernel_lab;
 mod model;

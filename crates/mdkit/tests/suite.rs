@@ -26,4 +26,6 @@ mod systemd;
 mod thin;
 mod thin_corrupt;
 mod thin_lifecycle;
+mod thin_origin;
+mod thin_repair_lab;
 mod thin_tools;

@@ -7,7 +7,8 @@
 //!   the metadata while a writer keeps writing through NBD past the pool's original size, and
 //!   refuses to shrink; the metadata passes thin_check afterwards;
 //! - autoextend: a pool on a 4 MiB data file takes a 20 MiB write because each low-water
-//!   event grows the file (counted in `thin status --json`), up to its cap.
+//!   event grows the file (counted in `thin status --json`), up to its cap; `thin pool-create`
+//!   flags set the same policy, remembered across restarts.
 
 use crate::common;
 
@@ -244,4 +245,68 @@ fn autoextend_grows_the_data_file_on_low_water_events() {
 
     assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
     assert_thin_check_clean(&srv, "pool0.meta");
+}
+
+#[test]
+fn pool_create_flags_set_the_autoextend_policy() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start("");
+    let (meta, data) = (srv.path("p.meta"), srv.path("p.data"));
+    let (meta, data) = (meta.to_str().unwrap(), data.to_str().unwrap());
+    let e =
+        mdkit_err(&srv, &["thin", "pool-create", "p", "--metadata", meta, "--data", data, "--autoextend-step", "4M"]);
+    assert!(e.contains("--autoextend-threshold-percent"), "a step needs a threshold: {e}");
+    let out = mdkit_ok(
+        &srv,
+        &[
+            "thin",
+            "pool-create",
+            "p",
+            "--metadata",
+            meta,
+            "--metadata-size",
+            "4M",
+            "--data",
+            data,
+            "--data-size",
+            "4M",
+            "--autoextend-threshold-percent",
+            "80",
+            "--autoextend-step",
+            "4M",
+            "--autoextend-max-size",
+            "12M",
+        ],
+    );
+    assert!(
+        out.contains("autoextend_threshold_percent = 80") && out.contains("autoextend_max_size = \"12M\""),
+        "{out}"
+    );
+    let st = json(&srv, &["thin", "status", "p", "--json"]);
+    assert_eq!(st["low_water_blocks"], 12, "the threshold sets the mark: {st:#}");
+    let policy = &st["autoextend"];
+    assert_eq!(
+        (&policy["threshold_percent"], &policy["step"], &policy["max_bytes"]),
+        (&80.into(), &"4194304".into(), &(12u64 << 20).into())
+    );
+
+    // 10 MiB into the 4 MiB pool: the policy grows the data file to its 12 MiB cap.
+    mdkit_ok(&srv, &["thin", "create", "p", "1", "--size", "16M", "--export", "v"]);
+    let a = pattern(11, 10 << 20);
+    nbd_write_at(&srv, "v", 0, &a);
+    let start = std::time::Instant::now();
+    while file_len(&srv, "p.data") < 12 << 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no growth: {:#}",
+            json(&srv, &["thin", "status", "p", "--json"])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(nbd_read(&srv, "v", 10 << 20) == a);
+    let srv = restart(srv);
+    let st = json(&srv, &["thin", "status", "p", "--json"]);
+    assert_eq!(st["autoextend"]["threshold_percent"], 80, "remembered: {st:#}");
+    assert_eq!(st["total_data_blocks"], 192, "{st:#}");
 }

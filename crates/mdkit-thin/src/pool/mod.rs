@@ -54,6 +54,7 @@
 //! the no-space timeout use timers.
 
 pub mod open;
+mod origin;
 mod resize;
 mod state;
 mod status;

@@ -8,9 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mdkit_io::{
-    BlockDevice, Extent, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags, ZeroFlags, check_io,
-    join_read_parts,
+    BlockDevice, DeviceRef, Extent, ExtentFlags, IoBuf, IoFuture, IoOp, ReadResult, SharedBuf, Topology, WriteFlags,
+    ZeroFlags, check_io, join_read_parts,
 };
+
+use super::origin::Origin;
 
 use super::table::{AcquireDecision, Cached, Known, ReadDecision, TableCounters, WriteDecision};
 use super::util::{Detached, join_all};
@@ -29,6 +31,8 @@ pub struct ThinVolume {
     dev: Arc<ThinDev>,
     name: Arc<str>,
     topology: Topology,
+    /// The external origin this handle reads unmapped blocks from (`origin.rs`).
+    origin: Option<Arc<Origin>>,
 }
 
 impl std::fmt::Debug for ThinVolume {
@@ -56,7 +60,34 @@ impl ThinVolume {
             rotational: data.rotational,
         };
         let name: Arc<str> = format!("{}/thin{}", pool.state.name, dev.id).into();
-        ThinVolume { dev, name, topology }
+        ThinVolume { dev, name, topology, origin: None }
+    }
+
+    /// This handle with an external origin (dm-thin's fourth `thin` argument, see `origin.rs`):
+    /// unmapped blocks read from `origin`, which this volume only ever reads. Its size is taken
+    /// now. Fails when the volume's size is not a multiple of the origin's logical block.
+    pub fn with_external_origin(mut self, origin: DeviceRef) -> io::Result<ThinVolume> {
+        let lbs = origin.topology().logical_block_bytes.max(self.topology.logical_block_bytes);
+        if !self.topology.size_bytes.is_multiple_of(u64::from(lbs)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: size {} bytes is not a multiple of external origin {}'s {lbs}-byte logical block",
+                    self.name,
+                    self.topology.size_bytes,
+                    origin.name()
+                ),
+            ));
+        }
+        self.topology.logical_block_bytes = lbs;
+        self.topology.physical_block_bytes = self.topology.physical_block_bytes.max(lbs);
+        self.origin = Some(Arc::new(Origin::new(origin)));
+        Ok(self)
+    }
+
+    /// The external origin's name and size (taken when it was attached), if any.
+    pub fn external_origin(&self) -> Option<(&str, u64)> {
+        self.origin.as_deref().map(|o| (o.dev.name(), o.size_bytes))
     }
 
     /// The thin device id.
@@ -128,14 +159,15 @@ impl BlockDevice for ThinVolume {
         // read dropped before its data arrived ends its in-flight count early, so a slow path
         // may reuse the data block while the device still reads it, into a buffer nobody
         // will look at. Writes must not end early (see `write`).
+        let origin = self.origin.as_deref();
         if off + len <= bs {
-            return Box::pin(self.dev.read_block(vb, off, buf));
+            return Box::pin(self.dev.read_block(vb, off, buf, origin));
         }
         let pieces = self.pieces(offset_bytes, len);
         let mut futs: Vec<Pin<Box<dyn Future<Output = ReadResult> + Send + '_>>> = Vec::with_capacity(pieces.len());
         for (vb, off, n) in pieces {
             let part = buf.split_to(n as usize);
-            futs.push(Box::pin(self.dev.read_block(vb, off, part)));
+            futs.push(Box::pin(self.dev.read_block(vb, off, part, origin)));
         }
         Box::pin(async move { join_read_parts(buf, join_all(futs).await) })
     }
@@ -154,7 +186,7 @@ impl BlockDevice for ThinVolume {
             return Box::pin(std::future::ready(Ok(())));
         }
         if off + len <= bs {
-            return self.detached(self.dev.clone().write_block(vb, off, buf, flags.fua));
+            return self.detached(self.dev.clone().write_block(vb, off, buf, flags.fua, self.origin.clone()));
         }
         let pieces = self.pieces(offset_bytes, len);
         let mut at = 0usize;
@@ -163,7 +195,7 @@ impl BlockDevice for ThinVolume {
             .map(|(vb, off, n)| {
                 let part = buf.slice(at..at + n as usize);
                 at += n as usize;
-                Box::pin(self.dev.clone().write_block(vb, off, part, flags.fua))
+                Box::pin(self.dev.clone().write_block(vb, off, part, flags.fua, self.origin.clone()))
                     as Pin<Box<dyn Future<Output = io::Result<()>> + Send>>
             })
             .collect();
@@ -208,12 +240,15 @@ impl BlockDevice for ThinVolume {
         let pieces = self.pieces(offset_bytes, len_bytes);
         let passdown = self.dev.pool.state.passdown;
         let dev = self.dev.clone();
+        let origin = self.origin.clone();
         self.detached(async move {
             // Whole blocks are unmapped (they read as zeroes), unless the range must stay
-            // allocated; partial blocks get zeroes written where they are mapped.
+            // allocated or the block would read an external origin; partial blocks get zeroes
+            // written where they are mapped (or read the origin).
             let mut run: Option<(u64, u64)> = None;
             for (vb, off, n) in pieces {
-                if !flags.no_unmap && off == 0 && n == bs {
+                let on_origin = origin.as_ref().is_some_and(|o| o.covers(vb, bs));
+                if !flags.no_unmap && !on_origin && off == 0 && n == bs {
                     run = match run {
                         Some((b, e)) if e == vb => Some((b, vb + 1)),
                         Some((b, e)) => {
@@ -227,7 +262,7 @@ impl BlockDevice for ThinVolume {
                 if let Some((b, e)) = run.take() {
                     dev.unmap_blocks(b, e, passdown).await?;
                 }
-                dev.clone().zero_piece(vb, off, n, flags.no_unmap).await?;
+                dev.clone().zero_piece(vb, off, n, flags.no_unmap || on_origin, origin.clone()).await?;
             }
             if let Some((b, e)) = run {
                 dev.unmap_blocks(b, e, passdown).await?;
@@ -246,6 +281,15 @@ impl BlockDevice for ThinVolume {
         max_extents: usize,
     ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
         let size_bytes = self.topology.size_bytes;
+        // Below the external origin's end every block holds data: mapped, or the origin's.
+        if let Some(o) = &self.origin
+            && offset_bytes < o.size_bytes
+            && len_bytes > 0
+            && offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= size_bytes)
+        {
+            let len_bytes = len_bytes.min(o.size_bytes - offset_bytes);
+            return Box::pin(std::future::ready(Ok(vec![Extent { len_bytes, flags: ExtentFlags::DATA }])));
+        }
         Box::pin(self.dev.block_status(&self.name, size_bytes, offset_bytes, len_bytes, max_extents))
     }
 
@@ -315,9 +359,24 @@ async fn wait(rx: Option<tokio::sync::oneshot::Receiver<()>>) {
 //------------------------------------------------------------------------------------------------
 // Per-block operations
 
+/// What a newly provisioned block holds outside the part a write covers.
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    /// Zeroes (when the pool zeroes new blocks).
+    Zeroes,
+    /// The shared data block being copied.
+    Copy(u64),
+    /// The external origin's part of this virtual block.
+    Origin(&'a Origin, u64),
+}
+
 impl ThinDev {
     fn block_bytes(&self) -> u64 {
         self.pool.state.block_bytes
+    }
+
+    fn thin_name(&self) -> String {
+        format!("{}/thin{}", self.pool.state.name, self.id)
     }
 
     fn data_error(&self, e: io::Error, op: &str, vblock: u64, data_block: u64) -> io::Error {
@@ -330,7 +389,7 @@ impl ThinDev {
         )
     }
 
-    async fn read_block(&self, vblock: u64, off: u64, mut buf: IoBuf) -> ReadResult {
+    async fn read_block(&self, vblock: u64, off: u64, mut buf: IoBuf, origin: Option<&Origin>) -> ReadResult {
         let bs = self.block_bytes();
         loop {
             let max_txn = self.pool.state.max_valid_txn();
@@ -342,6 +401,10 @@ impl ThinDev {
                     return (b, r.map_err(|e| self.data_error(e, "read", vblock, data_block)));
                 }
                 ReadDecision::Zeroes => {
+                    if let Some(o) = origin.filter(|o| o.covers(vblock, bs)) {
+                        let (b, r) = o.read(vblock * bs + off, buf).await;
+                        return (b, r.map_err(|e| o.error(e, &self.thin_name(), "read", vblock)));
+                    }
                     buf.as_mut_slice().fill(0);
                     return (buf, Ok(()));
                 }
@@ -363,7 +426,14 @@ impl ThinDev {
         }
     }
 
-    async fn write_block(self: Arc<Self>, vblock: u64, off: u64, data: SharedBuf, fua: bool) -> io::Result<()> {
+    async fn write_block(
+        self: Arc<Self>,
+        vblock: u64,
+        off: u64,
+        data: SharedBuf,
+        fua: bool,
+        origin: Option<Arc<Origin>>,
+    ) -> io::Result<()> {
         let bs = self.block_bytes();
         loop {
             match self.table.begin_write(vblock) {
@@ -389,7 +459,7 @@ impl ThinDev {
                     return Box::pin(async move {
                         let cell = CellRef::new(&dev, vblock, true);
                         wait(drained).await;
-                        dev.slow_write(cell, known, vblock, off, data, fua).await
+                        dev.slow_write(cell, known, vblock, off, data, fua, origin.as_deref()).await
                     })
                     .await;
                 }
@@ -398,6 +468,7 @@ impl ThinDev {
     }
 
     /// Provision, break sharing, or (after a lookup miss) write in place, holding the cell.
+    #[allow(clippy::too_many_arguments)]
     async fn slow_write(
         &self,
         cell: CellRef<'_>,
@@ -406,6 +477,7 @@ impl ThinDev {
         off: u64,
         data: SharedBuf,
         fua: bool,
+        origin: Option<&Origin>,
     ) -> io::Result<()> {
         let bs = self.block_bytes();
         let known = match known {
@@ -428,6 +500,11 @@ impl ThinDev {
             Known::Mapped(c) => Some(c.data_block),
             _ => None,
         };
+        let src = match (old, origin) {
+            (Some(o), _) => Fill::Copy(o),
+            (None, Some(o)) if o.covers(vblock, bs) => Fill::Origin(o, vblock),
+            _ => Fill::Zeroes,
+        };
         let b = match self.alloc_block().await {
             Ok(b) => b,
             Err(e) => {
@@ -435,7 +512,7 @@ impl ThinDev {
                 return Err(e);
             }
         };
-        if let Err(e) = self.fill_new_block(b, old, off, &data).await {
+        if let Err(e) = self.fill_new_block(b, src, off, &data).await {
             let _ = self.pool.call_io(move |w| w.unalloc(b)).await;
             cell.release(known);
             return Err(self.data_error(e, if old.is_some() { "breaking sharing" } else { "provisioning" }, vblock, b));
@@ -517,10 +594,10 @@ impl ThinDev {
         }
     }
 
-    /// Writes the contents of new block `b`: the write's data, over a copy of `old` (breaking
-    /// sharing) or zeroes (provisioning), or just the data when it covers the block or zeroing
-    /// is off.
-    async fn fill_new_block(&self, b: u64, old: Option<u64>, off: u64, data: &SharedBuf) -> io::Result<()> {
+    /// Writes the contents of new block `b`: the write's data, over a copy of the old block
+    /// (breaking sharing), of the external origin's block, or zeroes (provisioning), or just the
+    /// data when it covers the block or zeroing is off (and there is nothing to copy).
+    async fn fill_new_block(&self, b: u64, src: Fill<'_>, off: u64, data: &SharedBuf) -> io::Result<()> {
         let bs = self.block_bytes();
         let pool = &self.pool;
         let base = b * bs;
@@ -528,10 +605,11 @@ impl ThinDev {
         if ws == 0 && we == bs {
             return pool.data.write(base, data.clone(), WriteFlags::NONE).await;
         }
-        if old.is_none() && !pool.state.opts.zero_new_blocks {
+        let zeroes = matches!(src, Fill::Zeroes);
+        if zeroes && !pool.state.opts.zero_new_blocks {
             return pool.data.write(base + off, data.clone(), WriteFlags::NONE).await;
         }
-        if old.is_none() {
+        if zeroes {
             pool.state.counters.zeroed_blocks.fetch_add(1, Ordering::Relaxed);
         }
         let mut cs = 0;
@@ -543,16 +621,21 @@ impl ThinDev {
                 pool.data
                     .write(base + cs, data.slice((cs - ws) as usize..(ce - ws) as usize), WriteFlags::NONE)
                     .await?;
-            } else if old.is_none() && os >= oe {
+            } else if zeroes && os >= oe {
                 zero_range(&*pool.data, base + cs, ce - cs).await?;
             } else {
-                let mut buf = match old {
-                    Some(o) => {
+                let mut buf = match src {
+                    Fill::Copy(o) => {
                         let (buf, r) = pool.data.read(o * bs + cs, IoBuf::uninit_contents(n)).await;
                         r?;
                         buf
                     }
-                    None => IoBuf::zeroed(n),
+                    Fill::Origin(o, vb) => {
+                        let (buf, r) = o.read(vb * bs + cs, IoBuf::uninit_contents(n)).await;
+                        r.map_err(|e| o.error(e, &self.thin_name(), "copy for a partial write", vb))?;
+                        buf
+                    }
+                    Fill::Zeroes => IoBuf::zeroed(n),
                 };
                 if os < oe {
                     buf.as_mut_slice()[(os - cs) as usize..(oe - cs) as usize]
@@ -595,7 +678,14 @@ impl ThinDev {
 
     /// Zeroes part of one block: nothing to do when it is unmapped (unless it must become
     /// allocated), else a write of zeroes through the normal write path.
-    async fn zero_piece(self: Arc<Self>, vblock: u64, off: u64, len: u64, allocate: bool) -> io::Result<()> {
+    async fn zero_piece(
+        self: Arc<Self>,
+        vblock: u64,
+        off: u64,
+        len: u64,
+        allocate: bool,
+        origin: Option<Arc<Origin>>,
+    ) -> io::Result<()> {
         if !allocate {
             let known = loop {
                 match self.table.acquire(vblock) {
@@ -619,7 +709,7 @@ impl ThinDev {
         let mut pos = off;
         while pos < off + len {
             let n = (off + len - pos).min(COPY_CHUNK_BYTES);
-            self.clone().write_block(vblock, pos, SharedBuf::zeroed(n as usize), false).await?;
+            self.clone().write_block(vblock, pos, SharedBuf::zeroed(n as usize), false, origin.clone()).await?;
             pos += n;
         }
         Ok(())

@@ -5,9 +5,12 @@
 //! ```text
 //! mdkit thin pool-create NAME --metadata DEV --data DEV [--block-size 64K] [--no-zeroing]
 //!                        [--error-if-no-space] [--metadata-size S] [--data-size S] [--force]
+//!                        [--autoextend-threshold-percent P [--autoextend-step S|N%]
+//!                         [--autoextend-max-size S]]
 //! mdkit thin status POOL [--json]
 //! mdkit thin check METADATA-DEV [--clear-needs-check] [--json]
 //! mdkit thin create POOL ID --size S [--name VOLUME] [--export NAME | --no-export]
+//!                   [--external-origin PATH|volume:NAME]
 //! mdkit thin snapshot POOL NEW-ID ORIGIN-ID [--name VOLUME] [--export NAME | --no-export]
 //! mdkit thin delete POOL ID
 //! mdkit thin list POOL [--json]
@@ -91,6 +94,15 @@ pub struct PoolCreateArgs {
     /// Format the metadata device even when it is not blank: DESTROYS any pool on it.
     #[arg(long)]
     pub force: bool,
+    /// File data device: grow it when more than P% (1..=99) of the data blocks are used.
+    #[arg(long, value_name = "P")]
+    pub autoextend_threshold_percent: Option<u64>,
+    /// Each autoextend growth: N% of the data file's size or a size (default 20%).
+    #[arg(long, value_name = "SIZE|N%", requires = "autoextend_threshold_percent")]
+    pub autoextend_step: Option<String>,
+    /// Never autoextend the data file beyond this size.
+    #[arg(long, value_name = "SIZE", requires = "autoextend_threshold_percent")]
+    pub autoextend_max_size: Option<String>,
     #[command(flatten)]
     pub control: ControlArgs,
 }
@@ -122,6 +134,10 @@ pub struct CreateArgs {
     /// Virtual size (e.g. 10G).
     #[arg(long)]
     pub size: String,
+    /// A read-only volume that unmapped blocks read from (dm-thin's external origin; the
+    /// golden-image case): a file or block device path, or volume:NAME. Never written.
+    #[arg(long, value_name = "PATH|volume:NAME")]
+    pub external_origin: Option<String>,
     #[command(flatten)]
     pub volume: VolumeNaming,
     #[command(flatten)]
@@ -177,7 +193,8 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
         Verb::Check(a) => check_offline(a),
         Verb::Create(a) => {
             let (name, export) = a.volume.json();
-            let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export });
+            let origin = a.external_origin.as_deref().map(device_spec).transpose()?;
+            let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export, "external_origin": origin });
             print_created(&a.control.client()?.call("thin.create", args)?)
         }
         Verb::Snapshot(a) => {
@@ -202,7 +219,7 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
 }
 
 /// Paths become absolute (the service resolves relative paths against its data directory).
-fn device_spec(s: &str) -> Result<String> {
+pub fn device_spec(s: &str) -> Result<String> {
     if s.starts_with("volume:") {
         return Ok(s.to_string());
     }
@@ -234,6 +251,9 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         ("data_size", a.data_size.map(Value::from)),
         ("no_space_timeout_s", a.no_space_timeout_s.map(Value::from)),
         ("low_water_blocks", a.low_water_blocks.map(Value::from)),
+        ("autoextend_threshold_percent", a.autoextend_threshold_percent.map(Value::from)),
+        ("autoextend_step", a.autoextend_step.map(Value::from)),
+        ("autoextend_max_size", a.autoextend_max_size.map(Value::from)),
     ] {
         if let Some(v) = v {
             args[k] = v;
@@ -251,6 +271,11 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         "[[volume]]\nname = {:?}\nkind = \"thin-pool\"\nmetadata = {}\ndata = {}\nblock_size = {}\noptions = {}",
         a.name, args["metadata"], args["data"], args["block_size"], args["options"]
     );
+    for k in ["autoextend_threshold_percent", "autoextend_step", "autoextend_max_size"] {
+        if !args[k].is_null() {
+            println!("{k} = {}", args[k]);
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -262,8 +287,12 @@ pub fn print_created(v: &Value) -> Result<ExitCode> {
         v["volume"].as_str().unwrap_or("?")
     );
     match v["export"].as_str() {
-        Some(e) => println!(", exported as {e:?}"),
-        None => println!(" (not exported)"),
+        Some(e) => print!(", exported as {e:?}"),
+        None => print!(" (not exported)"),
+    }
+    match v["external_origin"].as_str() {
+        Some(o) => println!(", over external origin {o}"),
+        None => println!(),
     }
     Ok(ExitCode::SUCCESS)
 }

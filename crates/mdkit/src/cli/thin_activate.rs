@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! mdkit thin activate POOL ID [--size S] [--name VOLUME] [--export NAME | --no-export]
+//!                    [--external-origin PATH|volume:NAME]
 //! mdkit thin deactivate POOL ID
 //! mdkit thin pool-resize POOL [--data-size SIZE|max] [--metadata-size SIZE|max]
 //! ```
@@ -24,6 +25,10 @@ pub struct ActivateArgs {
     /// a device made by the kernel or LVM has none, give it here).
     #[arg(long)]
     pub size: Option<String>,
+    /// A read-only volume that unmapped blocks read from (dm-thin's external origin; the
+    /// golden-image case): a file or block device path, or volume:NAME. Never written.
+    #[arg(long, value_name = "PATH|volume:NAME")]
+    pub external_origin: Option<String>,
     #[command(flatten)]
     pub volume: VolumeNaming,
     #[command(flatten)]
@@ -58,7 +63,8 @@ pub struct PoolResizeArgs {
 
 pub fn activate(a: ActivateArgs) -> Result<ExitCode> {
     let (name, export) = a.volume.json();
-    let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export });
+    let origin = a.external_origin.as_deref().map(super::thin::device_spec).transpose()?;
+    let args = json!({ "pool": a.pool, "id": a.id, "size": a.size, "name": name, "export": export, "external_origin": origin });
     print_created(&a.control.client()?.call("thin.activate", args)?)
 }
 

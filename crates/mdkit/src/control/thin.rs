@@ -8,8 +8,9 @@
 //! |                    | (formats a blank metadata device; `force` formats anything)      |
 //! | `thin.status`      | pool                                                             |
 //! | `thin.create`      | pool, id, size, name (default POOL.ID), export (default the name; |
-//! |                    | "" = none)                                                       |
+//! |                    | "" = none), external_origin (path or volume:NAME, read-only)     |
 //! | `thin.snapshot`    | pool, id, origin, size (default the origin's), name, export      |
+//! |                    | (an active origin's external origin is the snapshot's too)       |
 //! | `thin.delete`      | pool, id                                                         |
 //! | `thin.list`        | pool                                                             |
 //!
@@ -27,8 +28,8 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
-    PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinVolumeVol, find_pool,
-    load_state, open_pool, open_thin, size_key, update_state,
+    OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinVolumeVol,
+    find_pool, load_state, open_pool, open_thin, size_key, update_state,
 };
 use crate::volumes::{FailedVolume, Origin, catch_panic};
 
@@ -202,9 +203,12 @@ struct CreateArgs {
     origin: Option<u64>,
     name: Option<String>,
     export: Option<String>,
+    /// thin.create only: an external origin (path or volume:NAME).
+    external_origin: Option<String>,
 }
 
-/// Opens `id` as a run-time volume (and export), remembering it.
+/// Opens `id` as a run-time volume (and export), remembering it (with its external origin,
+/// if given).
 pub(super) async fn register_thin(
     svc: &Arc<Service>,
     pool_name: &str,
@@ -212,13 +216,15 @@ pub(super) async fn register_thin(
     size: Option<u64>,
     name: Option<String>,
     export: Option<String>,
+    external_origin: Option<String>,
 ) -> Result<Value> {
     let pool = find_pool(&*svc.volumes.read().await, pool_name)?;
     let name = name.unwrap_or_else(|| format!("{pool_name}.{id}"));
     if svc.volumes.read().await.get(&name).is_some() {
         bail!("a volume named {name:?} already exists (give another --name)");
     }
-    let vol = open_thin(&name, pool_name, &pool, id, size, &svc.config.data_dir).await?;
+    let origin = OriginArg::open(external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?;
+    let vol = open_thin(&name, pool_name, &pool, id, size, origin, &svc.config.data_dir).await?;
     svc.volumes.write().await.insert(vol)?;
     let export = match export {
         Some(e) if e.is_empty() => None,
@@ -236,9 +242,15 @@ pub(super) async fn register_thin(
     }
     update_state(&svc.config.data_dir, |s| {
         s.volumes.retain(|v| v.name != name);
-        s.volumes.push(RememberedThin { name: name.clone(), pool: pool_name.to_string(), id, export: export.clone() });
+        s.volumes.push(RememberedThin {
+            name: name.clone(),
+            pool: pool_name.to_string(),
+            id,
+            export: export.clone(),
+            external_origin: external_origin.clone(),
+        });
     })?;
-    Ok(json!({ "pool": pool_name, "id": id, "volume": name, "export": export }))
+    Ok(json!({ "pool": pool_name, "id": id, "volume": name, "export": export, "external_origin": external_origin }))
 }
 
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
@@ -248,16 +260,31 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     }
     let size = a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes();
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    // A bad origin is refused before the device exists.
+    drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
     pool.create_thin(a.id).await?;
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);
     })?;
-    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export).await
+    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export, a.external_origin).await
+}
+
+/// The external origin an active volume of thin device `id` was opened with: a snapshot of
+/// it needs the same one (its unmapped blocks would read zeroes otherwise).
+async fn active_origin(svc: &Service, pool: &str, id: u64) -> Option<String> {
+    let vols = svc.volumes.read().await;
+    vols.iter()
+        .filter_map(|v| v.as_any().downcast_ref::<ThinVolumeVol>())
+        .find(|t| t.pool_name() == pool && t.id() == id && t.origin_spec().is_some())
+        .and_then(|t| t.origin_spec().map(str::to_string))
 }
 
 async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: CreateArgs = parse(args, "thin.snapshot")?;
     let origin = a.origin.ok_or_else(|| anyhow!("thin.snapshot: origin is required"))?;
+    if a.external_origin.is_some() {
+        bail!("thin.snapshot takes no external_origin (a snapshot uses its origin's)");
+    }
     let size = match a.size {
         Some(s) => s.bytes(),
         None => load_state(&svc.config.data_dir)?
@@ -271,7 +298,8 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);
     })?;
-    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export).await
+    let external_origin = active_origin(&svc, &a.pool, origin).await;
+    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export, external_origin).await
 }
 
 #[derive(Deserialize)]
@@ -441,7 +469,8 @@ async fn restore_pool(svc: &Arc<Service>, p: &RememberedPool) -> Result<()> {
 
 async fn restore_thin(svc: &Arc<Service>, v: &RememberedThin) -> Result<()> {
     let pool = find_pool(&*svc.volumes.read().await, &v.pool)?;
-    let vol = open_thin(&v.name, &v.pool, &pool, v.id, None, &svc.config.data_dir).await?;
+    let origin = OriginArg::open(v.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?;
+    let vol = open_thin(&v.name, &v.pool, &pool, v.id, None, origin, &svc.config.data_dir).await?;
     svc.volumes.write().await.insert(vol)
 }
 

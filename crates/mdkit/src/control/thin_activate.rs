@@ -4,7 +4,8 @@
 //! | command            | args                                                             |
 //! |--------------------|------------------------------------------------------------------|
 //! | `thin.activate`    | pool, id, size (default: the recorded size), name (default       |
-//! |                    | POOL.ID), export (default the name; "" = none)                   |
+//! |                    | POOL.ID), export (default the name; "" = none), external_origin  |
+//! |                    | (a path or volume:NAME read where the device is unmapped)        |
 //! | `thin.deactivate`  | pool, id                                                         |
 //! | `thin.pool-resize` | pool, data_size, metadata_size: a size or "max" (the device's    |
 //! |                    | current size); both default to "max" when neither is given       |
@@ -74,6 +75,7 @@ struct ActivateArgs {
     size: Option<Size>,
     name: Option<String>,
     export: Option<String>,
+    external_origin: Option<String>,
 }
 
 async fn activate(svc: Arc<Service>, args: Value) -> Result<Value> {
@@ -113,7 +115,7 @@ async fn activate(svc: Arc<Service>, args: Value) -> Result<Value> {
             )
         })?,
     };
-    register_thin(&svc, &a.pool, a.id, Some(size), Some(name), Some(export)).await
+    register_thin(&svc, &a.pool, a.id, Some(size), Some(name), Some(export), a.external_origin).await
 }
 
 #[derive(Deserialize)]

@@ -26,6 +26,7 @@ pub mod mem;
 pub mod open_guard;
 pub mod thin;
 pub mod thin_autoextend;
+pub mod thin_origin;
 
 use std::any::Any;
 use std::future::Future;

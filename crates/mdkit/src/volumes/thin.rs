@@ -32,6 +32,7 @@
 //! id = 0                        # thin device id (24 bits)
 //! size = "10GiB"                # virtual size; may be omitted once recorded (see below)
 //! create = true                 # create thin device `id` in the pool if it does not exist
+//! external_origin = "base.img"  # unmapped blocks read this read-only volume (thin_origin.rs)
 //! ```
 //!
 //! dm-thin metadata does not store a thin device's size. mdkit records every size it is given
@@ -55,6 +56,7 @@ use mdkit_thin::pool::{DiscardMode, ModeCause, OpenMode, Pool, PoolMode, PoolOpt
 use serde::{Deserialize, Serialize};
 
 use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
+use super::thin_origin::open_origin;
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
 use crate::config::{Size, VolumeSpec};
 
@@ -181,6 +183,9 @@ pub struct RememberedThin {
     pub id: u64,
     #[serde(default)]
     pub export: Option<String>,
+    /// The external origin it was activated with (see `thin_origin.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_origin: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Default, Debug)]
@@ -450,6 +455,7 @@ struct ThinParams {
     size: Option<Size>,
     #[serde(default)]
     create: bool,
+    external_origin: Option<String>,
 }
 
 /// Finds the pool volume `name` in the registry.
@@ -465,6 +471,19 @@ pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
     Ok(p.pool.clone())
 }
 
+/// An external origin: as given (path or `volume:NAME`) and opened.
+pub struct OriginArg {
+    pub spec: String,
+    pub dev: DeviceRef,
+}
+
+impl OriginArg {
+    /// Opens `spec` (see `thin_origin.rs`); `None` stays `None`.
+    pub fn open(spec: Option<&str>, data_dir: &Path, volumes: &Volumes) -> Result<Option<OriginArg>> {
+        spec.map(|s| Ok(OriginArg { spec: s.to_string(), dev: open_origin(s, data_dir, volumes)? })).transpose()
+    }
+}
+
 /// Opens thin device `id` of `pool` as volume `name`; the size comes from `size` or the state
 /// file (and is recorded there).
 pub async fn open_thin(
@@ -473,6 +492,7 @@ pub async fn open_thin(
     pool: &Pool,
     id: u64,
     size: Option<u64>,
+    origin: Option<OriginArg>,
     data_dir: &Path,
 ) -> Result<Arc<ThinVolumeVol>> {
     let key = size_key(pool_name, id);
@@ -482,7 +502,11 @@ pub async fn open_thin(
             anyhow!("thin device {id} of pool {pool_name:?}: no size configured and none recorded in {STATE_FILE}")
         })?,
     };
-    let vol = pool.thin(id, size).await?;
+    let mut vol = pool.thin(id, size).await?;
+    let origin_spec = origin.as_ref().map(|o| o.spec.clone());
+    if let Some(o) = origin {
+        vol = vol.with_external_origin(o.dev)?;
+    }
     update_state(data_dir, |st| {
         st.sizes.insert(key, size);
     })?;
@@ -491,6 +515,7 @@ pub async fn open_thin(
         pool_name: pool_name.to_string(),
         pool: pool.clone(),
         vol: Arc::new(vol),
+        origin_spec,
     }))
 }
 
@@ -510,7 +535,8 @@ impl VolumeKind for ThinKind {
                 pool.create_thin(p.id).await?;
                 tracing::info!(pool = %p.pool, id = p.id, "created thin device");
             }
-            let v = open_thin(&spec.name, &p.pool, &pool, p.id, p.size.map(Size::bytes), ctx.data_dir).await?;
+            let origin = OriginArg::open(p.external_origin.as_deref(), ctx.data_dir, ctx.volumes)?;
+            let v = open_thin(&spec.name, &p.pool, &pool, p.id, p.size.map(Size::bytes), origin, ctx.data_dir).await?;
             Ok(v as Arc<dyn Volume>)
         })
     }
@@ -522,6 +548,8 @@ pub struct ThinVolumeVol {
     pool_name: String,
     pool: Pool,
     vol: Arc<ThinVolume>,
+    /// The external origin as given, if any.
+    origin_spec: Option<String>,
 }
 
 impl ThinVolumeVol {
@@ -530,6 +558,10 @@ impl ThinVolumeVol {
     }
     pub fn id(&self) -> u64 {
         self.vol.id()
+    }
+    /// The external origin as given (path or `volume:NAME`), if any.
+    pub fn origin_spec(&self) -> Option<&str> {
+        self.origin_spec.as_deref()
     }
 }
 
@@ -557,6 +589,9 @@ impl Volume for ThinVolumeVol {
             "slow_ops": c.slow_ops,
             "cell_waits": c.cell_waits,
             "cached_mappings": self.vol.cached_mappings(),
+            "external_origin": self.vol.external_origin().map(|(device, size_bytes)| serde_json::json!({
+                "spec": self.origin_spec, "device": device, "size_bytes": size_bytes,
+            })),
         })
     }
     fn as_any(&self) -> &dyn Any {
@@ -663,7 +698,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         update_state(dir.path(), |st| {
             st.sizes.insert(size_key("p", 3), 1 << 30);
-            st.volumes.push(RememberedThin { name: "p.3".into(), pool: "p".into(), id: 3, export: Some("p.3".into()) });
+            st.volumes.push(RememberedThin {
+                name: "p.3".into(),
+                pool: "p".into(),
+                id: 3,
+                export: Some("p.3".into()),
+                external_origin: None,
+            });
         })
         .unwrap();
         let st = load_state(dir.path()).unwrap();
