@@ -89,9 +89,13 @@ enum RoundError {
     Fatal(String),
 }
 
+/// The update time as the kernel writes it (super_1_sync: `mddev->utime`, whole seconds from
+/// ktime_get_real_seconds): the field's upper 24 "microseconds" bits stay zero. The kernel
+/// loads utime unmasked and reports it through a 32-bit field, so microseconds written there
+/// show in `mdadm --detail` of a running array as an update time in 2106.
 pub(crate) fn now_md_time() -> u64 {
     let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    md_time(d.as_secs(), d.subsec_micros())
+    md_time(d.as_secs(), 0)
 }
 
 /// `dev_roles` for the current membership (super_1_sync).
