@@ -89,6 +89,11 @@ pub enum BitmapError {
     UnsupportedVersion { version: u32, why: &'static str },
     #[error("bitmap chunksize {chunk_bytes} bytes is below the minimum of {MIN_CHUNK_BYTES}")]
     ChunkTooSmall { chunk_bytes: u32 },
+    #[error(
+        "bitmap sync_size {sync_size_sectors} sectors is larger than any block device the kernel can address \
+         ({MAX_SYNC_SIZE_SECTORS} sectors)"
+    )]
+    SyncSizeTooLarge { sync_size_sectors: u64 },
     #[error("bitmap chunksize {chunk_bytes} bytes is not a power of 2")]
     ChunkNotPowerOfTwo { chunk_bytes: u32 },
     #[error("bitmap daemon_sleep is 0 seconds (out of range)")]
@@ -363,6 +368,11 @@ pub struct BitLocation {
     pub mask: u8,
 }
 
+/// The largest array a bitmap can describe: the kernel's largest block device,
+/// MAX_LFS_FILESIZE (i64::MAX bytes), in sectors. Bounds the bit count so that bit arithmetic
+/// cannot overflow (found by the md_bitmap fuzz target: sync_size 2^64-1 at 512-byte chunks).
+pub const MAX_SYNC_SIZE_SECTORS: u64 = (i64::MAX as u64) >> 9;
+
 /// The on-disk bit geometry of a bitmap: `chunk_bytes` of data per bit over `sync_size_sectors`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BitmapGeometry {
@@ -377,6 +387,9 @@ impl BitmapGeometry {
         }
         if !chunk_bytes.is_power_of_two() {
             return Err(BitmapError::ChunkNotPowerOfTwo { chunk_bytes });
+        }
+        if sync_size_sectors > MAX_SYNC_SIZE_SECTORS {
+            return Err(BitmapError::SyncSizeTooLarge { sync_size_sectors });
         }
         Ok(BitmapGeometry { chunk_bytes, sync_size_sectors })
     }
@@ -577,6 +590,15 @@ pub fn mdadm_create_sync_size_sectors(level: i32, member_size_sectors: u64, raid
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_size_beyond_any_device_is_refused() {
+        let e = BitmapGeometry::new(512, u64::MAX).unwrap_err();
+        assert!(matches!(e, BitmapError::SyncSizeTooLarge { .. }), "{e}");
+        let g = BitmapGeometry::new(512, MAX_SYNC_SIZE_SECTORS).unwrap();
+        let last = g.chunks() - 1;
+        assert_eq!(g.bit_location(last).byte_in_area, (last + 2048) / 8, "no overflow at the largest size");
+    }
 
     #[test]
     fn geometry_of_the_lab_raid1() {
