@@ -344,9 +344,13 @@ fn delta_extra(sb: &Superblock) -> u32 {
 pub fn array_state(sb: &Superblock) -> (String, bool) {
     let slots = sb.raid_disks.saturating_add(delta_extra(sb));
     let mut inconsistent = false;
-    // One character per slot (mdadm prints raid_disks of them; we stop at ROLE_MAX so a
-    // corrupt raid_disks cannot make the output unbounded).
-    let shown = slots.min(u32::from(ROLE_MAX)) as usize;
+    // One character per slot (mdadm prints raid_disks of them). A 1.x superblock holds at most
+    // MAX_DEV_ROLES roles, so a larger raid_disks is corrupt: it is cut there (and called
+    // inconsistent) instead of printing up to 65,280 characters.
+    let shown = slots.min(super::superblock::MAX_DEV_ROLES) as usize;
+    if slots > super::superblock::MAX_DEV_ROLES {
+        inconsistent = true;
+    }
     let mut counts = vec![0u32; shown];
     for r in &sb.dev_roles {
         if let Some(c) = counts.get_mut(*r as usize) {
