@@ -102,7 +102,7 @@ impl Array {
         if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_)) {
             return Err(refused(format!("{}: --add goes with --raid-devices only", self.name())));
         }
-        let pause = self.pause.write().await;
+        let pause = self.pause.pause().await;
         let core = self.core();
         if let Some(why) = core.needs_check() {
             return Err(refused(format!("{}: cannot grow: the array needs a check: {why}", self.name())));

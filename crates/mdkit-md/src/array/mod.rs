@@ -20,6 +20,7 @@
 //! | [`sync`]          | resync / recover / check / repair engine, speed limits, progress  |
 //! | [`assemble`], [`create`] | starting arrays from members, creating new ones            |
 //! | [`grow`]          | `--grow` without restriping: size, bitmap, raid1 mirrors          |
+//! | [`pause`]         | holding requests while `grow` swaps the running array (one atomic) |
 //! | [`attrs`]         | md's sysfs-named attributes                                       |
 //! | [`raid0`], [`raid1`], [`raid10`], [`raid5`] | the personalities (`raid5`: dispatch point) |
 //! | [`bitmap`], [`flush`] | the write-intent bitmap; flush batching                    |
@@ -45,6 +46,7 @@ pub mod grow;
 pub mod io;
 pub mod member;
 pub mod mirror;
+pub mod pause;
 pub mod personality;
 pub mod raid0;
 pub mod raid1;
@@ -88,7 +90,7 @@ pub struct Array {
     live: parking_lot::RwLock<Live>,
     /// Every request and membership change holds this shared; `grow` holds it exclusively
     /// while it replaces the running array, so requests wait (they do not fail) meanwhile.
-    pause: tokio::sync::RwLock<()>,
+    pause: pause::Pause,
     name_for_device: String,
     /// Members assembly left out and why (until they are added or re-added).
     left_out: Mutex<Vec<Refusal>>,
@@ -123,7 +125,7 @@ impl Array {
         Array {
             array_name: core.name().to_string(),
             live: parking_lot::RwLock::new(Live { core, topology, tasks }),
-            pause: tokio::sync::RwLock::new(()),
+            pause: pause::Pause::default(),
             name_for_device,
             left_out: Mutex::new(Vec::new()),
             detached: std::sync::atomic::AtomicBool::new(false),
@@ -219,7 +221,7 @@ impl Array {
 
     /// `--fail`: marks the member faulty (refused for the last member the array needs).
     pub async fn fail_member(&self, member: &str) -> stdio::Result<()> {
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let m = self.find(member)?;
         if !self.core().fail_member(&m, "failed by request") {
             return Err(stdio::Error::new(
@@ -232,7 +234,7 @@ impl Array {
 
     /// `--remove`: takes a faulty member or a spare out of the array.
     pub async fn remove_member(&self, member: &str) -> stdio::Result<()> {
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let core = self.core();
         let _g = core.membership.lock().await;
         let m = self.find(member)?;
@@ -254,7 +256,7 @@ impl Array {
     /// `--add`: writes a new superblock (and bitmap) to the device and adds it as a spare; the
     /// sync engine puts it into an empty role and rebuilds it.
     pub async fn add_member(&self, dev: MemberDev) -> stdio::Result<()> {
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let core = self.core();
         let _g = core.membership.lock().await;
         let slots = self.core().slots();
@@ -351,7 +353,7 @@ impl Array {
     /// the bitmap's `events_cleared`) it is rebuilt bitmap-guided; otherwise re-add is refused
     /// (use `--add` for a full rebuild).
     pub async fn re_add_member(&self, dev: MemberDev) -> stdio::Result<()> {
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let core = self.core();
         let _g = core.membership.lock().await;
         let sb = assemble::read_superblock(&dev.dev).await.map_err(|e| {
@@ -419,7 +421,7 @@ impl Array {
     /// `writemostly`): reads avoid a write-mostly member while another in-sync copy exists. The
     /// flag is written to the member's superblock (devflags WriteMostly1) before this returns.
     pub async fn set_write_mostly(&self, member: &str, on: bool) -> stdio::Result<()> {
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let m = self.find(member)?;
         if on {
             m.set(flag::WRITE_MOSTLY);
@@ -590,7 +592,7 @@ impl Array {
         if len_bytes == 0 {
             return Ok(());
         }
-        let _p = self.pause.read().await;
+        let _p = self.pause.enter().await;
         let core_ref = self.core();
         let core = &*core_ref;
         if let Some(reason) = core.needs_check() {
@@ -647,11 +649,10 @@ impl BlockDevice for Array {
             if buf.is_empty() {
                 return (buf, Ok(()));
             }
-            let _p = self.pause.read().await;
+            let _p = self.pause.enter().await;
             let core = self.core();
             core.note_user_request();
-            let pers = core.personality().clone();
-            pers.read(&core, offset_bytes / 512, buf).await
+            core.personality().read(&core, offset_bytes / 512, buf).await
         })
     }
 
@@ -665,7 +666,7 @@ impl BlockDevice for Array {
 
     fn flush(&self) -> IoFuture<'_, stdio::Result<()>> {
         Box::pin(async move {
-            let _p = self.pause.read().await;
+            let _p = self.pause.enter().await;
             self.core().flush_members().await
         })
     }
