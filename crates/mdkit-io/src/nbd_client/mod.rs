@@ -243,6 +243,28 @@ fn topology(info: &ExportInfo) -> Topology {
     }
 }
 
+/// One request counted in the link's outstanding requests and bytes until dropped (also when
+/// the caller drops the request's future before the reply).
+struct Outstanding<'a> {
+    shared: &'a Shared,
+    bytes: u64,
+}
+
+impl<'a> Outstanding<'a> {
+    fn new(shared: &'a Shared, bytes: u64) -> Outstanding<'a> {
+        shared.outstanding_requests.fetch_add(1, Ordering::Relaxed);
+        shared.outstanding_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Outstanding { shared, bytes }
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.shared.outstanding_requests.fetch_sub(1, Ordering::Relaxed);
+        self.shared.outstanding_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 impl Shared {
     /// Starts a connection and makes it the current one.
     fn install(self: &Arc<Self>, halves: (ReadHalf, WriteHalf), info: ExportInfo) {
@@ -310,11 +332,10 @@ impl Shared {
         };
         // TRIM and WRITE_ZEROES carry no payload: only reads and writes count as bytes.
         let bytes = if matches!(cmd, CMD_READ | CMD_WRITE) { u64::from(len_bytes) } else { 0 };
-        self.outstanding_requests.fetch_add(1, Ordering::Relaxed);
-        self.outstanding_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let r = c.request(op, cmd, flags, offset_bytes, len_bytes, payload, buf, self.opts.request_timeout).await;
-        self.outstanding_requests.fetch_sub(1, Ordering::Relaxed);
-        self.outstanding_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let r = {
+            let _counted = Outstanding::new(self, bytes);
+            c.request(op, cmd, flags, offset_bytes, len_bytes, payload, buf, self.opts.request_timeout).await
+        };
         if matches!(&r.result, Ok(()) | Err(NbdClientError { kind: NbdErrorKind::Server { .. }, .. })) {
             self.touch();
         }
