@@ -10,7 +10,6 @@
 use crate::common;
 
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -22,29 +21,7 @@ const BLOCK_BYTES: u64 = BLOCK_SECTORS as u64 * 512;
 const NR_DATA_BLOCKS: u64 = 512;
 const VOLUME_BLOCKS: u64 = 64;
 
-fn lab() -> Result<PathBuf, String> {
-    if std::env::var("MDKIT_SKIP_LAB").as_deref() == Ok("1") {
-        return Err("MDKIT_SKIP_LAB=1".into());
-    }
-    let dir = match std::env::var("MDKIT_LAB_DIR") {
-        Ok(d) => PathBuf::from(d),
-        Err(_) => {
-            let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-            [ws.join("../shared/lab"), PathBuf::from("/work/shared/lab")]
-                .into_iter()
-                .find(|d| d.join("run.sh").exists())
-                .ok_or("no kernel lab directory (set MDKIT_LAB_DIR)")?
-        }
-    };
-    if Command::new("qemu-system-x86_64").arg("--version").output().is_err() {
-        return Err("qemu-system-x86_64 is not installed".into());
-    }
-    let out = Command::new(dir.join("build.sh")).output().map_err(|e| format!("lab build.sh: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("lab build.sh failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(dir)
-}
+use crate::pool_util::lab;
 
 fn pattern(dev: u64, vblock: u64, generation: u32) -> Vec<u8> {
     let line = format!("mdkit dev={dev} vblock={vblock} gen={generation}\n");
