@@ -23,7 +23,8 @@
 //!   full-unit writes, run in parallel up to `channels` requests.
 //! * Latencies are real waiting time: [`crate::timer::MicroTimer`] (timerfd-driven, microsecond
 //!   resolution, the CPU sleeps) rather than tokio's millisecond timer or a spin loop. With all
-//!   latencies 0 the model only counts.
+//!   latencies 0 the model only counts. [`FlashDevice::on_tokio_clock`] waits on tokio's clock
+//!   instead, so a test can pause time and run the model deterministically.
 //!
 //! The data goes to the inner device unchanged; the model affects timing and counters only.
 
@@ -31,7 +32,9 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use parking_lot::Mutex;
 use tokio::sync::{OwnedMutexGuard, Semaphore};
@@ -120,7 +123,24 @@ struct FlashState {
     channels: Arc<Semaphore>,
     /// Units with an RMW in progress or waiting; entries removed when unused.
     unit_locks: Mutex<HashMap<u64, UnitLock>>,
-    timer: LazyTimer,
+    timer: FlashClock,
+}
+
+/// What the model's latencies wait on.
+enum FlashClock {
+    /// Real time at microsecond resolution (benchmarks).
+    Micro(LazyTimer),
+    /// tokio's clock, which a test can pause and advance.
+    Tokio,
+}
+
+impl FlashClock {
+    async fn sleep(&self, duration: Duration) {
+        match self {
+            FlashClock::Micro(t) => t.sleep(duration).await,
+            FlashClock::Tokio => tokio::time::sleep(duration).await,
+        }
+    }
 }
 
 /// Inspects a [`FlashDevice`] while I/O runs. Clone freely.
@@ -199,6 +219,10 @@ impl Drop for UnitGuard<'_> {
 
 impl<D: BlockDevice> FlashDevice<D> {
     pub fn new(inner: D, model: FlashModel) -> FlashDevice<D> {
+        FlashDevice::with_clock(inner, model, FlashClock::Micro(LazyTimer::default()))
+    }
+
+    fn with_clock(inner: D, model: FlashModel, timer: FlashClock) -> FlashDevice<D> {
         let model = FlashModel {
             unit_bytes: model.unit_bytes.max(512).next_power_of_two(),
             channels: model.channels.max(1),
@@ -209,9 +233,15 @@ impl<D: BlockDevice> FlashDevice<D> {
             counters: Counters::default(),
             channels: Arc::new(Semaphore::new(model.channels as usize)),
             unit_locks: Mutex::new(HashMap::new()),
-            timer: LazyTimer::default(),
+            timer,
         });
         FlashDevice { inner, state }
+    }
+
+    /// The same model with latencies on tokio's clock: under a paused clock (`start_paused`)
+    /// the runtime advances time itself and a test runs the model deterministically.
+    pub fn on_tokio_clock(inner: D, model: FlashModel) -> FlashDevice<D> {
+        FlashDevice::with_clock(inner, model, FlashClock::Tokio)
     }
 
     pub fn handle(&self) -> FlashHandle {

@@ -154,7 +154,11 @@ async fn sequential_small_writes_are_gathered_into_full_stripes() {
 /// writes take 4 ms (far beyond the 1 ms `stripe_gather_hold_us`), the hold limit follows the
 /// measured write latency and the stream's frontier stripes are still completed, not written
 /// partially with reads (which a fixed 1 ms hold did for most frontiers).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// The clock is paused: the members' latencies and raid5's hold deadline and latency average
+/// all run on tokio's clock, which the runtime advances only when every task waits, so the
+/// outcome does not depend on how busy the machine is.
+#[tokio::test(start_paused = true)]
 async fn a_deep_stream_on_slow_members_is_still_gathered() {
     let tracer = Tracer::new(1024);
     let model = mdkit_io::FlashModel {
@@ -168,7 +172,7 @@ async fn a_deep_stream_on_slow_members_is_still_gathered() {
         .map(|i| {
             let name = format!("slow{i}");
             let mem = Arc::new(MemDevice::new(name.clone(), 8 * MIB));
-            let flash: DeviceRef = Arc::new(FlashDevice::new(mem.clone() as DeviceRef, model));
+            let flash: DeviceRef = Arc::new(FlashDevice::on_tokio_clock(mem.clone() as DeviceRef, model));
             let dev: DeviceRef = Arc::new(tracer.wrap(flash));
             SimMember { name, dev, mem: Some(mem), fault: None }
         })

@@ -68,10 +68,11 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use self::cache::{BatchError, BatchResult, Leadership, StripeCache, StripeEntry, Turn, WriteTicket, to_io};
 use self::exec::Target;
@@ -670,7 +671,7 @@ impl Raid5 {
             tokio::select! {
                 _ = changed => {}
                 _ = drain => {}
-                _ = tokio::time::sleep_until(deadline.into()) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
         if holding {
