@@ -108,8 +108,9 @@ fn cases() -> Vec<Case> {
         c("size all ones", "size", Field(|s| s.size_sectors = u64::MAX), Problem),
         c("size zero", "size", Field(|s| s.size_sectors = 0), Problem),
         c("size beyond data_size", "size", Field(|s| s.size_sectors = s.data_size_sectors + 8), Problem),
-        // Valid on its own, but its bitmap now covers more than the array (sync_size).
-        c("size valid but smaller", "size", Field(|s| s.size_sectors -= 2048), Problem),
+        // Valid on its own (a bitmap ahead of the size is what a grow cut after the bitmap
+        // write leaves); assembly sees the members disagree on the size.
+        c("size valid but smaller", "size", Field(|s| s.size_sectors -= 2048), Valid),
         c("ctime different", "ctime", Field(|s| s.ctime += 1), Valid),
         c("data_offset zero", "data_offset", Field(|s| s.data_offset_sectors = 0), Problem),
         c("data_offset beyond device", "data_size", Field(|s| s.data_offset_sectors = 1 << 40), Problem),

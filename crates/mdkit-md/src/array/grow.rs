@@ -85,7 +85,10 @@ async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -> io::Resul
         .await
         .map_err(|e| member_err(array, m.name(), &format!("reading the bitmap at sector {sector}"), e))?;
     let bms = BitmapSuper::decode(&head).map_err(|e| member_err(array, m.name(), "bitmap superblock", e))?;
-    let geo = bms.geometry().map_err(|e| member_err(array, m.name(), "bitmap superblock", e))?;
+    // Sized from the array, as the kernel does (sync_size may be ahead after a cut grow).
+    let domain = crate::format::validate::bitmap_sync_domain_sectors(sb).unwrap_or(0);
+    let geo = crate::format::bitmap::BitmapGeometry::new(bms.chunk_bytes, domain)
+        .map_err(|e| member_err(array, m.name(), "bitmap superblock", e))?;
     let area = dev
         .read_vec(sector * 512, geo.area_bytes() as usize)
         .await

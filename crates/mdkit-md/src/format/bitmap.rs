@@ -245,7 +245,7 @@ impl BitmapSuper {
     /// Encodes the 256-byte superblock (pad zero), validating first.
     /// Checks a member's bitmap superblock against its md superblock before anything is sized
     /// from it: the kernel's field checks ([`BitmapSuper::validate`]), the array uuid,
-    /// `sync_size` within the array's sync domain, and the bits for that domain fitting the
+    /// `sync_size` within what the member's data area covers, and the bits for that domain fitting the
     /// `space_bytes` before the next structure (and `sectors_reserved`, when recorded).
     pub fn check_for_member(&self, sb: &super::superblock::Superblock, space_bytes: u64) -> Result<(), BitmapError> {
         self.validate()?;
@@ -261,11 +261,17 @@ impl BitmapSuper {
             reason,
         };
         let domain = super::validate::bitmap_sync_domain_sectors(sb).unwrap_or(0);
-        if self.sync_size_sectors > domain {
+        // The kernel sizes the bitmap from the array, not from sync_size, and a grow writes
+        // the bitmap (with the new sync_size) before the superblocks: a cut between them
+        // leaves a sync_size up to what the member's data area can hold.
+        let mut grown = sb.clone();
+        grown.size_sectors = sb.data_size_sectors.max(sb.size_sectors);
+        let most = super::validate::bitmap_sync_domain_sectors(&grown).unwrap_or(0).max(domain);
+        if self.sync_size_sectors > most {
             return Err(field(
                 "sync_size",
                 self.sync_size_sectors,
-                format!("sectors: more than the {domain} sectors the array covers"),
+                format!("sectors: more than the {most} sectors the member's data area covers"),
             ));
         }
         let storage_bytes = BitmapGeometry::new(self.chunk_bytes, domain)?.storage_bytes();

@@ -105,19 +105,23 @@ pub(super) async fn load(
     let reference = reads.iter().filter_map(|r| r.header.clone()).max_by_key(|h| h.events).ok_or_else(|| {
         invalid(&array, format!("no member holds a valid bitmap for this array ({})", problems.join("; ")))
     })?;
-    for r in &reads {
+    // A grow cut between the members' bitmap writes leaves chunk sizes that disagree: the
+    // newest bitmap is the reference, the others' bits mean other ranges and are not used,
+    // and every chunk is synced (their dirty regions are not known in the reference's terms).
+    let mut chunks_disagree = false;
+    for r in &mut reads {
         if let Some(h) = &r.header
             && h.chunk_bytes != reference.chunk_bytes
         {
-            return Err(invalid(
-                &array,
-                format!(
-                    "members disagree on the chunk size ({}: {} bytes, reference {} bytes)",
-                    r.member.dev.name(),
-                    h.chunk_bytes,
-                    reference.chunk_bytes
-                ),
-            ));
+            tracing::warn!(
+                "{}: {}: bitmap chunk {} bytes, the newest bitmap has {} bytes: its bits are not used and every chunk is synced",
+                array.name,
+                r.member.dev.name(),
+                h.chunk_bytes,
+                reference.chunk_bytes
+            );
+            r.header = None;
+            chunks_disagree = true;
         }
     }
     // The kernel sizes the bitmap from the array (resync_max_sectors), not from sync_size.
@@ -156,7 +160,7 @@ pub(super) async fn load(
             *dst |= *src;
         }
     }
-    let stale = reference.events < array.events || reference.state & state::STALE != 0;
+    let stale = reference.events < array.events || reference.state & state::STALE != 0 || chunks_disagree;
     if stale {
         tracing::warn!(
             "{}: bitmap is out of date ({} < {}) or stale: every chunk needs sync",
