@@ -216,6 +216,21 @@ async fn read_members(members: Vec<MemberDev>, refused: &mut Vec<Refusal>) -> Ve
     found
 }
 
+/// A member one event behind takes its role from the freshest superblock (the kernel's
+/// super_1_validate: a role it missed, such as faulty, must not be trusted from its own). When
+/// that role is active but the member's own superblock holds another (a spare whose activation
+/// it missed: the cut fell between the members' superblock writes, before its recovery
+/// started), its data is not that role's: it is rebuilt from sector 0, never taken as in sync.
+fn rebuild_if_role_changed(name: &str, mut sb: Superblock, role: u16) -> Superblock {
+    if role >= ROLE_MAX || sb.raw_role() == role || sb.feature_map & feature::RECOVERY_OFFSET != 0 {
+        return sb;
+    }
+    tracing::warn!(member = name, own = sb.raw_role(), role, "member missed its activation: rebuilt from sector 0");
+    sb.feature_map |= feature::RECOVERY_OFFSET;
+    sb.recovery_offset_sectors = 0;
+    sb
+}
+
 /// The requested UUID, else the one most members carry (ties: more events).
 fn pick_uuid(found: &[(MemberDev, Superblock)], requested: Option<[u8; 16]>) -> [u8; 16] {
     requested.unwrap_or_else(|| {
@@ -426,6 +441,7 @@ pub async fn assemble_with(
             refused.push(refuse("journal devices are not supported".into()));
             continue;
         }
+        let sb = rebuild_if_role_changed(&md.name, sb, role);
         accepted.push(Accepted { md, sb, role, stale: false, bad_blocks });
     }
     // dev_number must be unique.
