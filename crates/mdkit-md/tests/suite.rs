@@ -33,6 +33,7 @@ mod format_corruption;
 mod format_lab;
 mod format_mdadm_examine;
 mod fuzz_corpus;
+mod grow_crash;
 mod grow_lab;
 mod layout_roundtrip;
 mod member_errors;

@@ -1,0 +1,228 @@
+//! Power cuts during `grow` (crash-recording members, one power domain): `--size max`,
+//! `--bitmap none` then `--bitmap internal`, and raid1 `--raid-devices 3 --add`. Data is written
+//! and flushed before the grow and after it; the cut falls after any completed member write
+//! from the start of the grow to the end of the recovery it starts, plus random points.
+//!
+//! For every point and every way the volatile writes may have landed, the members as they would
+//! be found must assemble; the array has the old or the new size; members left out as stale are
+//! recovered as an operator would (`--re-add`, else `--add`); then every write that was durable
+//! at the point reads back, every other sector holds its old or new contents, and `check` finds
+//! 0 mismatches. A durable write beyond the assembled size is a lost grow.
+
+use crate::array_util;
+
+use array_util::*;
+use mdkit_io::{
+    BlockDevice, BlockDeviceExt, CrashEventKind, CrashGroup, CrashOptions, CrashPoint, CrashPolicy, Rng, SharedBuf,
+    WriteFlags,
+};
+use mdkit_md::array::{Array, AssembleOptions, BitmapChange, GrowChange, GrowSize, assemble, read_superblock};
+use mdkit_md::layout::Level;
+
+/// One acknowledged write: where, what, and the log position when it was acknowledged.
+struct Written {
+    off: u64,
+    data: Vec<u8>,
+    acked_at: u64,
+}
+
+/// Writes and flushes that make up the history the cut points are judged against.
+struct History {
+    written: Vec<Written>,
+    /// (issued at, returned at) of each completed flush.
+    flushes: Vec<(u64, u64)>,
+}
+
+impl History {
+    fn durable(&self, w: &Written, point: u64) -> bool {
+        w.acked_at <= point && self.flushes.iter().any(|&(started, done)| done <= point && w.acked_at <= started)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    SizeMax,
+    BitmapOffOn,
+    Mirrors3,
+}
+
+/// Writes `count` random 4 KiB blocks from `free` (each block at most once, so "old" is zeroes)
+/// and flushes.
+async fn write_and_flush(
+    a: &Array,
+    group: &CrashGroup,
+    rng: &mut Rng,
+    free: &mut Vec<u64>,
+    h: &mut History,
+    count: usize,
+) {
+    for _ in 0..count {
+        let i = rng.below(free.len() as u64) as usize;
+        let b = free.swap_remove(i);
+        let mut data = vec![0u8; 4096];
+        rng.fill(&mut data);
+        a.write(b * 4096, SharedBuf::from_slice(&data), WriteFlags::NONE).await.unwrap();
+        h.written.push(Written { off: b * 4096, data, acked_at: group.now().0 });
+    }
+    let started = group.now().0;
+    a.flush().await.unwrap();
+    h.flushes.push((started, group.now().0));
+}
+
+async fn grow(a: &Array, change: Change, spare: &SimMember) {
+    match change {
+        Change::SizeMax => {
+            a.grow(GrowChange::Size { size: GrowSize::Max, assume_clean: false }, vec![]).await.unwrap();
+        }
+        Change::BitmapOffOn => {
+            a.grow(GrowChange::Bitmap(BitmapChange::None), vec![]).await.unwrap();
+            a.grow(GrowChange::Bitmap(BitmapChange::Internal { chunk_bytes: Some(256 << 10) }), vec![]).await.unwrap();
+        }
+        Change::Mirrors3 => {
+            a.grow(GrowChange::RaidDevices(3), vec![spare.member_dev()]).await.unwrap();
+        }
+    }
+    a.wait_sync_idle().await;
+}
+
+/// Points after each completed member write in `[from, to]`, thinned to about `max`, plus
+/// `random` uniform points.
+fn cut_points(group: &CrashGroup, from: u64, to: u64, max: usize, random: usize, rng: &mut Rng) -> Vec<u64> {
+    let done: Vec<u64> = group
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, CrashEventKind::WriteCompleted { .. }))
+        .map(|e| e.index + 1)
+        .filter(|p| (from..=to).contains(p))
+        .collect();
+    let stride = (done.len() / max.max(1)).max(1);
+    let mut points: Vec<u64> = done.into_iter().step_by(stride).collect();
+    points.extend((0..random).map(|_| from + rng.below(to - from + 1)));
+    points.push(to);
+    points
+}
+
+/// Members left out at assembly come back as an operator brings them: `--re-add`, and when
+/// that is refused, `--add` (a full rebuild). Devices without this array's superblock (a spare
+/// the cut came before) stay out.
+async fn recover_left_out(b: &Array, ms: &[SimMember], refused: &[String], ctx: &str) {
+    for m in ms.iter().filter(|m| refused.contains(&m.name)) {
+        match read_superblock(&m.dev).await {
+            Ok(sb) if sb.set_uuid == b.info().uuid => {}
+            _ => continue,
+        }
+        if b.re_add_member(m.member_dev()).await.is_err() {
+            b.add_member(m.member_dev()).await.unwrap_or_else(|e| panic!("{ctx}: --add of {} refused: {e}", m.name));
+        }
+    }
+    b.wait_sync_idle().await;
+}
+
+/// `mdadm --assemble`, and when it refuses a dirty degraded raid4/5/6 (the kernel's rule: a
+/// grow cut between the superblock writes leaves a member one event behind, while the grown
+/// part still needs its resync), `--assemble --force`, as mdadm's message tells the operator.
+async fn assemble_as_operator(ms: &[SimMember], ctx: &str) -> mdkit_md::array::Assembled {
+    let opts = |force| AssembleOptions { name: "grow-crash".into(), force, ..Default::default() };
+    match assemble(member_devs(ms), opts(false)).await {
+        Ok(a) => a,
+        Err(e) if e.to_string().contains("--force") => assemble(member_devs(ms), opts(true))
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: assembly refused even with --force: {e}")),
+        Err(e) => panic!("{ctx}: assembly refused: {e}"),
+    }
+}
+
+async fn judge(b: &Array, h: &History, p: u64, ctx: &str) {
+    for w in &h.written {
+        let durable = h.durable(w, p);
+        if w.off + 4096 > b.size_bytes() {
+            assert!(!durable, "{ctx}: durable write at {} is beyond the assembled size {}", w.off, b.size_bytes());
+            continue;
+        }
+        let got = b.read_vec(w.off, 4096).await.unwrap();
+        if durable {
+            assert!(got == w.data, "{ctx}: durable write at {} lost", w.off);
+        } else {
+            for (i, (g, d)) in got.chunks(512).zip(w.data.chunks(512)).enumerate() {
+                assert!(g == d || g.iter().all(|x| *x == 0), "{ctx}: sector {i} at {} is neither old nor new", w.off);
+            }
+        }
+    }
+    assert_eq!(check(b).await, 0, "{ctx}: mismatches after recovery");
+}
+
+async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, points: usize) {
+    let s = seed(name, 47);
+    let mut rng = Rng::new(s);
+    let group = CrashGroup::with_options(CrashOptions::default());
+    let members: Vec<SimMember> =
+        crash_members(&group, &format!("{name}-"), n + 1, 8 * MIB).into_iter().map(|(m, _)| m).collect();
+    let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
+    let mut o = opts(level, n as u32, Some(64), None, true, false);
+    o.bitmap = mdkit_md::format::create::BitmapRequest::Internal { chunk_bytes: Some(256 << 10) };
+    if matches!(change, Change::SizeMax) {
+        o.size_kib = Some(4 * 1024);
+    }
+    let a = create_array(&members[..n], o).await;
+    fast_sync(&a);
+    a.wait_sync_idle().await;
+    a.set_attribute("safe_mode_delay", "0.02").unwrap();
+    let old_size = a.size_bytes();
+    let mut free: Vec<u64> = (0..old_size / 4096).collect();
+    let mut h = History { written: Vec::new(), flushes: Vec::new() };
+    write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;
+    let from = group.now().0;
+    grow(&a, change, &members[n]).await;
+    let new_size = a.size_bytes();
+    free.extend(old_size / 4096..new_size / 4096);
+    write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;
+    let to = group.now().0;
+    drop(a);
+    let sample = cut_points(&group, from, to, points, points / 4, &mut rng);
+    for (k, p) in sample.into_iter().enumerate() {
+        let policy = CrashPolicy::ALL[k % CrashPolicy::ALL.len()];
+        let ms = image_members(&names, group.image_at(CrashPoint(p), &mut rng, policy).unwrap());
+        let ctx = format!("{name} {change:?}: point {p} of {from}..{to} ({policy:?}), seed {s}");
+        let assembled = assemble_as_operator(&ms, &ctx).await;
+        let b = assembled.array;
+        let size = b.size_bytes();
+        assert!(size == old_size || size == new_size, "{ctx}: size {size}, neither {old_size} nor {new_size}");
+        fast_sync(&b);
+        b.wait_sync_idle().await;
+        let refused: Vec<String> = assembled.refused.iter().map(|r| r.member.clone()).collect();
+        recover_left_out(&b, &ms, &refused, &ctx).await;
+        judge(&b, &h, p, &ctx).await;
+        b.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_grow_size_crash_points() {
+    grow_crash_case("gc-r1-size", Level::Raid1, 2, Change::SizeMax, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_grow_size_crash_points() {
+    grow_crash_case("gc-r5-size", Level::Raid5, 3, Change::SizeMax, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_grow_bitmap_crash_points() {
+    grow_crash_case("gc-r1-bitmap", Level::Raid1, 2, Change::BitmapOffOn, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_grow_mirrors_crash_points() {
+    grow_crash_case("gc-r1-mirrors", Level::Raid1, 2, Change::Mirrors3, 60).await;
+}
+
+/// The four cases cut after every completed member write, plus 150 random points each
+/// (`scripts/soak` runs the ignored md tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "soak: run by scripts/soak"]
+async fn grow_crash_points_full() {
+    grow_crash_case("gc-r1-size-full", Level::Raid1, 2, Change::SizeMax, 600).await;
+    grow_crash_case("gc-r5-size-full", Level::Raid5, 3, Change::SizeMax, 600).await;
+    grow_crash_case("gc-r1-bitmap-full", Level::Raid1, 2, Change::BitmapOffOn, 600).await;
+    grow_crash_case("gc-r1-mirrors-full", Level::Raid1, 2, Change::Mirrors3, 600).await;
+}
