@@ -24,6 +24,7 @@ mod signals;
 mod soak;
 mod systemd;
 mod thin;
+mod thin_activate_lab;
 mod thin_corrupt;
 mod thin_lifecycle;
 mod thin_origin;
