@@ -7,6 +7,7 @@ mod common;
 mod docs_harness;
 
 mod bad_input;
+mod bench_smoke;
 mod block_status;
 mod cli;
 mod clients;
