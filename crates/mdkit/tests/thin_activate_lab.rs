@@ -20,11 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::lab_dir::lab;
 use common::{Server, mdkit_ok, nbd_read, nbd_write_at, pattern, require_tool, restart, run, sha256};
-
-#[path = "../../mdkit-thin/tests/pool_util/lab_dir.rs"]
-mod lab_dir;
-use lab_dir::lab;
 
 const VOL_BYTES: usize = 64 << 20;
 
