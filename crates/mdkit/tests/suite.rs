@@ -7,6 +7,7 @@ mod common;
 mod docs_harness;
 
 mod bad_input;
+mod bench_smoke;
 mod block_status;
 mod cli;
 mod clients;
@@ -24,6 +25,7 @@ mod signals;
 mod soak;
 mod systemd;
 mod thin;
+mod thin_activate_lab;
 mod thin_corrupt;
 mod thin_lifecycle;
 mod thin_origin;

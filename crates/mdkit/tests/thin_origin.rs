@@ -106,3 +106,95 @@ fn thin_volumes_over_an_external_origin_file() {
     assert_eq!(v2["details"]["external_origin"]["size_bytes"], 4 * MIB, "{v2:#}");
     assert!(std::fs::read(&golden_path).unwrap() == golden, "the origin file is unchanged");
 }
+
+#[test]
+fn a_grown_origin_is_taken_at_pool_resize_not_before() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    let base = if std::path::Path::new("/var/tmp").is_dir() { "/var/tmp" } else { "/tmp" };
+    let dir = tempfile::Builder::new().prefix("mdkit-test-").tempdir_in(base).unwrap();
+    let mut golden = pattern(5, 4 * MIB);
+    std::fs::write(dir.path().join("golden.img"), &golden).unwrap();
+    let cfg = dir.path().join("mdkit.toml");
+    std::fs::write(&cfg, config(dir.path())).unwrap();
+    let srv = Server::start_with_config(dir, cfg);
+    assert!(nbd_read(&srv, "vm1", 16 * MIB) == over_origin(&golden, 16 * MIB));
+
+    // The golden image grows by 4 MiB: vm1 keeps reading zeroes there until the pool is
+    // resized (dm-thin samples the origin's size at resume, not per request).
+    let before = over_origin(&golden, 16 * MIB);
+    golden.extend_from_slice(&pattern(6, 4 * MIB));
+    std::fs::write(srv.path("golden.img"), &golden).unwrap();
+    assert!(nbd_read(&srv, "vm1", 16 * MIB) == before, "the size is not sampled behind the operator's back");
+
+    let out = mdkit_ok(&srv, &["thin", "pool-resize", "pool0"]);
+    assert!(out.contains("vm1 external origin: grown to 8388608 bytes (was 4194304)"), "{out}");
+    assert!(nbd_read(&srv, "vm1", 16 * MIB) == over_origin(&golden, 16 * MIB), "vm1 reads the grown origin");
+    let st = srv.status();
+    let vm1 = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "vm1").unwrap();
+    assert_eq!(vm1["details"]["external_origin"]["size_bytes"], 8 * MIB, "{vm1:#}");
+    let out = mdkit_ok(&srv, &["thin", "pool-resize", "pool0"]);
+    assert!(out.contains("vm1 external origin: unchanged at 8388608 bytes"), "{out}");
+}
+
+#[test]
+fn an_md_origin_grown_with_mdkit_grow_is_taken_at_once() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start(
+        r#"
+[[volume]]
+name = "md0"
+kind = "md"
+members = ["m0.img", "m1.img"]
+member_size = "8MiB"
+create = true
+level = "raid1"
+
+[[volume]]
+name = "pool0"
+kind = "thin-pool"
+metadata = "pool0.meta"
+metadata_size = "4MiB"
+data = "pool0.data"
+data_size = "32MiB"
+create = true
+
+[[volume]]
+name = "vm1"
+kind = "thin"
+pool = "pool0"
+id = 1
+size = "32MiB"
+create = true
+external_origin = "volume:md0"
+
+[[export]]
+name = "md0"
+volume = "md0"
+
+[[export]]
+name = "vm1"
+volume = "vm1"
+"#,
+    );
+    let md_bytes = |srv: &Server| {
+        let out = run(Command::new("nbdinfo").arg("--size").arg(srv.uri("md0"))).stdout;
+        String::from_utf8_lossy(&out).trim().parse::<usize>().unwrap()
+    };
+    let old = md_bytes(&srv);
+    nbd_write_at(&srv, "md0", 0, &pattern(7, MIB));
+    assert!(nbd_read(&srv, "vm1", 32 * MIB) == over_origin(&nbd_read(&srv, "md0", old), 32 * MIB));
+
+    for m in ["m0.img", "m1.img"] {
+        std::fs::OpenOptions::new().write(true).open(srv.path(m)).unwrap().set_len(16 << 20).unwrap();
+    }
+    let out = mdkit_ok(&srv, &["grow", "md0", "--size", "max", "--assume-clean"]);
+    let new = md_bytes(&srv);
+    assert!(new > old + 4 * MIB, "md0 grew from {old} to {new}");
+    assert!(out.contains(&format!("thin volume vm1 reads its external origin up to byte {new}")), "{out}");
+    // Data in the grown part of the array shows through vm1's unmapped blocks.
+    nbd_write_at(&srv, "md0", old as u64, &pattern(8, 2 * MIB));
+    let md0 = nbd_read(&srv, "md0", new);
+    assert!(nbd_read(&srv, "vm1", 32 * MIB) == over_origin(&md0, 32 * MIB), "vm1 reads the grown md0");
+}

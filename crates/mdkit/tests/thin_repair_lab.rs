@@ -16,13 +16,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::lab_dir::lab;
 use common::{MDKIT, require_tool};
 use mdkit_thin::meta::Superblock;
 use mdkit_thin::meta::block::BLOCK_SIZE;
-
-#[path = "../../mdkit-thin/tests/pool_util/lab_dir.rs"]
-mod lab_dir;
-use lab_dir::lab;
 
 const VOL_SECTORS: u64 = 64 << 11; // 64 MiB
 

@@ -85,9 +85,15 @@ impl ThinVolume {
         Ok(self)
     }
 
-    /// The external origin's name and size (taken when it was attached), if any.
+    /// The external origin's name and size (taken when it was attached or last refreshed), if any.
     pub fn external_origin(&self) -> Option<(&str, u64)> {
-        self.origin.as_deref().map(|o| (o.dev.name(), o.size_bytes))
+        self.origin.as_deref().map(|o| (o.dev.name(), o.size_bytes()))
+    }
+
+    /// Samples the external origin's size again (see `origin.rs`): `Some((old, new))` bytes, or
+    /// `None` without an origin.
+    pub fn refresh_external_origin(&self) -> io::Result<Option<(u64, u64)>> {
+        self.origin.as_deref().map(|o| o.refresh()).transpose()
     }
 
     /// The thin device id.
@@ -282,12 +288,12 @@ impl BlockDevice for ThinVolume {
     ) -> IoFuture<'_, io::Result<Vec<Extent>>> {
         let size_bytes = self.topology.size_bytes;
         // Below the external origin's end every block holds data: mapped, or the origin's.
-        if let Some(o) = &self.origin
-            && offset_bytes < o.size_bytes
+        let origin_bytes = self.origin.as_deref().map_or(0, Origin::size_bytes);
+        if offset_bytes < origin_bytes
             && len_bytes > 0
             && offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= size_bytes)
         {
-            let len_bytes = len_bytes.min(o.size_bytes - offset_bytes);
+            let len_bytes = len_bytes.min(origin_bytes - offset_bytes);
             return Box::pin(std::future::ready(Ok(vec![Extent { len_bytes, flags: ExtentFlags::DATA }])));
         }
         Box::pin(self.dev.block_status(&self.name, size_bytes, offset_bytes, len_bytes, max_extents))

@@ -1,5 +1,5 @@
 //! Finding the kernel lab (`../shared/lab`, or MDKIT_LAB_DIR) for the thin lab tests. Shared by
-//! mdkit-thin's suite (through `pool_util`) and mdkit's (`thin_repair_lab.rs`, by `#[path]`).
+//! mdkit-thin's suite (through `pool_util`) and mdkit's (`common::lab_dir`, by `#[path]`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

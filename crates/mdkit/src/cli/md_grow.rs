@@ -78,6 +78,13 @@ pub fn grow(a: GrowArgs) -> Result<ExitCode> {
                 "chunk": a.chunk, "layout": a.layout, "level": a.level }),
     )?;
     println!("mdkit: grow {}: {}", a.name, d["grow"].as_str().unwrap_or("done"));
+    for o in d["external_origins"].as_array().into_iter().flatten() {
+        let vol = o["volume"].as_str().unwrap_or("?");
+        match o["error"].as_str() {
+            Some(e) => println!("mdkit: thin volume {vol}: its external origin's size was not read again: {e}"),
+            None => println!("mdkit: thin volume {vol} reads its external origin up to byte {}", o["new_bytes"]),
+        }
+    }
     print!("{}", detail_text(&d["detail"], false));
     Ok(ExitCode::SUCCESS)
 }

@@ -100,6 +100,16 @@ fn resize_text(v: &Value) -> String {
         let verb = if old == new { "unchanged at" } else { "grown to" };
         out += &format!("{} {what}: {verb} {new} blocks (was {old})\n", v["pool"].as_str().unwrap_or("?"));
     }
+    for o in v["external_origins"].as_array().into_iter().flatten() {
+        let vol = o["volume"].as_str().unwrap_or("?");
+        out += &match (o["error"].as_str(), o["old_bytes"].as_u64(), o["new_bytes"].as_u64()) {
+            (Some(e), ..) => format!("{vol} external origin: size not read again: {e}\n"),
+            (None, Some(old), Some(new)) if old != new => {
+                format!("{vol} external origin: grown to {new} bytes (was {old})\n")
+            }
+            (None, _, new) => format!("{vol} external origin: unchanged at {} bytes\n", new.unwrap_or(0)),
+        };
+    }
     out += &format!("status: {}\n", v["status"].as_str().unwrap_or("?"));
     out
 }
@@ -117,5 +127,13 @@ mod tests {
             t.contains("p metadata: unchanged at 2048") && t.contains("p data: grown to 128 blocks (was 64)"),
             "{t}"
         );
+        let v = json!({ "pool": "p", "status": "rw", "external_origins": [
+            {"volume": "p.1", "old_bytes": 1024, "new_bytes": 4096},
+            {"volume": "p.2", "old_bytes": 512, "new_bytes": 512},
+            {"volume": "p.3", "error": "shrank"}] });
+        let t = resize_text(&v);
+        assert!(t.contains("p.1 external origin: grown to 4096 bytes (was 1024)"), "{t}");
+        assert!(t.contains("p.2 external origin: unchanged at 512 bytes"), "{t}");
+        assert!(t.contains("p.3 external origin: size not read again: shrank"), "{t}");
     }
 }

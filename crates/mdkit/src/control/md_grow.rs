@@ -13,6 +13,7 @@ use super::md::{as_md, check_not_in_use, md_volume, remember_members};
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::md::{MemberOpen, open_members};
+use crate::volumes::thin_origin::refresh_origins;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,7 +104,11 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
         vol.sources.lock().extend(o.devs.iter().map(|d| d.name.clone()).zip(o.sources));
         remember_members(&svc, vol)?;
     }
+    // Thin volumes reading this array as their external origin take its new size.
+    let spec = format!("volume:{}", a.name);
+    let origins = refresh_origins(&*svc.volumes.read().await, |t| t.origin_spec() == Some(spec.as_str()));
     Ok(json!({
+        "external_origins": origins,
         "grow": report.summary,
         "size_bytes_before": report.size_bytes_before,
         "size_bytes_after": report.size_bytes_after,

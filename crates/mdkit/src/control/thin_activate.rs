@@ -26,6 +26,7 @@ use crate::config::{Size, parse_size};
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::thin::{ThinPoolVolume, ThinVolumeVol, load_state, size_key, update_state};
+use crate::volumes::thin_origin::refresh_origins;
 
 pub fn register(r: &mut Registry) {
     r.register("thin.activate", "open an existing thin device as a volume and export it", |svc, args| {
@@ -200,6 +201,12 @@ async fn pool_resize(svc: Arc<Service>, args: Value) -> Result<Value> {
     }
     if let Some(ae) = pv.autoextend() {
         ae.rearm(pv.pool()).await?;
+    }
+    // A resume in dm-thin terms: external origins (an md array that reshaped, a grown file)
+    // are sampled again.
+    let origins = refresh_origins(&*svc.volumes.read().await, |t| t.pool_name() == a.pool);
+    if !origins.is_empty() {
+        out["external_origins"] = json!(origins);
     }
     out["status"] = json!(pv.pool().status().await?.to_string());
     Ok(out)

@@ -563,6 +563,10 @@ impl ThinVolumeVol {
     pub fn origin_spec(&self) -> Option<&str> {
         self.origin_spec.as_deref()
     }
+    /// Samples the external origin's size again: `Some((old, new))` bytes, `None` without one.
+    pub fn refresh_origin(&self) -> std::io::Result<Option<(u64, u64)>> {
+        self.vol.refresh_external_origin()
+    }
 }
 
 impl Volume for ThinVolumeVol {

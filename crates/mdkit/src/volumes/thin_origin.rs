@@ -15,13 +15,19 @@
 //! `mdkit thin activate POOL ID --external-origin PATH` does the same at run time (remembered).
 //! dm-thin keeps nothing about the origin in the pool metadata, so every activation of the
 //! device (and of its snapshots) must name the same origin, or its unmapped blocks read zeroes.
+//!
+//! The origin's size is sampled when the volume opens and again by `mdkit thin pool-resize`
+//! (every volume of the pool) and after `mdkit grow` of an origin volume, as dm-thin samples
+//! it at each resume: never behind the operator's back, since unmapped blocks past the old end
+//! change from zeroes to the origin's data.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow};
 use mdkit_io::{DeviceRef, FileDevice, FileOptions};
 
-use super::Volumes;
+use super::thin::ThinVolumeVol;
+use super::{Volume, Volumes};
 
 /// Opens `spec` (a path, relative to `data_dir`, or `volume:NAME`) as an external origin:
 /// files and block devices read-only.
@@ -37,4 +43,28 @@ pub fn open_origin(spec: &str, data_dir: &Path, volumes: &Volumes) -> Result<Dev
     let dev = FileDevice::open(&path, FileOptions { read_only: true, ..FileOptions::default() })
         .with_context(|| format!("opening external origin {}", path.display()))?;
     Ok(std::sync::Arc::new(dev))
+}
+
+/// Samples again the external origin of every open thin volume that `pick` selects (dm-thin
+/// takes an origin's size at each resume; see above). One JSON entry per volume
+/// with an origin: `{volume, old_bytes, new_bytes}`, or `{volume, error}`.
+pub fn refresh_origins(vols: &Volumes, pick: impl Fn(&ThinVolumeVol) -> bool) -> Vec<serde_json::Value> {
+    let thins = vols.iter().filter_map(|v| v.as_any().downcast_ref::<ThinVolumeVol>()).filter(|t| pick(t));
+    thins
+        .filter_map(|t| match t.refresh_origin() {
+            Ok(None) => None,
+            Ok(Some((old, new))) => {
+                if new != old {
+                    tracing::info!(
+                        volume = t.name(),
+                        old,
+                        new,
+                        "external origin grew: unmapped blocks read it up to byte {new}"
+                    );
+                }
+                Some(serde_json::json!({ "volume": t.name(), "old_bytes": old, "new_bytes": new }))
+            }
+            Err(e) => Some(serde_json::json!({ "volume": t.name(), "error": e.to_string() })),
+        })
+        .collect()
 }

@@ -6,6 +6,10 @@
 
 pub mod raw;
 
+/// The kernel lab finder shared with mdkit-thin's suite (one copy of the module per crate).
+#[path = "../../../mdkit-thin/tests/pool_util/lab_dir.rs"]
+pub mod lab_dir;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
