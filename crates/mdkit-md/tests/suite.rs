@@ -44,4 +44,5 @@ mod raid5_lab;
 mod raid5_roundtrip;
 mod raid5_scrub;
 mod raid5_write_path;
+mod reshape;
 mod sync_action;

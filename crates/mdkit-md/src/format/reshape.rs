@@ -145,7 +145,11 @@ impl ReshapeState {
             return Err(field("new_offset", off, format!("wrong direction: {why}")));
         }
         if sb.data_offset_sectors.checked_add_signed(off).is_none() {
-            return Err(field("new_offset", off, format!("moves data_offset {} before sector 0", sb.data_offset_sectors)));
+            return Err(field(
+                "new_offset",
+                off,
+                format!("moves data_offset {} before sector 0", sb.data_offset_sectors),
+            ));
         }
         Ok(())
     }
