@@ -45,4 +45,5 @@ mod raid5_roundtrip;
 mod raid5_scrub;
 mod raid5_write_path;
 mod reshape;
+mod reshape_crash;
 mod sync_action;

@@ -236,12 +236,26 @@ impl Array {
     }
 
     /// Waits until the running reshape (if any) is finished, then assembles the array again
-    /// so it serves its new size. Returns at once when no reshape runs.
+    /// so it serves its new size. Returns at once when no reshape runs, and with an error when
+    /// the array stops (or its reshape engine fails) first.
     pub async fn wait_reshape(&self) -> io::Result<()> {
         let core = self.core();
         let Some(r) = core.personality().reshape() else { return Ok(()) };
-        r.wait_done().await;
+        loop {
+            tokio::select! {
+                _ = r.wait_done() => break,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
+            let failed = core.sync_status_error();
+            if core.is_shutting_down() || failed.is_some() {
+                let why = failed.unwrap_or_else(|| "the array stopped".into());
+                return Err(io::Error::other(format!("{}: the reshape did not finish: {why}", self.name())));
+            }
+        }
         let pause = self.pause.pause().await;
+        if !Arc::ptr_eq(&self.core(), &core) {
+            return Ok(()); // another waiter already assembled the array again
+        }
         let settings = Settings::of(&core);
         let devs: Vec<MemberDev> =
             core.slots().all_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();

@@ -402,9 +402,11 @@ impl Reshape {
         Ok(())
     }
 
-    /// sync_completed for `detail`: moved array sectors of the total.
+    /// md's `sync_completed` during a reshape: per-member new-geometry sectors recorded, of
+    /// the total.
     pub fn completed(&self) -> (u64, u64) {
-        (self.position_sectors(), self.new_array_sectors)
+        let new_d = self.state.data_disks().1;
+        (self.position_sectors() / new_d, self.new_array_sectors / new_d)
     }
 }
 
