@@ -46,4 +46,5 @@ mod raid5_scrub;
 mod raid5_write_path;
 mod reshape;
 mod reshape_crash;
+mod reshape_lab;
 mod sync_action;
