@@ -210,8 +210,22 @@ pub fn assemble(data: &[u8]) {
 // Seeds (fuzz/corpus/md_superblock, fuzz/corpus/md_bitmap): what mdkit's own create wrote.
 
 /// One superblock block per assembly template (member 0 of each, as `create` wrote it).
+/// Last: the raid5 template's superblock in the middle of a 3 -> 4 member reshape (so the
+/// fuzzer starts from valid RESHAPE_ACTIVE / NEW_OFFSET fields).
 pub fn seed_superblocks() -> Vec<Vec<u8>> {
-    templates().iter().map(|t| read_member(&t.members[0], SB_OFFSET_BYTES as u64, SB_BLOCK_BYTES)).collect()
+    let mut seeds: Vec<Vec<u8>> =
+        templates().iter().map(|t| read_member(&t.members[0], SB_OFFSET_BYTES as u64, SB_BLOCK_BYTES)).collect();
+    let mut sb = Superblock::decode(&seeds[1], (SB_OFFSET_BYTES / 512) as u64).expect("the raid5 template");
+    sb.feature_map |= superblock::feature::RESHAPE_ACTIVE | superblock::feature::NEW_OFFSET;
+    sb.raid_disks += 1;
+    sb.delta_disks = 1;
+    sb.new_level = sb.level;
+    sb.new_layout = sb.layout;
+    sb.new_chunk_sectors = sb.chunk_sectors;
+    sb.new_offset_sectors = -(sb.chunk_sectors as i32);
+    sb.reshape_position_sectors = u64::from(sb.chunk_sectors) * 3 * 2;
+    seeds.push(sb.encode().expect("a valid reshape superblock").to_vec());
+    seeds
 }
 
 /// The internal bitmap (superblock and first bits, 4 KiB) of every assembly template's member

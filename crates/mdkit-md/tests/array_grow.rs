@@ -214,7 +214,10 @@ async fn raid1_mirrors_two_to_three_and_back() {
 async fn restriping_changes_are_refused_by_name() {
     let ms = mem_members("r5", 3, 16 * MIB);
     let a = create_array(&ms, opts(Level::Raid5, 3, Some(64), None, true, true)).await;
+    // More members restripe (tests/reshape.rs) and need the new devices; fewer are refused.
     let e = a.grow(GrowChange::RaidDevices(4), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("give exactly 1 new device(s) with --add, not 0"), "{e}");
+    let e = a.grow(GrowChange::RaidDevices(2), vec![]).await.unwrap_err().to_string();
     assert_eq!(e, "md-test: grow --raid-devices on raid5 is not implemented yet");
     let e = a.grow(GrowChange::Size { size: GrowSize::Sectors(64), assume_clean: false }, vec![]).await.unwrap_err();
     assert!(e.to_string().contains("shrinking would cut off data and is refused"), "{e}");

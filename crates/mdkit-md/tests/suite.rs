@@ -45,4 +45,7 @@ mod raid5_lab;
 mod raid5_roundtrip;
 mod raid5_scrub;
 mod raid5_write_path;
+mod reshape;
+mod reshape_crash;
+mod reshape_lab;
 mod sync_action;

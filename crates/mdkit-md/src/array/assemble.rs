@@ -26,6 +26,7 @@
 //! the array ([`Array::left_out`]); nothing is ever written to it (it is not in the slot
 //! table), so it can be added or re-added later.
 
+use crate::format::reshape::ReshapeState;
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
@@ -166,9 +167,6 @@ pub async fn read_superblock(dev: &DeviceRef) -> Result<Superblock, String> {
 /// Array-wide features mdkit cannot run.
 fn unsupported_features(sb: &Superblock) -> Option<&'static str> {
     let f = sb.feature_map;
-    if f & feature::RESHAPE_ACTIVE != 0 {
-        return Some("a reshape is in progress (not supported)");
-    }
     if f & feature::CLUSTERED != 0 {
         return Some("md-cluster arrays are not supported");
     }
@@ -182,7 +180,12 @@ fn unsupported_features(sb: &Superblock) -> Option<&'static str> {
 }
 
 /// Builds the level's personality from the freshest superblock and each role's `data_size`.
+/// A reshape in progress (RESHAPE_ACTIVE) gets the reshape personality (`reshape.rs`).
 pub(crate) fn build_personality(name: &str, sb: &Superblock, data_sizes: &[u64]) -> io::Result<Arc<dyn Personality>> {
+    let reshape = ReshapeState::from_superblock(sb).map_err(|e| invalid(format!("{name}: reshape state: {e}")))?;
+    if let Some(st) = reshape {
+        return super::reshape::build(name, sb, st);
+    }
     let geo = ArrayGeometry::from_superblock(sb, data_sizes).map_err(|e| invalid(format!("{name}: {e}")))?;
     Ok(match geo {
         ArrayGeometry::Raid0(g) => Arc::new(raid0::Raid0::new(g, sb.chunk_sectors, sb.raid_disks)),

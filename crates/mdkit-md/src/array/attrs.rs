@@ -88,7 +88,11 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         ("last_sync_action".into(), st.last_action.map_or("idle", |m| m.as_str()).into()),
         (
             "sync_completed".into(),
-            if st.running.is_some() { format!("{} / {}", st.done_sectors, st.total_sectors) } else { "none".into() },
+            if st.running.is_some() || st.action == "reshape" {
+                format!("{} / {}", st.done_sectors, st.total_sectors)
+            } else {
+                "none".into()
+            },
         ),
         ("sync_speed".into(), if st.running.is_some() { st.speed_kib.to_string() } else { "none".into() }),
         ("sync_speed_min".into(), core.sync.speed_min_kib().to_string()),
@@ -379,11 +383,17 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
         "needs_check": core.needs_check(),
         "broken": core.broken_reason(),
         "unrecoverable_reads": core.unrecoverable_reads(),
+        "reshape": core.personality().reshape().map(|r| json!({
+            "position_sectors": r.position_sectors(),
+            "raid_disks_before": r.state().old_raid_disks,
+            "raid_disks_after": r.state().new_raid_disks,
+            "size_bytes_after": r.new_array_sectors() * 512,
+        })),
         "sync": {
             "action": st.action,
             "done_sectors": st.done_sectors,
             "total_sectors": st.total_sectors,
-            "percent": if st.running.is_some() { json!(percent) } else { Value::Null },
+            "percent": if st.running.is_some() || st.action == "reshape" { json!(percent) } else { Value::Null },
             "speed_kib": st.speed_kib,
             "eta_s": st.eta.map(|d| d.as_secs()),
             "mismatch_cnt": st.mismatch_sectors,

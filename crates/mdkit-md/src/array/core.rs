@@ -214,6 +214,11 @@ impl ArrayCore {
         self.unrecoverable_reads.load(Ordering::Relaxed)
     }
 
+    /// The sync or reshape engine's last error, if any.
+    pub(crate) fn sync_status_error(&self) -> Option<String> {
+        self.sync.status().last_error
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutdown.load(Ordering::Acquire)
     }

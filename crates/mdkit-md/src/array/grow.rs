@@ -38,17 +38,17 @@ pub struct GrowReport {
 }
 
 /// Settings of the running array that assembly does not read from the superblocks.
-struct Settings {
+pub(super) struct Settings {
     speed_min_kib: u64,
     speed_max_kib: u64,
     max_read_errors: u64,
     safe_mode_delay: std::time::Duration,
     clock: Arc<dyn super::Clock>,
-    frozen: bool,
+    pub(super) frozen: bool,
 }
 
 impl Settings {
-    fn of(core: &ArrayCore) -> Settings {
+    pub(super) fn of(core: &ArrayCore) -> Settings {
         Settings {
             speed_min_kib: core.sync.speed_min_kib(),
             speed_max_kib: core.sync.speed_max_kib(),
@@ -68,16 +68,16 @@ impl Settings {
     }
 }
 
-fn refused(e: impl std::fmt::Display) -> io::Error {
+pub(super) fn refused(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
-fn member_err(array: &str, m: &str, what: &str, e: impl std::fmt::Display) -> io::Error {
+pub(super) fn member_err(array: &str, m: &str, what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{array}: member {m}: {what}: {e}"))
 }
 
 /// The bitmap area (superblock and bits) of `sb`'s member, when it has a bitmap.
-async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -> io::Result<Option<Vec<u8>>> {
+pub(super) async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -> io::Result<Option<Vec<u8>>> {
     let Some(sector) = sb.bitmap_sector() else { return Ok(None) };
     let dev = m.device();
     let head = dev
@@ -104,6 +104,12 @@ impl Array {
     pub async fn grow(&self, change: GrowChange, add: Vec<MemberDev>) -> io::Result<GrowReport> {
         if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_)) {
             return Err(refused(format!("{}: --add goes with --raid-devices only", self.name())));
+        }
+        let info = self.info();
+        if let GrowChange::RaidDevices(n) = change
+            && super::grow_reshape::is_restripe(info.level, info.raid_disks, n)
+        {
+            return self.start_reshape(n, add).await;
         }
         let pause = self.pause.pause().await;
         let core = self.core();
@@ -212,7 +218,7 @@ impl Array {
     }
 
     /// Moves the newly assembled array's core and tasks into this handle.
-    fn take_over(&self, a: Assembled, settings: &Settings) {
+    pub(super) fn take_over(&self, a: Assembled, settings: &Settings) {
         let new = a.array;
         new.detached.store(true, Ordering::Release);
         let live = {

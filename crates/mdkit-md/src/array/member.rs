@@ -39,9 +39,16 @@ pub struct Member {
     dev: DeviceRef,
     /// Permanent index into `dev_roles` (the superblock's `dev_number`).
     pub dev_number: u32,
+    /// Where member sector 0 is on the device: the superblock's `data_offset`, or during a
+    /// reshape that moves data (NEW_OFFSET) the lower of the old and new data offsets.
     pub data_offset_sectors: u64,
-    /// Sectors usable for data from `data_offset` (the superblock's `data_size`).
+    /// Sectors usable for data from `data_offset_sectors` (the superblock's `data_size`, plus
+    /// the room a reshape moving data down gained).
     pub data_size_sectors: u64,
+    /// During a reshape: member sector of the old geometry's start ...
+    pub old_base_sectors: u64,
+    /// ... and of the new geometry's start (both 0 without a reshape).
+    pub new_base_sectors: u64,
     pub super_offset_sectors: u64,
     /// This member's own superblock as last written or read: the per-member fields the
     /// superblock writer starts from.
@@ -73,12 +80,21 @@ impl Member {
         if sb.devflags & DEVFLAG_WRITE_MOSTLY != 0 {
             state |= flag::WRITE_MOSTLY;
         }
+        let old = sb.data_offset_sectors;
+        let (data_offset_sectors, data_size_sectors, old_base_sectors, new_base_sectors) =
+            match sb.new_data_offset_sectors() {
+                Some(new) if new < old => (new, sb.data_size_sectors + (old - new), old - new, 0),
+                Some(new) => (old, sb.data_size_sectors, 0, new - old),
+                None => (old, sb.data_size_sectors, 0, 0),
+            };
         Member {
             name: name.into(),
             dev,
             dev_number: sb.dev_number,
-            data_offset_sectors: sb.data_offset_sectors,
-            data_size_sectors: sb.data_size_sectors,
+            data_offset_sectors,
+            data_size_sectors,
+            old_base_sectors,
+            new_base_sectors,
             super_offset_sectors: sb.super_offset_sectors,
             corrected_reads: AtomicU32::new(sb.cnt_corrected_read),
             bad_blocks: BadBlockList::for_superblock(&sb),

@@ -43,6 +43,7 @@ pub mod errors;
 pub use mdkit_io::flush;
 pub mod gate;
 pub mod grow;
+pub mod grow_reshape;
 pub mod io;
 pub mod member;
 pub mod mirror;
@@ -52,6 +53,7 @@ pub mod raid0;
 pub mod raid1;
 pub mod raid10;
 pub mod raid5;
+pub mod reshape;
 pub mod sb;
 pub mod slots;
 pub mod sync;
@@ -120,7 +122,10 @@ impl Array {
             let _ = core.sync.request("frozen");
         }
         let topology = compute_topology(&core);
-        let tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
+        let mut tasks = vec![tokio::spawn(daemon(core.clone())), tokio::spawn(sync::run(core.clone()))];
+        if core.personality().reshape().is_some() {
+            tasks.push(tokio::spawn(reshape::run(core.clone())));
+        }
         let name_for_device = format!("{}:{}", core.info().level.name(), core.name());
         Array {
             array_name: core.name().to_string(),
@@ -166,6 +171,12 @@ impl Array {
 
     /// md's `sync_action` write: idle, frozen, check, repair, resync, recover.
     pub fn request_sync(&self, action: &str) -> stdio::Result<()> {
+        if self.core().personality().reshape().is_some() && !matches!(action, "idle" | "frozen") {
+            return Err(stdio::Error::new(
+                stdio::ErrorKind::ResourceBusy,
+                format!("{}: sync_action {action} must wait until the reshape finishes", self.name()),
+            ));
+        }
         self.core().sync.request(action)?;
         self.core().sync_wake.notify_one();
         Ok(())

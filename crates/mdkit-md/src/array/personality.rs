@@ -191,6 +191,11 @@ pub trait Personality: Send + Sync + 'static {
         None
     }
 
+    /// The reshape in progress, when this personality serves one (`array/reshape.rs`).
+    fn reshape(&self) -> Option<&super::reshape::Reshape> {
+        None
+    }
+
     /// Called once when the array stops (after the last user I/O): drain caches, stop threads.
     fn stop<'a>(&'a self, _a: &'a ArrayCore) -> IoFuture<'a, io::Result<()>> {
         Box::pin(std::future::ready(Ok(())))

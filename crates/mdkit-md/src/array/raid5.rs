@@ -250,6 +250,19 @@ pub struct Raid5 {
     /// Recent write-batch latency in µs (moving average, 1/8 weight per sample).
     batch_latency_us: AtomicU64,
     mismatches: Mutex<MismatchLog>,
+    /// Which geometry's start member sectors count from (a reshape runs two of them).
+    pub(crate) base: Base,
+}
+
+/// Where member sector 0 of a [`Raid5`] lies within a member's data area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Base {
+    /// At the member's data offset (no reshape).
+    DataOffset,
+    /// At the old geometry's start ([`Member::old_base_sectors`]).
+    ReshapeOld,
+    /// At the new geometry's start ([`Member::new_base_sectors`]).
+    ReshapeNew,
 }
 
 impl Raid5 {
@@ -282,7 +295,17 @@ impl Raid5 {
             streams: Streams::new(),
             batch_latency_us: AtomicU64::new(0),
             mismatches: Mutex::new(MismatchLog::default()),
+            base: Base::DataOffset,
         })
+    }
+
+    /// Member sector `sector` of this geometry as a sector of `m`'s data area.
+    pub(crate) fn at(&self, m: &Member, sector: u64) -> u64 {
+        match self.base {
+            Base::DataOffset => sector,
+            Base::ReshapeOld => sector + m.old_base_sectors,
+            Base::ReshapeNew => sector + m.new_base_sectors,
+        }
     }
 
     fn max_degraded(&self) -> usize {
@@ -336,7 +359,7 @@ impl Raid5 {
         let mut failed = None;
         let part = match m {
             Some(m) => {
-                let (part, r) = a.member_read(&m, ms, part).await;
+                let (part, r) = a.member_read(&m, self.at(&m, ms), part).await;
                 match r {
                     Ok(()) => return (part, Ok(())),
                     Err(e) => {
@@ -401,8 +424,10 @@ impl Raid5 {
                 let e = self.uncorrectable(a, stripe, sector..base + hi, missing, &fixes).await;
                 return (part, Err(e));
             }
-            let results =
-                join_all(sources.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
+            let results = join_all(
+                sources.iter().map(|(_, m)| a.member_read(m, self.at(m, sector), IoBuf::uninit_contents(len))),
+            )
+            .await;
             let mut blocks: Vec<Option<IoBuf>> = (0..self.n).map(|_| None).collect();
             let mut again = false;
             for ((r, m), (b, res)) in sources.into_iter().zip(results) {
@@ -468,7 +493,7 @@ impl Raid5 {
                 still.push((r, m));
                 continue;
             }
-            match a.member_read(&m, sector, IoBuf::uninit_contents(len)).await {
+            match a.member_read(&m, self.at(&m, sector), IoBuf::uninit_contents(len)).await {
                 (b, Ok(())) if r == target => return Retry::Target(b),
                 (_, Ok(())) => recovered |= bit(r),
                 (_, Err(e)) => {
@@ -710,7 +735,8 @@ impl Raid5 {
         let slots = a.slots();
         let targets: Vec<Arc<Member>> =
             (0..self.n).flat_map(|r| slots.write_targets(r).cloned().collect::<Vec<_>>()).collect();
-        let results = join_all(targets.iter().map(|m| a.member_write_zeroes(m, stripe * c, c, flags))).await;
+        let results =
+            join_all(targets.iter().map(|m| a.member_write_zeroes(m, self.at(m, stripe * c), c, flags))).await;
         let mut first_err = None;
         for (m, r) in targets.iter().zip(results) {
             if let Err(e) = r

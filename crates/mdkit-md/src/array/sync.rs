@@ -251,6 +251,26 @@ impl SyncState {
         Ok(())
     }
 
+    /// The reshape engine stopped on an error (shown as `last_error`).
+    pub(crate) fn note_reshape_error(&self, msg: String) {
+        self.inner.lock().last_error = Some(msg);
+    }
+
+    /// The reshape engine waits while the array's sync actions are frozen.
+    pub(crate) async fn wait_unfrozen(&self, wake: &Notify) {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+
+    /// Holds the reshape engine to `sync_speed_max` after it moved `member_sectors` per member.
+    pub(crate) async fn throttle_reshape(&self, member_sectors: u64) {
+        let kib = member_sectors / 2;
+        let max = self.speed_max_kib().max(1);
+        tokio::time::sleep(Duration::from_micros(kib.saturating_mul(1_000_000) / max)).await;
+    }
+
     /// Waits until the engine has nothing to do (or is frozen).
     pub async fn wait_idle(&self) {
         loop {
@@ -283,6 +303,13 @@ impl Default for SyncState {
 /// (no redundancy, a read-only array, too few members, the back-off after a failed run).
 pub fn status(core: &ArrayCore) -> SyncStatus {
     let mut st = core.sync.status();
+    if let Some(r) = core.personality().reshape() {
+        if st.action != "frozen" && !r.is_done() {
+            st.action = "reshape";
+        }
+        (st.done_sectors, st.total_sectors) = r.completed();
+        return st;
+    }
     if st.action == "idle"
         && let Some(mode) = pending_mode(core)
     {
@@ -293,7 +320,11 @@ pub fn status(core: &ArrayCore) -> SyncStatus {
 
 fn pending_mode(core: &ArrayCore) -> Option<SyncMode> {
     let pers = core.personality();
-    if !pers.has_redundancy() || core.needs_check().is_some() || core.sync.in_error_backoff() {
+    if !pers.has_redundancy()
+        || core.needs_check().is_some()
+        || core.sync.in_error_backoff()
+        || pers.reshape().is_some()
+    {
         return None;
     }
     let slots = core.slots();
@@ -355,6 +386,11 @@ pub(crate) async fn run(core: Arc<ArrayCore>) {
 async fn plan(core: &Arc<ArrayCore>) -> Option<Work> {
     let pers = core.personality().clone();
     if core.sync.is_frozen() || core.needs_check().is_some() || !pers.has_redundancy() {
+        return None;
+    }
+    if pers.reshape().is_some() {
+        // Resync, recovery and check wait until the reshape is done (raid5_start_reshape).
+        core.sync.inner.lock().requested = None;
         return None;
     }
     if core.sync.in_error_backoff() {

@@ -26,6 +26,7 @@ pub mod consistency;
 pub mod create;
 pub mod examine;
 pub mod grow;
+pub mod reshape;
 pub mod superblock;
 pub mod validate;
 

@@ -13,6 +13,7 @@
 //!  recovery_offset   <= data_size when RECOVERY_OFFSET is set          super_1_validate
 //!  bitmap_offset     != 0, outside the superblock and the data area    md_bitmap_read_sb
 //!  bblog_*           size <= 8 sectors, offset != 0, outside sb / data super_1_load
+//!  reshape fields    see format/reshape.rs (RESHAPE_ACTIVE only)        super_1_load, raid5_run
 //! ```
 //! Every refusal names the field, its value and the reason ([`SuperblockError::Field`]).
 
@@ -41,6 +42,11 @@ pub fn field_problems(sb: &Superblock) -> Vec<SuperblockError> {
     p.extend(size_problems(sb));
     p.extend(bitmap_offset_problems(sb));
     p.extend(bblog_problems(sb));
+    if p.is_empty()
+        && let Err(e) = super::reshape::ReshapeState::from_superblock(sb)
+    {
+        p.push(e);
+    }
     p
 }
 

@@ -100,6 +100,7 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     let devs = opened.as_ref().map(|o| o.devs.clone()).unwrap_or_default();
     let report = vol.array.grow(c, devs).await?;
+    vol.finish_reshape_in_background();
     if let Some(o) = opened {
         vol.sources.lock().extend(o.devs.iter().map(|d| d.name.clone()).zip(o.sources));
         remember_members(&svc, vol)?;

@@ -524,7 +524,22 @@ impl MdVolume {
             remote: RemoteLinks::new(opened.remote_options, opened.remote),
         });
         spawn_watch(&vol);
+        vol.finish_reshape_in_background();
         vol
+    }
+
+    /// A reshape in progress: once it is done the array is assembled again at its new size
+    /// (new NBD connections see it).
+    pub fn finish_reshape_in_background(&self) {
+        if self.array.core().personality().reshape().is_none() {
+            return;
+        }
+        let array = self.array.clone();
+        tokio::spawn(async move {
+            if let Err(e) = array.wait_reshape().await {
+                tracing::error!(array = array.name(), "finishing the reshape: {e}");
+            }
+        });
     }
 
     /// A member re-added by the link watch is listed among the sources again.
@@ -561,6 +576,9 @@ pub fn state_word(array: &Array) -> String {
             _ => "repairing",
         }
         .into();
+    }
+    if st.action == "reshape" {
+        return "reshaping".into();
     }
     if core.degraded() > 0 {
         return "degraded".into();

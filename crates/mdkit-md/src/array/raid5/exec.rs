@@ -44,7 +44,9 @@ pub(crate) async fn write_targets(
     flags: WriteFlags,
 ) -> io::Result<()> {
     r5.stats.member_writes.add(targets.len() as u64);
-    let results = join_all(targets.iter().map(|t| a.member_write(&t.member, t.sector, t.data.clone(), flags))).await;
+    let results =
+        join_all(targets.iter().map(|t| a.member_write(&t.member, r5.at(&t.member, t.sector), t.data.clone(), flags)))
+            .await;
     let mut first_err = None;
     let mut rewritten: Vec<&Target> = Vec::new();
     let mut recorded = 0usize;
@@ -70,7 +72,7 @@ pub(crate) async fn write_targets(
             }
         }
     }
-    verify_rewrites(a, &rewritten).await;
+    verify_rewrites(a, r5, &rewritten).await;
     match first_err {
         None => Ok(()),
         Some(e) => Err(e),
@@ -79,10 +81,13 @@ pub(crate) async fn write_targets(
 
 /// md's read-error correction: a rewritten block is read back; a member that still cannot
 /// return it is failed (the data lives on in the other members).
-async fn verify_rewrites(a: &ArrayCore, rewritten: &[&Target]) {
-    let reads =
-        join_all(rewritten.iter().map(|t| a.member_read(&t.member, t.sector, IoBuf::uninit_contents(t.data.len()))))
-            .await;
+async fn verify_rewrites(a: &ArrayCore, r5: &Raid5, rewritten: &[&Target]) {
+    let reads = join_all(
+        rewritten
+            .iter()
+            .map(|t| a.member_read(&t.member, r5.at(&t.member, t.sector), IoBuf::uninit_contents(t.data.len()))),
+    )
+    .await;
     for (t, (buf, r)) in rewritten.iter().zip(reads) {
         if t.member.is_faulty() {
             continue;
@@ -147,7 +152,7 @@ pub(crate) async fn write_batch(
         r5.stats.member_reads_during_writes.add(reads.len() as u64);
         let results = join_all(reads.iter().map(|(i, _, m)| {
             let run = &runs[*i];
-            a.member_read(m, base + run.lo, IoBuf::uninit_contents(((run.hi - run.lo) * SECTOR) as usize))
+            a.member_read(m, r5.at(m, base + run.lo), IoBuf::uninit_contents(((run.hi - run.lo) * SECTOR) as usize))
         }))
         .await;
         let mut old: Vec<RoleBufs> = runs.iter().map(|_| (0..n).map(|_| None).collect()).collect();

@@ -34,7 +34,8 @@ async fn read_roles(
     len: usize,
 ) -> (Vec<(usize, IoBuf)>, Vec<(usize, Arc<Member>)>) {
     r5.stats.sync_reads.add(roles.len() as u64);
-    let results = join_all(roles.iter().map(|(_, m)| a.member_read(m, sector, IoBuf::uninit_contents(len)))).await;
+    let results =
+        join_all(roles.iter().map(|(_, m)| a.member_read(m, r5.at(m, sector), IoBuf::uninit_contents(len)))).await;
     let mut ok = Vec::new();
     let mut bad = Vec::new();
     for ((role, m), (buf, r)) in roles.iter().zip(results) {

@@ -1,0 +1,475 @@
+//! raid4/5 restriping to more members (`grow --raid-devices`), kernel-compatible: the
+//! [`Reshape`] personality serves an array whose superblocks say RESHAPE_ACTIVE, and the
+//! engine ([`run`]) moves it window by window from the old to the new geometry.
+//!
+//! ```text
+//!  array sector 0 ──────────── safe ───── progress ── window ──────────── old end
+//!  │  new geometry (durable)   │ moved,   │ being    │ old geometry (intact on disk)
+//!  │  (new_data_offset, N+k)   │ not yet  │ moved:   │ (data_offset, N members)
+//!  │                           │ recorded │ all I/O  │
+//!  reads: new                    reads: new  waits     reads/writes: old
+//!  writes: new                   writes wait for the next checkpoint
+//! ```
+//!
+//! Like raid5.c reshape_request (forward, delta_disks > 0): the new geometry starts
+//! `|new_offset|` sectors lower on every member (mdadm ≥ 3.3 without a backup file), so its
+//! writes trail the old geometry's reads. A window is written only when its new-geometry end
+//! stays below where the old copy of the last recorded position (`safe`, what every superblock's
+//! `reshape_position` says) begins; otherwise the engine first flushes the members and records
+//! `reshape_position = progress` in every superblock (the kernel's checkpoint rule). After a
+//! crash the array assembles at the recorded position: below it the new geometry is complete
+//! and flushed, above it the old copy was never overwritten. User writes into `[safe,
+//! progress)` wait for the next checkpoint (they would be lost if the array came back at
+//! `safe`); the engine takes that checkpoint as soon as one waits.
+//!
+//! Windows are whole new-geometry stripes, written as full stripes (parity from the data
+//! alone); new stripes past the old array end are zero-filled. At the end the superblocks get
+//! the new geometry (data_offset = new, data_size grown by the move, RESHAPE_ACTIVE cleared,
+//! md_finish_reshape) and [`super::Array::wait_reshape`] assembles the array again at its new
+//! size. Resync/check wait until the reshape is done (the kernel refuses both meanwhile).
+
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, join_read_parts};
+use tokio::sync::{Notify, RwLock};
+
+use super::core::ArrayCore;
+use super::personality::{Personality, SyncMode, SyncOutcome};
+use super::raid5::{Base, Raid5};
+use super::slots::SlotTable;
+use crate::format::reshape::ReshapeState;
+use crate::format::superblock::{Superblock, feature};
+use crate::layout::{Level, ParityGeometry};
+
+/// Largest window moved at once (array sectors, before rounding to whole new stripes).
+const MAX_WINDOW_SECTORS: u64 = 8192;
+/// A checkpoint at least this often while moving (md: every 10 s).
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// The personality of a raid4/5 array in the middle of a reshape (see the module docs).
+pub struct Reshape {
+    name: String,
+    state: ReshapeState,
+    old: Raid5,
+    new: Raid5,
+    old_array_sectors: u64,
+    new_array_sectors: u64,
+    member_size_sectors: u64,
+    /// Below this array sector the new geometry holds the data (in memory).
+    progress: AtomicU64,
+    /// What every superblock's `reshape_position` says.
+    safe: AtomicU64,
+    /// User requests hold it shared; the engine exclusively while it moves a window.
+    window: RwLock<()>,
+    /// A user write waits for a checkpoint.
+    want_checkpoint: AtomicBool,
+    checkpointed: Notify,
+    done: AtomicBool,
+    finished: Notify,
+}
+
+/// Builds the personality for superblock `sb` (RESHAPE_ACTIVE; its state already validated).
+pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dyn Personality>> {
+    if !matches!(st.level, Level::Raid4 | Level::Raid5) {
+        return Err(invalid(format!("{name}: a reshape of {} is not supported yet", st.level.name())));
+    }
+    if st.new_raid_disks <= st.old_raid_disks || st.backwards {
+        let what = format!("{} -> {} members", st.old_raid_disks, st.new_raid_disks);
+        return Err(invalid(format!("{name}: only a forward reshape to more members is supported, not {what}")));
+    }
+    if st.old_layout != st.new_layout || st.old_chunk_sectors != st.new_chunk_sectors {
+        return Err(invalid(format!("{name}: a reshape changing layout or chunk is not supported yet")));
+    }
+    let geo = |disks: u32| {
+        ParityGeometry::new(st.level, disks, st.old_layout, st.old_chunk_sectors).map_err(|e| invalid(e.to_string()))
+    };
+    let mut old = Raid5::new(name, geo(st.old_raid_disks)?, sb.size_sectors)?;
+    old.base = Base::ReshapeOld;
+    let mut new = Raid5::new(name, geo(st.new_raid_disks)?, sb.size_sectors)?;
+    new.base = Base::ReshapeNew;
+    let old_array_sectors = old.array_sectors();
+    let new_array_sectors = new.array_sectors();
+    let position = st.position_sectors.min(new_array_sectors);
+    Ok(Arc::new(Reshape {
+        name: name.to_string(),
+        state: st,
+        old,
+        new,
+        old_array_sectors,
+        new_array_sectors,
+        member_size_sectors: sb.size_sectors,
+        progress: AtomicU64::new(position),
+        safe: AtomicU64::new(position),
+        window: RwLock::new(()),
+        want_checkpoint: AtomicBool::new(false),
+        checkpointed: Notify::new(),
+        done: AtomicBool::new(false),
+        finished: Notify::new(),
+    }))
+}
+
+impl Reshape {
+    pub fn state(&self) -> &ReshapeState {
+        &self.state
+    }
+
+    /// The recorded position (array sectors; below it the new geometry holds).
+    pub fn position_sectors(&self) -> u64 {
+        self.safe.load(Ordering::Acquire)
+    }
+
+    /// Array size once the reshape is done.
+    pub fn new_array_sectors(&self) -> u64 {
+        self.new_array_sectors
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Waits until the engine recorded the end of the reshape.
+    pub async fn wait_done(&self) {
+        loop {
+            let n = self.finished.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_done() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Splits `[off, off + len)` at the geometry boundary `p`: (new part, old part) lengths.
+    fn split(off: u64, len: u64, p: u64) -> (u64, u64) {
+        let below = p.saturating_sub(off).min(len);
+        (below, len - below)
+    }
+
+    /// Waits until a write of `[off, off + len)` may go ahead: not into `[safe, progress)`.
+    async fn enter_write(&self, off: u64, len: u64) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        loop {
+            let wait = self.checkpointed.notified();
+            tokio::pin!(wait);
+            wait.as_mut().enable();
+            let g = self.window.read().await;
+            let (safe, p) = (self.safe.load(Ordering::Acquire), self.progress.load(Ordering::Acquire));
+            if off >= p || off + len <= safe {
+                return g;
+            }
+            drop(g);
+            self.want_checkpoint.store(true, Ordering::Release);
+            wait.await;
+        }
+    }
+
+    /// Runs a modifying request on the geometries it touches (new below `progress`).
+    async fn modify<'a, F>(&'a self, off: u64, len: u64, f: F) -> io::Result<()>
+    where
+        F: Fn(&'a Raid5, u64, u64, u64) -> IoFuture<'a, io::Result<()>>,
+    {
+        let _g = self.enter_write(off, len).await;
+        let (below, above) = Reshape::split(off, len, self.progress.load(Ordering::Acquire));
+        if below > 0 {
+            f(&self.new, off, below, 0).await?;
+        }
+        if above > 0 {
+            f(&self.old, off + below, above, below).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Personality for Reshape {
+    fn level(&self) -> Level {
+        self.state.level
+    }
+
+    fn array_sectors(&self) -> u64 {
+        self.old_array_sectors
+    }
+
+    fn can_run(&self, slots: &SlotTable) -> bool {
+        self.new.can_run(slots)
+    }
+
+    fn read<'a>(&'a self, a: &'a ArrayCore, off: u64, mut buf: IoBuf) -> IoFuture<'a, ReadResult> {
+        Box::pin(async move {
+            let _g = self.window.read().await;
+            let len = buf.len() as u64 / 512;
+            let (below, above) = Reshape::split(off, len, self.progress.load(Ordering::Acquire));
+            if above == 0 {
+                return self.new.read(a, off, buf).await;
+            }
+            if below == 0 {
+                return self.old.read(a, off, buf).await;
+            }
+            let head = buf.split_to(below as usize * 512);
+            let tail = buf.split_to(above as usize * 512);
+            let h = self.new.read(a, off, head).await;
+            let t = self.old.read(a, off + below, tail).await;
+            join_read_parts(buf, [h, t])
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        a: &'a ArrayCore,
+        off: u64,
+        buf: SharedBuf,
+        flags: WriteFlags,
+    ) -> IoFuture<'a, io::Result<()>> {
+        let len = buf.len() as u64 / 512;
+        Box::pin(self.modify(off, len, move |g, o, l, skip| {
+            let part = buf.slice(skip as usize * 512..(skip + l) as usize * 512);
+            g.write(a, o, part, flags)
+        }))
+    }
+
+    fn discard<'a>(&'a self, a: &'a ArrayCore, off: u64, len: u64) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(self.modify(off, len, move |g, o, l, _| g.discard(a, o, l)))
+    }
+
+    fn write_zeroes<'a>(
+        &'a self,
+        a: &'a ArrayCore,
+        off: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(self.modify(off, len, move |g, o, l, _| g.write_zeroes(a, o, l, flags)))
+    }
+
+    fn sync_domain_sectors(&self) -> u64 {
+        self.member_size_sectors
+    }
+
+    fn sync_range_of(&self, off: u64, len: u64) -> Range<u64> {
+        let (o, n) = (self.old.sync_range_of(off, len), self.new.sync_range_of(off, len));
+        o.start.min(n.start)..o.end.max(n.end)
+    }
+
+    fn sync_range<'a>(
+        &'a self,
+        _a: &'a ArrayCore,
+        mode: SyncMode,
+        _start: u64,
+        _len: u64,
+    ) -> IoFuture<'a, io::Result<SyncOutcome>> {
+        let e = io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("{}: {} waits until the reshape finishes", self.name, mode.as_str()),
+        );
+        Box::pin(std::future::ready(Err(e)))
+    }
+
+    fn read_error_limit(&self) -> Option<u64> {
+        self.new.read_error_limit()
+    }
+
+    fn optimal_io_bytes(&self) -> u32 {
+        self.old.optimal_io_bytes()
+    }
+
+    fn attributes(&self) -> Vec<(&'static str, String)> {
+        let mut v = self.new.attributes();
+        v.push(("reshape_position", self.position_sectors().to_string()));
+        v.push(("reshape_direction", if self.state.backwards { "backwards" } else { "forwards" }.to_string()));
+        v
+    }
+
+    fn set_attribute(&self, name: &str, value: &str) -> Option<io::Result<()>> {
+        let r = self.new.set_attribute(name, value)?;
+        Some(r.and_then(|()| self.old.set_attribute(name, value).unwrap_or(Ok(()))))
+    }
+
+    fn reshape(&self) -> Option<&Reshape> {
+        Some(self)
+    }
+
+    fn stop<'a>(&'a self, a: &'a ArrayCore) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.old.stop(a).await?;
+            self.new.stop(a).await
+        })
+    }
+}
+
+//------------------------------------------------------------------------------------------------
+// The engine
+
+/// Sectors the new geometry's start lies below the old one's on every old member (the least
+/// over them: raid5.c min_offset_diff for a forward reshape).
+fn offset_room(core: &ArrayCore, old_disks: usize) -> u64 {
+    let slots = core.slots();
+    (0..old_disks)
+        .filter_map(|r| slots.slot(r).and_then(|s| s.member.clone()))
+        .map(|m| m.old_base_sectors.saturating_sub(m.new_base_sectors))
+        .min()
+        .unwrap_or(0)
+}
+
+impl Reshape {
+    /// Whether the new geometry may be written up to array sector `end` while the superblocks
+    /// record `safe`: its member end stays at or below where the old stripe holding `safe`
+    /// starts (plus the offset room).
+    fn fits(&self, end: u64, safe: u64, room: u64) -> bool {
+        let c = u64::from(self.state.new_chunk_sectors);
+        let (old_d, new_d) = self.state.data_disks();
+        end / new_d <= safe / (c * old_d) * c + room
+    }
+
+    /// The window to move at `p`: whole new stripes, as many as fit (at least one), or `None`
+    /// when not even one fits with `p` recorded.
+    fn window_at(&self, p: u64, safe: u64, room: u64) -> Option<u64> {
+        let stripe = self.state.step_sectors();
+        let max = (MAX_WINDOW_SECTORS / stripe).max(1) * stripe;
+        let left = self.new_array_sectors - p;
+        let mut w = max.min(left);
+        while w > 0 && !self.fits(p + w, safe, room) {
+            w -= stripe;
+        }
+        (w > 0).then_some(w)
+    }
+
+    /// Moves `[p, p + w)` from the old to the new geometry with all user I/O held off.
+    async fn move_window(&self, core: &ArrayCore, p: u64, w: u64) -> io::Result<()> {
+        let _x = self.window.write().await;
+        let mut buf = IoBuf::zeroed((w * 512) as usize);
+        let live = self.old_array_sectors.saturating_sub(p).min(w);
+        if live > 0 {
+            let mut head = buf.split_to((live * 512) as usize);
+            let r;
+            (head, r) = self.old.read(core, p, head).await;
+            r?;
+            let (whole, r) = join_read_parts(head, [(buf, Ok(()))]);
+            r?;
+            buf = whole;
+        }
+        self.new.write(core, p, buf.freeze(), WriteFlags::NONE).await?;
+        self.progress.store(p + w, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes everything moved durable, then records `progress` in every superblock.
+    async fn checkpoint(&self, core: &ArrayCore, why: &str) -> io::Result<()> {
+        let p = self.progress.load(Ordering::Acquire);
+        core.flush_members().await?;
+        for m in core.slots().all_members() {
+            let mut sb = m.superblock();
+            sb.reshape_position_sectors = p;
+            m.store_superblock(sb);
+        }
+        core.update_superblocks(why).await?;
+        self.safe.store(p, Ordering::Release);
+        self.want_checkpoint.store(false, Ordering::Release);
+        self.checkpointed.notify_waiters();
+        Ok(())
+    }
+
+    /// md_finish_reshape: the superblocks get the new geometry.
+    async fn finish(&self, core: &ArrayCore) -> io::Result<()> {
+        core.flush_members().await?;
+        for m in core.slots().all_members() {
+            let mut sb = m.superblock();
+            if let Some(new) = sb.new_data_offset_sectors() {
+                let old = sb.data_offset_sectors;
+                sb.data_size_sectors = (sb.data_size_sectors + old).saturating_sub(new);
+                sb.data_offset_sectors = new;
+            }
+            sb.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS);
+            sb.layout = self.state.new_layout;
+            sb.chunk_sectors = self.state.new_chunk_sectors;
+            sb.delta_disks = 0;
+            sb.new_offset_sectors = 0;
+            sb.reshape_position_sectors = self.new_array_sectors;
+            m.store_superblock(sb);
+        }
+        core.update_superblocks("reshape finished").await?;
+        self.safe.store(self.new_array_sectors, Ordering::Release);
+        self.done.store(true, Ordering::Release);
+        self.checkpointed.notify_waiters();
+        self.finished.notify_waiters();
+        tracing::info!(array = core.name(), sectors = self.new_array_sectors, "reshape finished");
+        Ok(())
+    }
+
+    /// md's `sync_completed` during a reshape: per-member new-geometry sectors recorded, of
+    /// the total.
+    pub fn completed(&self) -> (u64, u64) {
+        let new_d = self.state.data_disks().1;
+        (self.position_sectors() / new_d, self.new_array_sectors / new_d)
+    }
+}
+
+/// The engine task of an array whose personality is a [`Reshape`]: moves windows until the
+/// end or until the array stops (then it records where it got to).
+pub(crate) async fn run(core: Arc<ArrayCore>) {
+    let pers = core.personality().clone();
+    let Some(r) = pers.reshape() else { return };
+    if let Err(e) = run_inner(&core, r).await {
+        tracing::error!(array = core.name(), at = r.position_sectors(), "reshape stopped: {e}");
+        core.sync.note_reshape_error(format!("reshape stopped at sector {}: {e}", r.position_sectors()));
+    }
+}
+
+async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
+    let room = offset_room(core, r.state.old_raid_disks as usize);
+    let mut last = Instant::now();
+    loop {
+        let p = r.progress.load(Ordering::Acquire);
+        if core.is_shutting_down() || core.sync.is_frozen() || core.needs_check().is_some() {
+            if p != r.position_sectors() {
+                r.checkpoint(core, "reshape checkpoint (stop)").await?;
+            }
+            if core.is_shutting_down() || core.needs_check().is_some() {
+                return Ok(());
+            }
+            core.sync.wait_unfrozen(&core.sync_wake).await;
+            continue;
+        }
+        if p >= r.new_array_sectors {
+            return r.finish(core).await;
+        }
+        let w = match r.window_at(p, r.position_sectors(), room) {
+            Some(w) => w,
+            None => {
+                r.checkpoint(core, "reshape checkpoint").await?;
+                last = Instant::now();
+                r.window_at(p, p, room).ok_or_else(|| {
+                    io::Error::other(format!(
+                        "{}: the data offsets moved by {room} sectors, too little for one stripe at sector {p}",
+                        r.name
+                    ))
+                })?
+            }
+        };
+        r.move_window(core, p, w).await?;
+        core.sync.throttle_reshape(w / r.state.data_disks().1).await;
+        if r.want_checkpoint.load(Ordering::Acquire) || last.elapsed() >= CHECKPOINT_INTERVAL {
+            r.checkpoint(core, "reshape checkpoint").await?;
+            last = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_at_the_boundary() {
+        assert_eq!(Reshape::split(0, 8, 0), (0, 8));
+        assert_eq!(Reshape::split(0, 8, 8), (8, 0));
+        assert_eq!(Reshape::split(4, 8, 8), (4, 4));
+        assert_eq!(Reshape::split(16, 8, 8), (0, 8));
+    }
+}

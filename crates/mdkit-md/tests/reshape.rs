@@ -1,0 +1,131 @@
+//! raid5 restripe to more members (`grow --raid-devices`, issue 17): 4 -> 5 and 3 -> 5 under
+//! concurrent writes (every write reads back, check finds 0 mismatches, the array grows), a
+//! reshape stopped half-way resumes from the superblocks' reshape_position, refusals (no room
+//! to move the data offset, a degraded array) change nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mdkit_io::Rng;
+use mdkit_md::array::{Array, GrowChange, read_superblock};
+use mdkit_md::format::superblock::feature;
+use mdkit_md::layout::Level;
+
+use crate::array_util::*;
+
+/// Random writes until told to stop; returns the model and how many writes it did.
+fn writer(a: Arc<Array>, mut m: Model, seed: u64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(Model, u64)> {
+    tokio::spawn(async move {
+        let mut rng = Rng::new(seed);
+        let mut n = 0u64;
+        while !stop.load(Ordering::Acquire) {
+            random_write(&*a, &mut m, &mut rng, 24).await;
+            n += 1;
+            tokio::task::yield_now().await;
+        }
+        (m, n)
+    })
+}
+
+async fn filled(ms: &[SimMember], n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
+    let a = Arc::new(create_array(ms, opts(Level::Raid5, n, Some(chunk_kib), None, true, true)).await);
+    let mut m = Model::new(a.size_bytes());
+    fill(&*a, &mut m, rng).await;
+    (a, m)
+}
+
+async fn grow_under_writes(name: &str, old: usize, new: usize) {
+    let s = seed(name, 41);
+    let mut rng = Rng::new(s);
+    let ms = mem_members(&format!("{name}-"), new, 16 * MIB);
+    let (a, m) = filled(&ms[..old], old as u32, 64, &mut rng).await;
+    let before = a.size_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    tokio::task::yield_now().await;
+    let add = member_devs(&ms[old..]);
+    let r = a.grow(GrowChange::RaidDevices(new as u32), add).await.unwrap();
+    assert!(r.summary.contains("reshape"), "{}", r.summary);
+    let st = a.sync_status();
+    assert!(st.action == "reshape" || a.core().personality().reshape().is_some_and(|r| r.is_done()), "{st:?}");
+    a.wait_reshape().await.unwrap();
+    stop.store(true, Ordering::Release);
+    let (mut m, writes) = w.await.unwrap();
+    eprintln!("{name}: {writes} writes during the reshape");
+    assert!(writes > 0);
+    let after = a.size_bytes();
+    let parity = 1;
+    assert_eq!(after / ((new - parity) as u64), before / ((old - parity) as u64), "the array grows by the new members");
+    assert_eq!(a.info().raid_disks, new as u32);
+    verify_all(&*a, &m).await;
+    let mut grown = Model::new(after);
+    grown.apply(0, &m.data);
+    m = grown;
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0, "{name}: check after the reshape");
+    a.stop().await.unwrap();
+    let sb = read_superblock(&ms[0].dev).await.unwrap();
+    assert_eq!(sb.feature_map & feature::RESHAPE_ACTIVE, 0);
+    assert_eq!(sb.raid_disks, new as u32);
+    let b = assemble_array(&ms).await;
+    verify_all(&b, &m).await;
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_4_to_5_under_writes() {
+    grow_under_writes("reshape45", 4, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_3_to_5_under_writes() {
+    grow_under_writes("reshape35", 3, 5).await;
+}
+
+/// Stopped half-way (slow `sync_speed_max`), the array assembles from the recorded
+/// reshape_position, serves the data, and the reshape finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_reshape_resumes_from_its_checkpoint() {
+    let mut rng = Rng::new(seed("reshape-resume", 43));
+    let ms = mem_members("resume-", 5, 16 * MIB);
+    let (a, m) = filled(&ms[..4], 4, 64, &mut rng).await;
+    a.set_attribute("sync_speed_max", "20000").unwrap();
+    a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
+    a.set_attribute("sync_speed_max", "20000").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let detail = a.detail();
+    eprintln!("detail during the reshape: {}", detail["sync"]);
+    a.stop().await.unwrap();
+    drop(a);
+    let sb = read_superblock(&ms[2].dev).await.unwrap();
+    assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way: still reshaping");
+    let pos = sb.reshape_position_sectors;
+    assert!(pos > 0, "the stop recorded where it got to");
+    let b = Arc::new(assemble_array(&ms).await);
+    assert_eq!(b.get_attribute("reshape_position").unwrap(), pos.to_string());
+    assert_eq!(b.sync_status().action, "reshape");
+    verify_all(&*b, &m).await;
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    verify_all(&*b, &m).await;
+    assert_eq!(check(&b).await, 0);
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_change_nothing() {
+    let ms = mem_members("refuse-", 5, 16 * MIB);
+    // 512 KiB chunks, 4 -> 5: the data must move down 2 MiB; mdkit leaves 1 MiB before it.
+    let a = create_array(&ms[..4], opts(Level::Raid5, 4, Some(512), None, false, true)).await;
+    let e = a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap_err().to_string();
+    assert!(e.contains("free sectors before its data") && e.contains("backup file"), "{e}");
+    let e = a.grow(GrowChange::RaidDevices(6), member_devs(&ms[4..])).await.unwrap_err().to_string();
+    assert!(e.contains("exactly 2 new device"), "{e}");
+    assert_eq!(a.info().raid_disks, 4);
+    a.stop().await.unwrap();
+    let sb = read_superblock(&ms[0].dev).await.unwrap();
+    assert_eq!((sb.raid_disks, sb.feature_map & feature::RESHAPE_ACTIVE), (4, 0));
+}
