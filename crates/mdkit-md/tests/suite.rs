@@ -45,3 +45,4 @@ mod raid5_roundtrip;
 mod raid5_scrub;
 mod raid5_write_path;
 mod sync_action;
+mod write_behind;
