@@ -46,3 +46,4 @@ mod raid5_scrub;
 mod raid5_write_path;
 mod sync_action;
 mod write_behind;
+mod write_behind_crash;
