@@ -250,17 +250,24 @@ fn remote_options(p: &MdParams) -> Result<NbdClientOptions> {
 }
 
 /// The member names of the `write_mostly` entries, each of which must be one of `members`.
+/// A remote member left out as unreachable is skipped (its superblock keeps its flag; `devs`
+/// holds only the opened members, so indexes into it skip the missing ones).
 fn write_mostly_names(members: &[String], write_mostly: &[String], opened: &OpenedMembers) -> Result<Vec<String>> {
-    write_mostly
-        .iter()
-        .map(|w| {
-            let i = members
-                .iter()
-                .position(|m| m == w)
-                .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
-            Ok(opened.devs[i].name.clone())
-        })
-        .collect()
+    let missing = |spec: &str| opened.remote.iter().any(|r| r.uri == spec && r.missing_reason().is_some());
+    let mut names = Vec::new();
+    for w in write_mostly {
+        let i = members
+            .iter()
+            .position(|m| m == w)
+            .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
+        if missing(w) {
+            continue;
+        }
+        let skipped = members[..i].iter().filter(|m| missing(m)).count();
+        let dev = opened.devs.get(i - skipped).ok_or_else(|| anyhow!("write_mostly {w:?}: member not opened"))?;
+        names.push(dev.name.clone());
+    }
+    Ok(names)
 }
 
 fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
