@@ -49,3 +49,5 @@ mod reshape;
 mod reshape_crash;
 mod reshape_lab;
 mod sync_action;
+mod write_behind;
+mod write_behind_crash;

@@ -244,6 +244,45 @@ fn md_metrics(sink: &mut Sink, device: &str, d: &Value) {
     for l in d["remote_members"].as_array().into_iter().flatten() {
         remote_metrics(sink, device, l);
     }
+    write_behind_metrics(sink, device, &d["write_behind"]);
+}
+
+/// Write-behind (raid1 with a bitmap): the limit and the lag of the write-mostly members.
+fn write_behind_metrics(sink: &mut Sink, device: &str, w: &Value) {
+    if w.is_null() {
+        return;
+    }
+    let dev = [("device", device)];
+    sink.gauge(
+        "mdkit_md_write_behind_limit",
+        "write-behind: most writes outstanding (0 = off)",
+        &dev,
+        num(&w["limit"]),
+    );
+    sink.gauge(
+        "mdkit_md_write_behind_outstanding_writes",
+        "acknowledged writes not yet on the write-mostly members",
+        &dev,
+        num(&w["outstanding_writes"]),
+    );
+    sink.gauge(
+        "mdkit_md_write_behind_outstanding_bytes",
+        "bytes of those writes (how far the write-mostly members lag)",
+        &dev,
+        num(&w["outstanding_bytes"]),
+    );
+    sink.gauge(
+        "mdkit_md_write_behind_peak_writes",
+        "most behind writes outstanding at once",
+        &dev,
+        num(&w["peak_writes"]),
+    );
+    sink.counter(
+        "mdkit_md_write_behind_failed_writes",
+        "behind writes that failed (the member was failed)",
+        &dev,
+        count(&w["failed_writes"]),
+    );
 }
 
 /// A remote (NBD) member's link.

@@ -18,7 +18,7 @@
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `max_read_errors` (raid1/raid10 read-error fix attempts before a member is failed),
 //! `dev-NAME/bad_blocks` ("SECTOR LENGTH" adds a bad block, as md), `dev-NAME/state` (`faulty`, `remove`, `want_replacement`, `-want_replacement`,
-//! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, can_clear, flush_chunks, idle_region_bytes),
+//! `writemostly`, `-writemostly`), `bitmap/*` (time_base, backlog, max_backlog_used (resets), can_clear, flush_chunks, idle_region_bytes),
 //! `flush_batching`, and the personality's writable attributes.
 
 use std::io;
@@ -133,7 +133,13 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
         v.push((format!("{p}/bad_blocks"), bad_block_lines(&m)));
     }
     if let Some(bm) = &core.bitmap {
-        v.extend(bm.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
+        let b = core.behind.stats();
+        v.extend(bm.attributes().into_iter().map(|(k, val)| match k {
+            "bitmap/max_backlog_used" => (k.to_string(), b.peak_writes.to_string()),
+            _ => (k.to_string(), val),
+        }));
+        v.push(("bitmap/behind_writes".into(), b.outstanding_writes.to_string()));
+        v.push(("bitmap/behind_bytes".into(), b.outstanding_bytes.to_string()));
     }
     v.extend(core.flusher.attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
     v.extend(core.personality().attributes().into_iter().map(|(k, val)| (k.to_string(), val)));
@@ -281,6 +287,11 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
                 ))),
             }
         }
+        "bitmap/max_backlog_used" if core.bitmap.is_some() => {
+            // md's behind_writes_used_reset: any write starts the peak over.
+            core.behind.reset_peak();
+            Ok(())
+        }
         _ => {
             if let Some(r) = core.personality().set_attribute(name, value) {
                 return r;
@@ -405,6 +416,18 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
             "speed_min_kib": core.sync.speed_min_kib(),
             "speed_max_kib": core.sync.speed_max_kib(),
         },
+        "write_behind": core.bitmap.as_ref().map(|b| {
+            let wb = core.behind.stats();
+            json!({
+                "limit": b.write_behind(),
+                "outstanding_writes": wb.outstanding_writes,
+                "outstanding_bytes": wb.outstanding_bytes,
+                "peak_writes": wb.peak_writes,
+                "completed_writes": wb.completed_writes,
+                "failed_writes": wb.failed_writes,
+                "slot_waits": wb.slot_waits,
+            })
+        }),
         "bitmap": core.bitmap.as_ref().map(|b| {
             let h = b.header();
             let st = b.stats();

@@ -92,6 +92,25 @@ impl RegionBarrier {
         }
     }
 
+    /// Counts one more write in flight on `range` without waiting, for a caller that already
+    /// holds a [`WriteGuard`] on it (so no barrier there can be complete): a behind write keeps
+    /// sync work out of its range until it reaches the write-mostly members. Release with
+    /// [`RegionBarrier::release_held`].
+    pub fn hold_write(&self, range: &Range<u64>) -> Vec<usize> {
+        let slots = Self::slots_of(range);
+        for &s in &slots {
+            self.slots[s].pending_writes.fetch_add(1, Ordering::SeqCst);
+        }
+        slots
+    }
+
+    /// Ends a [`RegionBarrier::hold_write`].
+    pub fn release_held(&self, slots: &[usize]) {
+        for &s in slots {
+            self.release_write(s);
+        }
+    }
+
     fn release_write(&self, s: usize) {
         let slot = &self.slots[s];
         if slot.pending_writes.fetch_sub(1, Ordering::SeqCst) == 1 {

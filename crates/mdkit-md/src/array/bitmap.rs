@@ -591,6 +591,12 @@ impl WriteIntentBitmap {
     }
 
     /// The bitmap superblock as it will be written next.
+    /// md's `write_behind` (`bitmap/backlog`): 0, or the most writes that may be outstanding
+    /// to write-mostly members.
+    pub fn write_behind(&self) -> u32 {
+        self.inner.header.lock().write_behind
+    }
+
     pub fn header(&self) -> BitmapSuper {
         self.inner.header.lock().clone()
     }

@@ -3,13 +3,14 @@
 //! the write gate, the region barrier, the bitmap, the resync checkpoint, the needs-check flag.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use super::barrier::RegionBarrier;
+use super::behind::WriteBehind;
 use super::bitmap::{BitmapMember, FailFn, WriteIntentBitmap};
 use super::errors::{Clock, DEFAULT_MAX_READ_ERRORS, MonotonicClock};
 use super::flush::FlushBatcher;
@@ -59,6 +60,10 @@ pub struct ArrayCore {
     pub(crate) sb: SbState,
     /// The write-intent bitmap (`array/bitmap.rs`), when the array has one.
     pub bitmap: Option<WriteIntentBitmap>,
+    /// raid1 writes still outstanding to write-mostly members (`array/behind.rs`).
+    pub behind: WriteBehind,
+    /// The `Arc` this core lives in (set by `Array::start`): behind writes outlive the request.
+    me: OnceLock<Weak<ArrayCore>>,
     /// One member-flush round serves every flush that arrived before it.
     pub flusher: FlushBatcher,
     /// Sync domain below this is known in sync; [`MAX_SECTOR`] when the whole array is.
@@ -103,6 +108,8 @@ impl ArrayCore {
             barrier: RegionBarrier::new(),
             sb: SbState::new(events),
             bitmap,
+            behind: WriteBehind::new(),
+            me: OnceLock::new(),
             flusher: FlushBatcher::new(),
             resync_cp: AtomicU64::new(resync_cp),
             failures_noted: AtomicU64::new(0),
@@ -124,6 +131,24 @@ impl ArrayCore {
 
     pub fn name(&self) -> &str {
         &self.info.name
+    }
+
+    /// Records the `Arc` holding this core (once, by `Array::start`).
+    pub(crate) fn set_arc(self: &Arc<Self>) {
+        let _ = self.me.set(Arc::downgrade(self));
+    }
+
+    /// The `Arc` holding this core, for work that outlives a request (behind writes); `None`
+    /// before `Array::start` or once the array is gone.
+    pub(crate) fn arc(&self) -> Option<Arc<ArrayCore>> {
+        self.me.get().and_then(Weak::upgrade)
+    }
+
+    /// md's write-behind limit for this write: the bitmap's `write_behind` when the array has
+    /// a bitmap and the write may be done behind (not FUA); `None` otherwise.
+    pub(crate) fn write_behind_limit(&self, fua: bool) -> Option<u64> {
+        let n = self.bitmap.as_ref()?.write_behind();
+        (n > 0 && !fua).then_some(u64::from(n))
     }
 
     pub fn info(&self) -> &ArrayInfo {
@@ -429,6 +454,9 @@ impl ArrayCore {
     /// it started). A member whose flush fails is failed; the flush succeeds when the array can
     /// still run and the failures are recorded.
     pub async fn flush_members(&self) -> io::Result<()> {
+        // Write-behind: the flush covers the write-mostly members too, so it waits for every
+        // behind write acknowledged before it.
+        self.behind.drain().await;
         self.flusher.flush(|| self.flush_round()).await
     }
 

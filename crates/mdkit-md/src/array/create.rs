@@ -34,6 +34,8 @@ pub struct CreateOptions {
     pub homehost: Option<String>,
     /// Array UUID; random when `None`.
     pub uuid: Option<[u8; 16]>,
+    /// `--write-behind` (raid1 with a bitmap): the bitmap's `write_behind`, 0 = off.
+    pub write_behind: u32,
 }
 
 impl CreateOptions {
@@ -50,6 +52,7 @@ impl CreateOptions {
             size_kib: None,
             homehost: None,
             uuid: None,
+            write_behind: 0,
         }
     }
 }
@@ -81,6 +84,7 @@ pub async fn write_superblocks(members: &[MemberDev], opts: &CreateOptions) -> i
     req.chunk_kib = opts.chunk_kib;
     req.layout = opts.layout;
     req.bitmap = opts.bitmap;
+    req.bitmap_write_behind = opts.write_behind;
     req.size_kib = opts.size_kib;
     req.name = opts.name.clone();
     req.homehost = opts.homehost.clone();

@@ -67,6 +67,13 @@ impl WriteGate {
         self.state.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Counts one more write for a caller already counted (the array is active and stays so
+    /// while it is counted): a behind write keeps the array dirty until it completes.
+    pub fn hold(&self) {
+        let prev = self.state.fetch_add(1, Ordering::AcqRel);
+        debug_assert!(prev & ACTIVE != 0 && prev & !ACTIVE > 0, "write gate hold without enter");
+    }
+
     /// A write finished; returns true when it was the last one in flight.
     pub fn exit(&self) -> bool {
         self.last_write_end_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Release);

@@ -58,6 +58,9 @@ pub struct Member {
     /// once a rebuild completed). Only meaningful while the member is not in sync.
     recovery_offset_sectors: AtomicU64,
     in_flight: AtomicU32,
+    /// Behind writes to this member not yet completed (write-behind): while any is, reads of
+    /// the ranges they cover avoid it even if it stopped being write-mostly meanwhile.
+    behind: AtomicU32,
     /// Member reads that failed (or came back short), ever (mdkit's counter).
     read_errors: AtomicU64,
     /// raid1/raid10: md's decaying `read_errors` (fix attempts).
@@ -102,6 +105,7 @@ impl Member {
             state: AtomicU32::new(state),
             recovery_offset_sectors: AtomicU64::new(0),
             in_flight: AtomicU32::new(0),
+            behind: AtomicU32::new(0),
             read_errors: AtomicU64::new(0),
             fix_attempts: DecayingReadErrors::default(),
             consecutive_read_errors: AtomicU64::new(0),
@@ -156,6 +160,21 @@ impl Member {
 
     pub fn set_recovery_offset(&self, sectors: u64) {
         self.recovery_offset_sectors.store(sectors, Ordering::Release);
+    }
+
+    /// Whether reads must treat this member as lagging: write-mostly, or with behind writes
+    /// still outstanding.
+    pub fn lags(&self) -> bool {
+        self.has(flag::WRITE_MOSTLY) || self.behind.load(Ordering::Acquire) > 0
+    }
+
+    /// Counts a behind write to this member until [`Member::behind_done`].
+    pub(crate) fn behind_started(&self) {
+        self.behind.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn behind_done(&self) {
+        self.behind.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub fn in_flight(&self) -> u32 {

@@ -71,8 +71,30 @@ pub fn read_order(
             .collect();
         keyed.sort_by_key(|(k, _)| *k);
         v = keyed.into_iter().map(|(_, x)| x).collect();
+    } else {
+        // Copies may differ: every reader (and resync) uses the same first copy, a member that
+        // is not write-mostly when there is one (md's raid1 resync source rule; a write-mostly
+        // member may lag under write-behind).
+        v.sort_by_key(|(m, _)| m.has(flag::WRITE_MOSTLY));
     }
     v
+}
+
+/// Write-behind: a read of a range with a behind write in flight never goes to a lagging
+/// member (write-mostly, or with behind writes outstanding: it may still hold the older data).
+/// Lagging copies go last; the range returned, when there is one, must be waited for
+/// (`wait_earlier_overlaps`) before a lagging copy is read (md's wait_behind_writes).
+fn avoid_behind(a: &ArrayCore, order: &mut [(Arc<Member>, u64)], len: u64) -> Option<Range<u64>> {
+    if !a.behind.any() || !order.iter().any(|(m, _)| m.lags()) {
+        return None;
+    }
+    let sector = order.first().map(|(_, s)| *s)?;
+    let range = sector..sector + len;
+    if !a.behind.overlaps(&range) {
+        return None;
+    }
+    order.sort_by_key(|(m, _)| m.lags());
+    Some(range)
 }
 
 /// Reads one range from a copy, handling read errors (see the module documentation).
@@ -87,7 +109,8 @@ pub async fn read_copies(
     barrier_held: bool,
 ) -> ReadResult {
     let slots = a.slots();
-    let order = read_order(a, &slots, copies, len, domain.end);
+    let mut order = read_order(a, &slots, copies, len, domain.end);
+    let behind = avoid_behind(a, &mut order, len);
     if order.is_empty() {
         let e = unrecoverable(a, &domain, "no readable copy (degraded beyond redundancy)".into());
         return (buf, Err(e));
@@ -95,6 +118,9 @@ pub async fn read_copies(
     let mut failed: Vec<BadCopy> = Vec::new();
     let mut last_err = None;
     for (m, sector) in &order {
+        if let Some(r) = behind.as_ref().filter(|_| m.lags()) {
+            a.behind.wait_earlier_overlaps(u64::MAX, r).await;
+        }
         let (b, r) = a.member_read(m, *sector, buf).await;
         buf = b;
         match r {
@@ -270,7 +296,7 @@ pub async fn zero_copies(a: &ArrayCore, copies: &[MemberSector], len: u64, flags
     finish_writes(a, &targets, results, len)
 }
 
-fn finish_writes(
+pub(crate) fn finish_writes(
     a: &ArrayCore,
     targets: &[(Arc<Member>, u64)],
     results: Vec<io::Result<()>>,
@@ -315,8 +341,11 @@ pub async fn sync_copies(
             if mode == SyncMode::Recover && recovering.is_empty() {
                 return Ok(SyncOutcome::default());
             }
-            let sources: Vec<MemberSector> =
+            // Sources: in-sync copies, write-mostly ones last (md: resync reads a member that
+            // is not write-mostly first).
+            let mut sources: Vec<MemberSector> =
                 copies.iter().copied().filter(|c| slots.in_sync(c.member).is_some()).collect();
+            sources.sort_by_key(|c| slots.in_sync(c.member).is_some_and(|m| m.has(flag::WRITE_MOSTLY)));
             let (data, r) = if mode == SyncMode::Resync {
                 // Resync reads the first in-sync copy so every reader sees what it saw.
                 read_first(a, &slots, &sources, len).await

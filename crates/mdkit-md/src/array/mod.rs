@@ -17,6 +17,7 @@
 //! | [`sb`]            | the superblock writer (events, dev_roles, offsets, checksum)      |
 //! | [`gate`]          | dirty/clean transitions with `safe_mode_delay`                    |
 //! | [`barrier`]       | the bucketed region barrier (sync vs writes)                      |
+//! | [`behind`]        | write-behind: raid1 writes outstanding to write-mostly members    |
 //! | [`sync`]          | resync / recover / check / repair engine, speed limits, progress  |
 //! | [`assemble`], [`create`] | starting arrays from members, creating new ones            |
 //! | [`grow`]          | `--grow` without restriping: size, bitmap, raid1 mirrors          |
@@ -35,6 +36,7 @@ pub mod attrs;
 pub mod badblocks;
 pub mod barrier;
 mod bblog;
+pub mod behind;
 pub mod bitmap;
 pub mod core;
 pub mod create;
@@ -115,6 +117,7 @@ impl Array {
     /// Starts the background tasks of an assembled core.
     pub(crate) fn start(core: ArrayCore, frozen: bool, bitmap_sink: Option<Arc<self::core::BitmapFailSink>>) -> Array {
         let core = Arc::new(core);
+        core.set_arc();
         if let Some(sink) = bitmap_sink {
             sink.attach(&core);
         }
@@ -440,6 +443,26 @@ impl Array {
             m.clear(flag::WRITE_MOSTLY);
         }
         self.core().update_superblocks(if on { "member write-mostly" } else { "member not write-mostly" }).await
+    }
+
+    /// mdadm `--write-behind=N` on a running array (md's `bitmap/backlog`, persisted): raid1
+    /// with a write-intent bitmap only; `n` is 0 (off) to 16383 (the bitmap's COUNTER_MAX).
+    /// Lowering it does not wait for the behind writes already outstanding beyond the new limit.
+    pub async fn set_write_behind(&self, n: u32) -> stdio::Result<()> {
+        let _p = self.pause.enter().await;
+        let core = self.core();
+        let refuse = |why: String| stdio::Error::new(stdio::ErrorKind::InvalidInput, format!("{}: {why}", self.name()));
+        if core.info().level != crate::layout::Level::Raid1 {
+            return Err(refuse(format!("write-behind is for raid1, not {}", core.info().level.name())));
+        }
+        let Some(bm) = &core.bitmap else {
+            return Err(refuse("write-behind needs a write-intent bitmap (grow --bitmap internal first)".into()));
+        };
+        if n > crate::format::bitmap::COUNTER_MAX {
+            return Err(refuse(format!("write-behind {n} is above {}", crate::format::bitmap::COUNTER_MAX)));
+        }
+        bm.set_attribute("backlog", &n.to_string()).unwrap_or(Ok(()))?;
+        core.update_superblocks("write-behind").await
     }
 
     /// `--replace`: rebuild a spare as the member's replacement, then fail the member.

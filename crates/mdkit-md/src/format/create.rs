@@ -146,6 +146,12 @@ pub enum CreateError {
     BadChunk { chunk_kib: u32 },
     #[error("a write-intent bitmap is not meaningful for {level}")]
     BitmapNotAllowed { level: &'static str },
+    #[error("write-behind is valid for raid1 only, not {level}")]
+    WriteBehindNotRaid1 { level: &'static str },
+    #[error("write-behind needs a write-intent bitmap")]
+    WriteBehindWithoutBitmap,
+    #[error("write-behind {write_behind} is out of range (0 - {max})", max = bitmap::COUNTER_MAX)]
+    WriteBehindTooLarge { write_behind: u32 },
     #[error("--size is not supported for {level}")]
     SizeNotAllowed { level: &'static str },
     #[error("layout {layout:#x} requires at least {copies} devices, {raid_devices} given")]
@@ -283,6 +289,17 @@ fn check_shape(req: &CreateRequest) -> Result<Shape, CreateError> {
     }
     if level == Level::Raid0 && req.bitmap != BitmapRequest::None {
         return Err(CreateError::BitmapNotAllowed { level: lname });
+    }
+    if req.bitmap_write_behind > 0 {
+        if level != Level::Raid1 {
+            return Err(CreateError::WriteBehindNotRaid1 { level: lname });
+        }
+        if req.bitmap == BitmapRequest::None {
+            return Err(CreateError::WriteBehindWithoutBitmap);
+        }
+        if req.bitmap_write_behind > bitmap::COUNTER_MAX {
+            return Err(CreateError::WriteBehindTooLarge { write_behind: req.bitmap_write_behind });
+        }
     }
     if level == Level::Raid0 && req.size_kib.is_some() {
         return Err(CreateError::SizeNotAllowed { level: lname });

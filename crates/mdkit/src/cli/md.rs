@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! mdkit create NAME --level L --raid-devices N [--chunk K] [--layout X] [--bitmap internal|none]
-//!              [--bitmap-chunk SIZE] [--assume-clean] [--metadata 1.2] [--member-size SIZE] [--export E] [--force] MEMBER...
+//!              [--bitmap-chunk SIZE] [--write-behind[=N]] [--assume-clean] [--metadata 1.2] [--member-size SIZE]
+//!              [--export E] [--force] MEMBER...
 //! mdkit examine MEMBER... [--json]            (offline: reads the superblocks)
 //! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--run] [--export E]
 //! mdkit detail NAME [--json]
@@ -55,6 +56,11 @@ pub struct CreateArgs {
     /// sectors); a power of two from 512 bytes to 2 GiB (default: mdadm's choice, 64 MiB or more).
     #[arg(long, value_name = "SIZE")]
     pub bitmap_chunk: Option<String>,
+    /// raid1 with a bitmap: acknowledge writes once the members that are not write-mostly have
+    /// them, with at most N (0..16383; 256 without a value, as mdadm) outstanding to the
+    /// write-mostly ones.
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "256")]
+    pub write_behind: Option<u32>,
     /// Do not resync the new array (the default when --member-size created every member file:
     /// fresh files are all zeroes).
     #[arg(long)]
@@ -232,6 +238,7 @@ pub fn create(a: CreateArgs) -> Result<ExitCode> {
         layout: a.layout.clone(),
         bitmap: a.bitmap.clone(),
         bitmap_chunk_bytes: a.bitmap_chunk.as_deref().map(parse_bitmap_chunk_bytes).transpose()?,
+        write_behind: a.write_behind,
         // Without the flag: resync, except on member files created just now (all zeroes).
         assume_clean: a.assume_clean.then_some(true),
         metadata: a.metadata.clone(),
@@ -528,6 +535,9 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
     if !d["bitmap"].is_null() {
         line("Intent Bitmap", "Internal".into());
     }
+    if let Some(w) = write_behind_text(&d["write_behind"]) {
+        line("Write Behind", w);
+    }
     line("State", s("state"));
     line("Active Devices", u("active_devices").to_string());
     line("Working Devices", u("working_devices").to_string());
@@ -587,6 +597,23 @@ pub fn detail_text(d: &Value, bar: bool) -> String {
     }
     o.push_str(&remote_links_text(d));
     o
+}
+
+/// `max N, W writes / B bytes outstanding (peak P)` when write-behind is on or writes are
+/// still behind; `None` otherwise.
+pub fn write_behind_text(w: &Value) -> Option<String> {
+    let n = |k: &str| w[k].as_u64().unwrap_or(0);
+    if w.is_null() || (n("limit") == 0 && n("outstanding_writes") == 0) {
+        return None;
+    }
+    Some(format!(
+        "max {}, {} writes / {} bytes outstanding (peak {}, {} failed)",
+        n("limit"),
+        n("outstanding_writes"),
+        n("outstanding_bytes"),
+        n("peak_writes"),
+        n("failed_writes")
+    ))
 }
 
 /// The `Remote links` section: one line per remote member.

@@ -4,6 +4,7 @@
 //! mdkit grow NAME --size max|SIZE [--assume-clean]     used size per member, after the members grew
 //! mdkit grow NAME --bitmap internal|none [--bitmap-chunk SIZE]
 //! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5 restripe to more
+//! mdkit grow NAME --write-behind N                     raid1 with a bitmap (also with --bitmap internal)
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5 `--raid-devices N` restripes onto the
 //! added members in the background (`array/reshape.rs`); other restripes (raid0/6/10, fewer
@@ -35,6 +36,10 @@ pub struct GrowArgs {
     /// With --bitmap internal: the bitmap chunk (default: mdadm's choice).
     #[arg(long, value_name = "SIZE")]
     pub bitmap_chunk: Option<String>,
+    /// raid1 with a bitmap: the most writes outstanding to write-mostly members (0 = off,
+    /// up to 16383); alone, or with --bitmap internal.
+    #[arg(long, value_name = "N")]
+    pub write_behind: Option<u32>,
     /// With --size: do not resync the grown part.
     #[arg(long)]
     pub assume_clean: bool,
@@ -75,7 +80,7 @@ pub fn grow(a: GrowArgs) -> Result<ExitCode> {
     let d = a.control.client()?.call(
         "md.grow",
         json!({ "name": a.name, "size": size, "raid_devices": a.raid_devices, "bitmap": a.bitmap,
-                "bitmap_chunk_bytes": bitmap_chunk, "assume_clean": a.assume_clean, "add": add,
+                "bitmap_chunk_bytes": bitmap_chunk, "write_behind": a.write_behind, "assume_clean": a.assume_clean, "add": add,
                 "chunk": a.chunk, "layout": a.layout, "level": a.level }),
     )?;
     println!("mdkit: grow {}: {}", a.name, d["grow"].as_str().unwrap_or("done"));

@@ -50,6 +50,11 @@ fn human(v: &Value) -> String {
             s(&vol["state"])
         );
     }
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        if let Some(w) = super::md::write_behind_text(&vol["details"]["write_behind"]) {
+            out += &format!("{:<16} write-behind {w}\n", s(&vol["name"]));
+        }
+    }
     out += &format!(
         "\n{:<16} {:<16} {:<4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6}\n",
         "EXPORT", "VOLUME", "MODE", "CONNS", "READS", "WRITES", "READ", "WRITTEN", "ERRORS", "INFLT"

@@ -1,5 +1,5 @@
 //! `md.grow` (mdadm --grow): name, size ("max" or bytes per member), raid_devices, bitmap
-//! ("internal" | "none"), bitmap_chunk_bytes, assume_clean, add (member specs), and chunk /
+//! ("internal" | "none"), bitmap_chunk_bytes, write_behind (alone or with bitmap "internal"), assume_clean, add (member specs), and chunk /
 //! layout / level (refused: not implemented yet). One change per call, as mdadm does.
 
 use std::sync::Arc;
@@ -23,6 +23,7 @@ struct GrowArgs {
     raid_devices: Option<u32>,
     bitmap: Option<String>,
     bitmap_chunk_bytes: Option<u64>,
+    write_behind: Option<u32>,
     #[serde(default)]
     assume_clean: bool,
     #[serde(default)]
@@ -85,6 +86,16 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     let level = vol.array.info().level.name();
+    if let Some(n) = a.write_behind {
+        if a.bitmap.as_deref() == Some("none") {
+            bail!("{}: --write-behind needs a write-intent bitmap, not --bitmap none", a.name);
+        }
+        if a.bitmap.is_none() {
+            // Alone: only the bitmap's write_behind changes (md's bitmap/backlog, persisted).
+            vol.array.set_write_behind(n).await?;
+            return Ok(json!({ "grow": format!("write-behind {n}"), "detail": vol.details() }));
+        }
+    }
     let c = change(&a, level)?;
     if !a.add.is_empty() && !matches!(c, GrowChange::RaidDevices(_)) {
         bail!("{}: --add goes with --raid-devices", a.name);
@@ -100,6 +111,9 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     let devs = opened.as_ref().map(|o| o.devs.clone()).unwrap_or_default();
     let report = vol.array.grow(c, devs).await?;
+    if let Some(n) = a.write_behind {
+        vol.array.set_write_behind(n).await?;
+    }
     vol.finish_reshape_in_background();
     if let Some(o) = opened {
         vol.sources.lock().extend(o.devs.iter().map(|d| d.name.clone()).zip(o.sources));

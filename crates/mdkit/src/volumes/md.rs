@@ -40,6 +40,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use mdkit_io::nbd_client::NbdClientOptions;
 use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, NbdDevice, is_nbd_uri};
 use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create, read_superblock};
+use mdkit_md::format::bitmap::COUNTER_MAX as WRITE_BEHIND_MAX;
 use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::format::parse_uuid;
 use mdkit_md::format::superblock::MetadataVersion;
@@ -107,6 +108,9 @@ struct MdParams {
     /// Members (as written in `members`) that reads avoid while another copy is in sync.
     #[serde(default)]
     write_mostly: Vec<String>,
+    /// mdadm `--write-behind` (raid1 with a bitmap): written at create, and set (persisted)
+    /// at every start when the array's value differs.
+    write_behind: Option<u32>,
     #[serde(default)]
     attributes: BTreeMap<String, toml::Value>,
 }
@@ -246,17 +250,24 @@ fn remote_options(p: &MdParams) -> Result<NbdClientOptions> {
 }
 
 /// The member names of the `write_mostly` entries, each of which must be one of `members`.
+/// A remote member left out as unreachable is skipped (its superblock keeps its flag; `devs`
+/// holds only the opened members, so indexes into it skip the missing ones).
 fn write_mostly_names(members: &[String], write_mostly: &[String], opened: &OpenedMembers) -> Result<Vec<String>> {
-    write_mostly
-        .iter()
-        .map(|w| {
-            let i = members
-                .iter()
-                .position(|m| m == w)
-                .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
-            Ok(opened.devs[i].name.clone())
-        })
-        .collect()
+    let missing = |spec: &str| opened.remote.iter().any(|r| r.uri == spec && r.missing_reason().is_some());
+    let mut names = Vec::new();
+    for w in write_mostly {
+        let i = members
+            .iter()
+            .position(|m| m == w)
+            .ok_or_else(|| anyhow!("write_mostly {w:?} is not one of the members {members:?}"))?;
+        if missing(w) {
+            continue;
+        }
+        let skipped = members[..i].iter().filter(|m| missing(m)).count();
+        let dev = opened.devs.get(i - skipped).ok_or_else(|| anyhow!("write_mostly {w:?}: member not opened"))?;
+        names.push(dev.name.clone());
+    }
+    Ok(names)
 }
 
 fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
@@ -303,6 +314,9 @@ pub struct CreateParams {
     pub bitmap_chunk_bytes: Option<u32>,
     pub assume_clean: Option<bool>,
     pub metadata: Option<String>,
+    /// mdadm `--write-behind` (raid1 with a bitmap): behind writes outstanding at most.
+    #[serde(default)]
+    pub write_behind: Option<u32>,
 }
 
 impl CreateParams {
@@ -324,6 +338,18 @@ impl CreateParams {
         };
         if let (Some(c), BitmapRequest::None) = (chunk_bytes, &o.bitmap) {
             bail!("bitmap chunk {c} bytes: the {} array gets no write-intent bitmap", level.name());
+        }
+        o.write_behind = self.write_behind.unwrap_or(0);
+        if o.write_behind > 0 {
+            if level != Level::Raid1 {
+                bail!("write-behind is valid for raid1 only, not {}", level.name());
+            }
+            if o.bitmap == BitmapRequest::None {
+                bail!("write-behind needs a write-intent bitmap");
+            }
+            if o.write_behind > WRITE_BEHIND_MAX {
+                bail!("write-behind {}: must be between 0 and {WRITE_BEHIND_MAX}", o.write_behind);
+            }
         }
         o.assume_clean = self.assume_clean.unwrap_or(default_assume_clean);
         if let Some(m) = &self.metadata {
@@ -437,6 +463,11 @@ impl VolumeKind for MdKind {
             for name in write_mostly {
                 vol.array.set_write_mostly(&name, true).await.with_context(|| format!("write_mostly {name}"))?;
             }
+            if let Some(n) = p.write_behind
+                && vol.array.core().bitmap.as_ref().map(|b| b.write_behind()) != Some(n)
+            {
+                vol.array.set_write_behind(n).await.with_context(|| format!("write_behind {n}"))?;
+            }
             let attrs: BTreeMap<String, String> = p
                 .attributes
                 .iter()
@@ -491,6 +522,7 @@ fn parse(spec: &VolumeSpec) -> Result<Parsed> {
             bitmap_chunk_bytes,
             assume_clean: p.assume_clean,
             metadata: p.metadata.clone(),
+            write_behind: p.write_behind,
         })
     } else {
         None
