@@ -19,26 +19,7 @@ use mdkit_io::{
 use mdkit_md::array::{AssembleOptions, assemble};
 use mdkit_md::layout::Level;
 
-/// One acknowledged write: where, what, and the log position when it was acknowledged.
-struct Written {
-    off: u64,
-    data: Vec<u8>,
-    fua: bool,
-    acked_at: u64,
-}
-
-/// A completed flush: log positions before it was issued and after it returned.
-struct Flushed {
-    started_at: u64,
-    done_at: u64,
-}
-
-fn durable(w: &Written, flushes: &[Flushed], point: u64) -> bool {
-    if w.acked_at > point {
-        return false;
-    }
-    (w.fua && w.acked_at <= point) || flushes.iter().any(|f| f.done_at <= point && w.acked_at <= f.started_at)
-}
+use crate::array_util::durable::{Flushed, Written, durable};
 
 async fn crash_case(name: &str, level: Level, n: usize, layout: Option<u32>, bitmap: bool, points: usize) {
     let s = seed(name, 31);

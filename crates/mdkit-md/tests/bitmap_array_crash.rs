@@ -37,6 +37,8 @@ use mdkit_md::format::superblock::{DeviceRole, Superblock};
 use mdkit_md::layout::{ArrayGeometry, Level};
 use parking_lot::Mutex;
 
+use crate::array_util::durable::{Flushed, Written, durable};
+
 const MIB: u64 = 1 << 20;
 const MEMBER_BYTES: u64 = 10 * MIB;
 /// The bitmap chunk equals the sync engine's step (1 MiB): the engine syncs whole steps, so with
@@ -60,28 +62,10 @@ const CASES: [Case; 5] = [
     Case { name: "r6", level: Level::Raid6, members: 4, layout: None },
 ];
 
-/// One acknowledged write and the log position when its acknowledgement was seen.
-struct Written {
-    off: u64,
-    data: Vec<u8>,
-    fua: bool,
-    acked_at: u64,
-}
-
-/// A completed array flush: log positions before it was issued and after it returned.
-struct Flushed {
-    started_at: u64,
-    done_at: u64,
-}
-
 #[derive(Default)]
 struct History {
     written: Vec<Written>,
     flushes: Vec<Flushed>,
-}
-
-fn durable(w: &Written, flushes: &[Flushed], point: u64) -> bool {
-    w.acked_at <= point && (w.fua || flushes.iter().any(|f| f.done_at <= point && w.acked_at <= f.started_at))
 }
 
 fn soak() -> bool {

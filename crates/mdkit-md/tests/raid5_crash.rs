@@ -21,28 +21,11 @@ use mdkit_io::{
 use mdkit_md::array::{AssembleOptions, assemble};
 use mdkit_md::layout::Level;
 
-struct Written {
-    off: u64,
-    data: Vec<u8>,
-    fua: bool,
-    acked_at: u64,
-}
-
-struct Flushed {
-    started_at: u64,
-    done_at: u64,
-}
+use crate::array_util::durable::{Flushed, Written, durable};
 
 /// A v1.2 superblock write: one 4 KiB block at 4 KiB into the member.
 fn is_superblock_write(kind: CrashEventKind) -> bool {
     matches!(kind, CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. })
-}
-
-fn durable(w: &Written, flushes: &[Flushed], point: u64) -> bool {
-    if w.acked_at > point {
-        return false;
-    }
-    w.fua || flushes.iter().any(|f| f.done_at <= point && w.acked_at <= f.started_at)
 }
 
 async fn crash_case(name: &str, level: Level, n: usize, bitmap: bool, points: usize) {

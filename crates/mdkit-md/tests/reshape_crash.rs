@@ -20,23 +20,9 @@ use mdkit_io::{
 use mdkit_md::array::{Array, AssembleOptions, GrowChange, assemble};
 use mdkit_md::layout::Level;
 
+use crate::array_util::durable::{Flushed, Written, durable};
+
 use crate::array_util::*;
-
-struct Written {
-    off: u64,
-    data: Vec<u8>,
-    fua: bool,
-    acked_at: u64,
-}
-
-struct Flushed {
-    started_at: u64,
-    done_at: u64,
-}
-
-fn durable(w: &Written, flushes: &[Flushed], point: u64) -> bool {
-    w.acked_at <= point && (w.fua || flushes.iter().any(|f| f.done_at <= point && w.acked_at <= f.started_at))
-}
 
 fn reshaping(a: &Array) -> bool {
     a.core().personality().reshape().is_some_and(|r| !r.is_done())

@@ -4,6 +4,7 @@
 //! random workload of odd request shapes, and waiting for sync work / running a check.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod durable;
 pub mod held;
 
 use std::sync::Arc;
