@@ -264,9 +264,8 @@ impl BitmapSuper {
         // The kernel sizes the bitmap from the array, not from sync_size, and a grow writes
         // the bitmap (with the new sync_size) before the superblocks: a cut between them
         // leaves a sync_size up to what the member's data area can hold.
-        let mut grown = sb.clone();
-        grown.size_sectors = sb.data_size_sectors.max(sb.size_sectors);
-        let most = super::validate::bitmap_sync_domain_sectors(&grown).unwrap_or(0).max(domain);
+        let room = sb.data_size_sectors.max(sb.size_sectors);
+        let most = super::validate::bitmap_sync_domain_for_size(sb, room).unwrap_or(0).max(domain);
         if self.sync_size_sectors > most {
             return Err(field(
                 "sync_size",

@@ -211,12 +211,15 @@ pub fn bitmap_space_bytes(sb: &Superblock, device_sectors: u64) -> Option<u64> {
 /// The bitmap's sync domain for this superblock's geometry (kernel `resync_max_sectors`): the
 /// per-member size for raid1/4/5/6, the array size for raid10; `None` for levels without one.
 pub fn bitmap_sync_domain_sectors(sb: &Superblock) -> Option<u64> {
+    bitmap_sync_domain_for_size(sb, sb.size_sectors)
+}
+
+/// The sync domain `sb`'s array would have with `size_sectors` used per member.
+pub fn bitmap_sync_domain_for_size(sb: &Superblock, size_sectors: u64) -> Option<u64> {
     match Level::from_md_level(sb.level)? {
         Level::Raid0 => None,
-        Level::Raid10 => {
-            layout::array_sectors(Level::Raid10, sb.raid_disks, sb.layout, sb.chunk_sectors, sb.size_sectors)
-        }
-        _ => Some(sb.size_sectors),
+        Level::Raid10 => layout::array_sectors(Level::Raid10, sb.raid_disks, sb.layout, sb.chunk_sectors, size_sectors),
+        _ => Some(size_sectors),
     }
 }
 
