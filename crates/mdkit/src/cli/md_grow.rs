@@ -43,7 +43,8 @@ pub struct GrowArgs {
     /// With --size: do not resync the grown part.
     #[arg(long)]
     pub assume_clean: bool,
-    /// With --raid-devices: devices to add as spares; they are recovered into the new mirrors.
+    /// With --raid-devices: devices to add; raid1 recovers them into the new mirrors, raid4/5
+    /// restripes onto them.
     #[arg(long, short = 'a', value_name = "MEMBER")]
     pub add: Vec<String>,
     /// Not implemented yet (restriping).
