@@ -1,13 +1,14 @@
 //! raid5 restripe to more members (`grow --raid-devices`, issue 17): 4 -> 5 and 3 -> 5 under
 //! concurrent writes (every write reads back, check finds 0 mismatches, the array grows), a
-//! reshape stopped half-way resumes from the superblocks' reshape_position, refusals (no room
-//! to move the data offset, a degraded array) change nothing.
+//! reshape stopped half-way resumes from the superblocks' reshape_position, an unreadable range
+//! mid-reshape is recorded where it was read, refusals (no room to move the data offset, a
+//! degraded array) change nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mdkit_io::Rng;
-use mdkit_md::array::{Array, GrowChange, read_superblock};
+use mdkit_io::{BlockDevice, BlockDeviceExt, FaultRule, OpMask, Rng, SharedBuf, WriteFlags};
+use mdkit_md::array::{Array, GrowChange, MdError, MdErrorKind, read_superblock};
 use mdkit_md::format::superblock::feature;
 use mdkit_md::layout::Level;
 
@@ -128,4 +129,67 @@ async fn refusals_change_nothing() {
     a.stop().await.unwrap();
     let sb = read_superblock(&ms[0].dev).await.unwrap();
     assert_eq!((sb.raid_disks, sb.feature_map & feature::RESHAPE_ACTIVE), (4, 0));
+}
+
+/// A read that cannot be rebuilt while a reshape moves the data down (frozen at its start, so
+/// every stripe is still at the old geometry's offset): the lost range goes into both members'
+/// bad-block logs at the device sectors the reads went to, so a second read fails at once
+/// without touching the media; a write clears it and the reshape then finishes cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_range_mid_reshape_is_recorded_where_it_was_read() {
+    let mut rng = Rng::new(seed("reshape-unreadable", 47));
+    let ms = faulty_members("rsbad-", 5, 16 * MIB);
+    let (a, mut model) = filled(&ms[..4], 4, 64, &mut rng).await;
+    let old_dof: Vec<u64> =
+        ms[1..3].iter().map(|m| a.core().slots().find(&m.name).unwrap().data_offset_sectors).collect();
+    a.set_attribute("sync_action", "frozen").unwrap();
+    a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
+    assert_eq!(a.get_attribute("reshape_position").unwrap(), "0", "frozen before the first window");
+    let moved = a.core().slots().find(&ms[1].name).unwrap();
+    assert!(moved.old_base_sectors > 0, "the reshape moves data down: old geometry above the new data offset");
+
+    // Stripe 0's chunk on members 1 and 2, at the old geometry's place on the device.
+    let rules: Vec<_> = ms[1..3]
+        .iter()
+        .zip(&old_dof)
+        .map(|(m, dof)| {
+            let at = dof * 512;
+            m.fault.as_ref().unwrap().add(FaultRule::error(OpMask::READ, Some(at..at + 64 * 1024)))
+        })
+        .collect();
+    let data_len = 3 * 64 * 1024;
+    let e = a.read_vec(0, data_len).await.expect_err("two of four members unreadable");
+    assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Unrecoverable), "{e}");
+    for (m, dof) in ms[1..3].iter().zip(&old_dof) {
+        let listed = a.get_attribute(&format!("dev-{}/bad_blocks", m.name)).unwrap();
+        let start: u64 =
+            listed.split_whitespace().next().unwrap_or_else(|| panic!("{}: nothing recorded", m.name)).parse().unwrap();
+        assert_eq!(start, *dof, "{}: recorded where the read went, not at the new data offset: {listed:?}", m.name);
+    }
+    let fired: Vec<_> = ms[1..3].iter().zip(&rules).map(|(m, r)| m.fault.as_ref().unwrap().fired(*r)).collect();
+    a.read_vec(0, data_len).await.expect_err("listed as lost until rewritten");
+    let again: Vec<_> = ms[1..3].iter().zip(&rules).map(|(m, r)| m.fault.as_ref().unwrap().fired(*r)).collect();
+    assert_eq!(fired, again, "a listed range is not read from the media again");
+
+    for (m, r) in ms[1..3].iter().zip(rules) {
+        assert!(m.fault.as_ref().unwrap().remove(r));
+    }
+    let mut buf = vec![0u8; data_len];
+    rng.fill(&mut buf);
+    a.write(0, SharedBuf::from_slice(&buf), WriteFlags::NONE).await.unwrap();
+    model.apply(0, &buf);
+    for m in &ms[1..3] {
+        assert_eq!(
+            a.get_attribute(&format!("dev-{}/bad_blocks", m.name)).unwrap(),
+            "",
+            "{}: cleared by the write",
+            m.name
+        );
+    }
+    a.set_attribute("sync_action", "idle").unwrap();
+    fast_sync(&a);
+    a.wait_reshape().await.unwrap();
+    verify_all(&*a, &model).await;
+    assert_eq!(check(&a).await, 0);
+    a.stop().await.unwrap();
 }

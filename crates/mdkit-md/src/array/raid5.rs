@@ -550,7 +550,9 @@ impl Raid5 {
         tracing::error!(array = a.name(), sector, "read error not correctable: {detail}");
         let len_sectors = sectors.end - sectors.start;
         for (_, m) in fixes {
-            if a.record_unreadable(m, sector, len_sectors).await {
+            // Recorded where the read went: during a reshape this geometry's sectors sit at
+            // an offset in the member's data area (`at`), as for every member I/O.
+            if a.record_unreadable(m, self.at(m, sector), len_sectors).await {
                 continue;
             }
             if degraded >= self.max_degraded() {
