@@ -143,11 +143,29 @@ pub(crate) async fn write_batch(
         .map_err(|e| io::Error::other(format!("{}: write to {e}", a.name())))?;
         // Every read of every run, concurrently.
         let mut reads: Vec<(usize, usize, Arc<Member>)> = Vec::new();
+        let mut vanished = false;
         for (i, run) in runs.iter().enumerate() {
             for role in members(run.reads) {
-                let m = slots.readable(role, base + run.hi).expect("planned reads are readable").clone();
-                reads.push((i, role, m));
+                // A member can fail between the plan and here (another request's error):
+                // plan again without it rather than read from it.
+                match slots.readable(role, base + run.hi) {
+                    Some(m) => reads.push((i, role, m.clone())),
+                    None => {
+                        bad |= bit(role);
+                        vanished = true;
+                    }
+                }
             }
+        }
+        if vanished {
+            if bad.count_ones() as usize > n {
+                return Err(io::Error::other(format!(
+                    "{}: stripe {}: members keep failing",
+                    a.name(),
+                    shape.map.stripe
+                )));
+            }
+            continue 'plan;
         }
         r5.stats.member_reads_during_writes.add(reads.len() as u64);
         let results = join_all(reads.iter().map(|(i, _, m)| {
