@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mdkit_io::{BlockDevice, BlockDeviceExt, FaultRule, OpMask, Rng, SharedBuf, WriteFlags};
-use mdkit_md::array::{Array, GrowChange, MdError, MdErrorKind, read_superblock};
-use mdkit_md::format::superblock::feature;
+use mdkit_md::array::{Array, AssembleOptions, GrowChange, MdError, MdErrorKind, assemble, read_superblock};
+use mdkit_md::format::bitmap::BitmapSuper;
+use mdkit_md::format::superblock::{Superblock, feature};
 use mdkit_md::layout::Level;
 
 use crate::array_util::*;
@@ -192,4 +193,71 @@ async fn unreadable_range_mid_reshape_is_recorded_where_it_was_read() {
     verify_all(&*a, &model).await;
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
+}
+
+/// A cut while the reshape starts (its superblocks are written one member at a time): two old
+/// members keep their pre-reshape superblock, one of them also its bitmap header (written
+/// just before its superblock). Nothing had moved, so assembly takes both into the reshape at
+/// position 0 (the geometry vote alone left 3 of 5 on the new side and 2 of 4 on the old: no
+/// group could run); every member is in sync, the data reads back, the reshape finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_missed_the_reshape_start_join_it() {
+    let mut rng = Rng::new(seed("reshape-start-cut", 53));
+    let ms = mem_members("rscut-", 5, 16 * MIB);
+    let (a, model) = filled(&ms[..4], 4, 64, &mut rng).await;
+    // The grow stops the array first; the state the start round then overwrites is this.
+    a.stop().await.unwrap();
+    drop(a);
+    let sb1 = read_superblock(&ms[1].dev).await.unwrap();
+    let (sb_at, bitmap_at) = (sb1.super_offset_sectors * 512, sb1.bitmap_sector().expect("a bitmap") * 512);
+    let mem = |i: usize| ms[i].mem.as_ref().unwrap();
+    let saved: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+        .map(|i| {
+            let (mut sb, mut bm) = (vec![0u8; 4096], vec![0u8; 4096]);
+            mem(i).read_bytes(sb_at, &mut sb);
+            mem(i).read_bytes(bitmap_at, &mut bm);
+            (sb, bm)
+        })
+        .collect();
+    let a = Arc::new(assemble_array(&ms[..4]).await);
+    a.set_attribute("sync_action", "frozen").unwrap();
+    a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
+    a.stop().await.unwrap();
+    drop(a);
+    // Rounds after the start only exist because this test stopped the array: the members that
+    // got the start round keep theirs as the last; the cut ones are one round behind it.
+    let start = read_superblock(&ms[0].dev).await.unwrap().events;
+    let missed = |i: usize, with_bitmap: bool| {
+        let mut sb = Superblock::decode(&saved[i].0, sb1.super_offset_sectors).unwrap();
+        sb.events = start - 1;
+        mem(i).write_bytes(sb_at, &sb.encode().unwrap());
+        if with_bitmap {
+            let mut page = saved[i].1.clone();
+            let mut bms = BitmapSuper::decode(&page).unwrap();
+            bms.events = start - 1;
+            bms.write_header(&mut page).unwrap();
+            mem(i).write_bytes(bitmap_at, &page);
+        }
+    };
+    missed(1, true);
+    missed(2, false);
+    assert_eq!(read_superblock(&ms[2].dev).await.unwrap().raid_disks, 4, "member 2 as the cut left it");
+
+    let o = AssembleOptions { name: "rscut".into(), start_frozen: true, ..AssembleOptions::default() };
+    let got = assemble(member_devs(&ms), o).await.unwrap_or_else(|e| panic!("assembly after the cut: {e}"));
+    assert!(got.refused.is_empty(), "no member left out: {:?}", got.refused);
+    let b = Arc::new(got.array);
+    assert_eq!(b.core().degraded(), 0, "every member in sync: {:#}", b.detail());
+    assert_eq!(b.get_attribute("reshape_position").unwrap(), "0");
+    assert_eq!(b.get_attribute("raid_disks").unwrap(), "5");
+    verify_all(&*b, &model).await;
+    b.set_attribute("sync_action", "idle").unwrap();
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    verify_all(&*b, &model).await;
+    assert_eq!(check(&b).await, 0);
+    for m in &ms {
+        assert_eq!(read_superblock(&m.dev).await.unwrap().raid_disks, 5, "{}: recorded in the new geometry", m.name);
+    }
+    b.stop().await.unwrap();
 }

@@ -7,9 +7,9 @@
 //! the data written before the reshape read back, every other written sector holds its old or
 //! new contents, and check finds 0 mismatches.
 //!
-//! Not cut here: the superblock round that starts the reshape (members disagreeing on the member
-//! count at that instant are refused by the geometry vote; see the module docs of
-//! `array/grow_reshape.rs`).
+//! Not cut here: the superblock round that starts the reshape. A cut there leaves members that
+//! disagree on the member count; assembly takes the ones that missed only that round into the
+//! reshape at position 0 (`reshape::members_that_missed_the_reshape_start_join_it`).
 
 use std::sync::Arc;
 

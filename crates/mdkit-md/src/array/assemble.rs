@@ -9,6 +9,8 @@
 //!   largest set that agrees on the geometry ([`crate::format::consistency`]); a member whose
 //!   geometry disagrees with that set, or whose bitmap superblock does not fit it, is left out —
 //!   one damaged member never makes the healthy majority look wrong;
+//! - a cut while a restripe started (reshape_position 0, nothing moved) leaves old members one
+//!   event behind without the reshape: they join it (`grow_reshape::adopt_unstarted_reshape`);
 //! - the reference's `dev_roles` decide each member's role; a member with a role whose events
 //!   are more than one behind is *stale* and left out (it missed writes): `--force` takes stale
 //!   members back when the array cannot run without them (and resyncs);
@@ -365,7 +367,9 @@ pub async fn assemble_with(
         return Err(fail("no member has a usable md superblock".into(), &refused));
     }
     let uuid = pick_uuid(&found, opts.uuid);
-    let (mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
+    let (mut mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
+    // A cut while a restripe started: old members that missed only that round join it.
+    super::grow_reshape::adopt_unstarted_reshape(&mut mine);
     for (md, sb) in others {
         refused.push(Refusal {
             member: md.name.clone(),

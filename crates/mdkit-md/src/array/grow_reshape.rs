@@ -10,10 +10,10 @@
 //!    reshape_position 0, events + 1 (FUA, flushed) ─ assemble again: the reshape personality
 //!    and its engine take over (`reshape.rs`)
 //! ```
-//! Known gap: a crash between these superblock writes leaves members disagreeing on the member
-//! count; assembly's geometry vote then keeps the larger group, which runs (degraded) only when
-//! at most one member is on the other side. Nothing has moved at that point (reshape_position
-//! 0), so a rule accepting old-geometry members into a reshape at 0 would close it (not done).
+//! A crash between these superblock writes leaves members disagreeing on the member count.
+//! Nothing has moved at that point (reshape_position 0), so assembly takes an old member that
+//! missed only this round into the reshape ([`adopt_unstarted_reshape`]) instead of letting the
+//! geometry vote leave it out (which, with two such members, left no group able to run).
 
 use std::io;
 use std::sync::Arc;
@@ -57,6 +57,52 @@ fn mark_reshaping(sb: &mut Superblock, new_disks: u32, move_sectors: u64) {
     sb.new_chunk_sectors = sb.chunk_sectors;
     sb.new_offset_sectors = -(move_sectors as i32);
     sb.reshape_position_sectors = 0;
+}
+
+/// Assembly's rule for a cut while a restripe starts: the freshest member records a forward
+/// reshape at position 0 (nothing moved yet), and an old member is exactly one event behind with
+/// the geometry before it (same level, layout, chunk, size and creation time; `raid_disks` less
+/// `delta_disks`; its role active and unchanged). The start round is the only write it missed,
+/// so its data is what the reshape's old geometry describes: it gets the reshape's fields in
+/// memory, as if that write had landed. Returns the names of the members adopted.
+pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+    let reshaping = |sb: &Superblock| {
+        sb.feature_map & feature::RESHAPE_ACTIVE != 0
+            && sb.feature_map & feature::NEW_OFFSET != 0
+            && sb.feature_map & feature::RESHAPE_BACKWARDS == 0
+            && sb.reshape_position_sectors == 0
+            && sb.delta_disks > 0
+            && (sb.new_level, sb.new_layout, sb.new_chunk_sectors) == (sb.level, sb.layout, sb.chunk_sectors)
+    };
+    let Some(r) = found.iter().map(|(_, sb)| sb).filter(|sb| reshaping(sb)).max_by_key(|sb| sb.events).cloned() else {
+        return Vec::new();
+    };
+    let old_disks = i64::from(r.raid_disks) - i64::from(r.delta_disks);
+    let move_sectors = u64::from(r.new_offset_sectors.unsigned_abs());
+    let mut adopted = Vec::new();
+    for (md, sb) in found.iter_mut() {
+        let role = r.dev_roles.get(sb.dev_number as usize).copied();
+        let missed_only_the_start = sb.feature_map & feature::RESHAPE_ACTIVE == 0
+            && sb.events.checked_add(1) == Some(r.events)
+            && i64::from(sb.raid_disks) == old_disks
+            && (sb.level, sb.layout, sb.chunk_sectors, sb.size_sectors, sb.ctime)
+                == (r.level, r.layout, r.chunk_sectors, r.size_sectors, r.ctime)
+            && role == Some(sb.raw_role())
+            && i64::from(sb.raw_role()) < old_disks
+            && sb.data_offset_sectors >= move_sectors;
+        if !missed_only_the_start {
+            continue;
+        }
+        tracing::warn!(
+            member = md.name.as_str(),
+            events = sb.events,
+            "member missed the superblock write that started the reshape (nothing has moved yet): it joins the reshape"
+        );
+        mark_reshaping(sb, r.raid_disks, move_sectors);
+        sb.dev_roles = r.dev_roles.clone();
+        adopted.push(md.name.clone());
+    }
+    adopted
 }
 
 impl Array {
