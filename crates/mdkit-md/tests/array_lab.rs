@@ -11,7 +11,7 @@
 //!    degraded) and its own with mdkit's writes; each reads back exactly what was written (both
 //!    patterns), and the kernel's `check` reports mismatch_cnt 0.
 //!
-//! Members are regions of one sparse file (`losetup --offset --sizelimit` in the guest). Skips
+//! Members are regions of one sparse file (GPT partitions in the guest). Skips
 //! loudly (SKIP: ...) when the lab cannot be built or booted.
 
 use crate::array_util;
@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use array_util::*;
-use common::lab::{LabRun, RunOptions};
+use common::lab::{GuestPartitions, LabRun, RunOptions, two_at_a_time};
 use mdkit_io::{BlockDevice, BlockDeviceExt, DeviceRef, FileDevice, FileOptions, Rng, SharedBuf, WriteFlags};
 use mdkit_md::array::{Array, AssembleOptions, MemberDev, assemble, create};
 use mdkit_md::layout::Level;
@@ -33,22 +33,30 @@ use mdkit_md::layout::Level;
 const PATTERN_BYTES: u64 = 8 * MIB;
 const PATTERN2_BYTES: u64 = 4 * MIB;
 
-#[derive(Clone, Copy)]
+/// A region of the members file; in the guest, the partition `dev`.
+#[derive(Clone)]
 struct Region {
     offset: u64,
     size: u64,
+    dev: String,
 }
 
 struct Regions {
     next: u64,
+    partitions: GuestPartitions,
 }
 
 impl Regions {
     fn take(&mut self, mib: u64) -> Region {
-        let r = Region { offset: self.next, size: mib * MIB };
+        let dev = self.partitions.add(self.next, mib * MIB);
+        let r = Region { offset: self.next, size: mib * MIB, dev };
         self.next += (mib + 1) * MIB;
         r
     }
+}
+
+fn devices(regions: &[Region]) -> String {
+    regions.iter().map(|r| r.dev.as_str()).collect::<Vec<_>>().join(" ")
 }
 
 /// An array the kernel creates in boot 1.
@@ -78,34 +86,20 @@ fn pattern_bytes(seed: u64, len: u64) -> Vec<u8> {
     v
 }
 
-fn loops(s: &mut String, md: u32, regions: &[Region]) -> String {
-    let mut names = Vec::new();
-    for (i, r) in regions.iter().enumerate() {
-        writeln!(
-            s,
-            "M{md}_{i}=$(losetup --find --show --offset {} --sizelimit {} /dev/vda) || echo loop_failed=1",
-            r.offset, r.size
-        )
-        .unwrap();
-        names.push(format!("$M{md}_{i}"));
-    }
-    names.join(" ")
-}
-
 const PRELUDE: &str = r#"set -u
-modprobe loop; modprobe raid0; modprobe raid1; modprobe raid10
+modprobe raid0; modprobe raid1; modprobe raid10
 echo 1000000 > /proc/sys/dev/raid/speed_limit_min
 echo 2000000 > /proc/sys/dev/raid/speed_limit_max
 wait_idle() { local t=0; while [ "$(cat /sys/block/$1/md/sync_action 2>/dev/null || echo idle)" != idle ] && [ $t -lt 6000 ]; do sleep 0.1; t=$((t+1)); done; }
 sum_at() { dd if=$1 bs=1M skip=$2 count=$3 status=none | sha256sum | cut -d' ' -f1; }
 "#;
 
-fn boot1_script(k: &[KCase]) -> String {
-    let mut s = String::from(PRELUDE);
-    let lists: Vec<String> = k.iter().map(|c| loops(&mut s, c.md, &c.regions)).collect();
-    for (c, list) in k.iter().zip(&lists) {
+fn boot1_script(partitions: &GuestPartitions, k: &[KCase]) -> String {
+    let mut cases = Vec::new();
+    for c in k {
+        let mut s = String::new();
+        let list = devices(&c.regions);
         let md = format!("md{}", c.md);
-        writeln!(s, "case_{md}() {{").unwrap();
         writeln!(s, "echo '=== {}'; echo uptime=$(cut -d' ' -f1 /proc/uptime)", c.name).unwrap();
         writeln!(
             s,
@@ -132,28 +126,21 @@ fn boot1_script(k: &[KCase]) -> String {
                 .unwrap();
         }
         writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-        writeln!(s, "}}").unwrap();
+        cases.push((md, s));
     }
-    run_cases(&mut s, k.iter().map(|c| c.md));
+    script(partitions, &cases)
+}
+
+/// The prelude, the partitions, then the cases two at a time.
+fn script(partitions: &GuestPartitions, cases: &[(String, String)]) -> String {
+    let mut s = String::from(PRELUDE);
+    s.push_str(&partitions.script());
+    s.push_str(&two_at_a_time(cases));
+    s.push_str("echo '=== end'\n");
     s
 }
 
-/// Runs the `case_mdN` functions two at a time (the guest has 2 vCPUs), each into its own log,
-/// then prints the logs in order.
-fn run_cases(s: &mut String, mds: impl Iterator<Item = u32> + Clone) {
-    for n in mds.clone() {
-        writeln!(s, "while [ $(jobs -rp | wc -l) -ge 2 ]; do wait -n; done; case_md{n} >/tmp/case_md{n}.log 2>&1 &")
-            .unwrap();
-    }
-    s.push_str("wait\n");
-    for n in mds {
-        writeln!(s, "cat /tmp/case_md{n}.log").unwrap();
-    }
-    s.push_str("echo '=== end'\n");
-}
-
-fn boot2_script(k: &[KCase], m: &[MCase]) -> String {
-    let mut s = String::from(PRELUDE);
+fn boot2_script(partitions: &GuestPartitions, k: &[KCase], m: &[MCase]) -> String {
     let mut cases: Vec<(&str, u32, bool, Vec<Region>, bool)> = Vec::new();
     for c in m {
         cases.push((c.name, c.md, c.level != Level::Raid0, c.regions.clone(), false));
@@ -161,11 +148,12 @@ fn boot2_script(k: &[KCase], m: &[MCase]) -> String {
     for c in k {
         cases.push((c.name, c.md, !c.args.contains("raid0"), c.regions.clone(), true));
     }
-    let lists: Vec<String> = cases.iter().map(|c| loops(&mut s, c.1, &c.3)).collect();
     let (p1, p2) = (PATTERN_BYTES / MIB, PATTERN2_BYTES / MIB);
-    for ((name, n, redundant, _, second), list) in cases.iter().zip(&lists) {
+    let mut bodies = Vec::new();
+    for (name, n, redundant, regions, second) in &cases {
+        let mut s = String::new();
+        let list = devices(regions);
         let md = format!("md{n}");
-        writeln!(s, "case_{md}() {{").unwrap();
         writeln!(s, "echo '=== {name}'; echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
         writeln!(s, "mdadm --assemble /dev/{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
             .unwrap();
@@ -181,10 +169,9 @@ fn boot2_script(k: &[KCase], m: &[MCase]) -> String {
                 .unwrap();
         }
         writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-        writeln!(s, "}}").unwrap();
+        bodies.push((md, s));
     }
-    run_cases(&mut s, cases.iter().map(|c| c.1));
-    s
+    script(partitions, &bodies)
 }
 
 /// `key=value` pairs of one section of the guest output.
@@ -226,7 +213,7 @@ fn kernel_and_mdkit_read_each_others_arrays() {
     std::fs::write(&pat_file, &pat).unwrap();
     std::fs::write(&pat2_file, &pat2).unwrap();
 
-    let mut regions = Regions { next: MIB };
+    let mut regions = Regions { next: MIB, partitions: GuestPartitions::default() };
     let mut k: Vec<KCase> = Vec::new();
     let kdefs: Vec<(&str, &str, Vec<u64>)> = vec![
         // raid1 is resynced by the kernel; the others are created --assume-clean (faster under TCG).
@@ -277,9 +264,10 @@ fn kernel_and_mdkit_read_each_others_arrays() {
     // Boot 1: the kernel creates and writes its arrays.
     let mut opts = RunOptions::with_disks(vec![members_file.clone(), pat_file.clone(), pat2_file.clone()]);
     opts.timeout_secs = 1200;
-    let run1 = lab.run(&opts, &boot1_script(&k)).unwrap_or_else(|e| panic!("lab boot 1: {e}"));
+    let run1 = lab.run(&opts, &boot1_script(&regions.partitions, &k)).unwrap_or_else(|e| panic!("lab boot 1: {e}"));
     eprintln!("lab: boot 1 (kernel creates {} arrays) took {:.1} s", k.len(), run1.elapsed.as_secs_f64());
     assert!(run1.output.contains("=== end"), "boot 1 did not finish:\n{}", run1.output);
+    run1.assert_partitioned();
     for c in &k {
         let s = section(&run1, c.name);
         let ok = s.get("create").map(String::as_str) == Some("0")
@@ -334,9 +322,10 @@ fn kernel_and_mdkit_read_each_others_arrays() {
     });
 
     // Boot 2: the kernel assembles everything and checks it.
-    let run2 = lab.run(&opts, &boot2_script(&k, &m)).unwrap_or_else(|e| panic!("lab boot 2: {e}"));
+    let run2 = lab.run(&opts, &boot2_script(&regions.partitions, &k, &m)).unwrap_or_else(|e| panic!("lab boot 2: {e}"));
     eprintln!("lab: boot 2 (kernel assembles {} arrays) took {:.1} s", k.len() + m.len(), run2.elapsed.as_secs_f64());
     assert!(run2.output.contains("=== end"), "boot 2 did not finish:\n{}", run2.output);
+    run2.assert_partitioned();
     let mut failures = Vec::new();
     for (name, degraded, redundant, second) in m
         .iter()

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::images::{MemberImage, write_plan};
-use common::lab::RunOptions;
+use common::lab::{GuestPartitions, RunOptions, two_at_a_time};
 use common::verify::ArrayView;
 use mdkit_md::format::create::{BitmapRequest, CreateRequest, InitialSync, plan};
 use mdkit_md::format::examine::render_text;
@@ -36,51 +36,30 @@ use mdkit_md::layout::{Level, parse_layout};
 
 const MIB: u64 = 1 << 20;
 
-/// A region of the big members file: in the guest, GPT partition `part` of /dev/vda (one
-/// `sfdisk` call makes them all; ~180 `losetup` calls took 21 s of the guest's 83 s).
+/// A region of the big members file; in the guest, the partition `dev` of /dev/vda.
 #[derive(Clone)]
 struct Region {
     offset: u64,
     size: u64,
-    part: usize,
+    dev: String,
 }
 
 struct Regions {
     next: u64,
-    taken: Vec<Region>,
+    partitions: GuestPartitions,
 }
 
 impl Regions {
     /// The first region starts at 1 MiB, after the GPT header and its entries.
     fn new() -> Regions {
-        Regions { next: MIB, taken: Vec::new() }
+        Regions { next: MIB, partitions: GuestPartitions::default() }
     }
 
     fn take(&mut self, size: u64) -> Region {
-        assert!(size.is_multiple_of(MIB), "partitions are whole MiB");
-        let r = Region { offset: self.next, size, part: self.taken.len() + 1 };
+        let dev = self.partitions.add(self.next, size);
+        let r = Region { offset: self.next, size, dev };
         self.next += size + MIB; // 1 MiB gap between members
-        self.taken.push(r.clone());
         r
-    }
-
-    /// The guest commands that partition /dev/vda into every region taken (the host file
-    /// keeps a free MiB at its end for the backup GPT).
-    fn partition_script(&self) -> String {
-        assert!(self.taken.len() < 256, "the kernel allows 255 partitions per disk");
-        let entries = self.taken.len().div_ceil(4).max(32) * 4;
-        let mut s = format!(
-            "sfdisk -q --wipe never --wipe-partitions never --no-reread --no-tell-kernel /dev/vda >/dev/null <<'EOF'\nlabel: gpt\ntable-length: {entries}\n"
-        );
-        for r in &self.taken {
-            writeln!(s, "start={}, size={}", r.offset / 512, r.size / 512).unwrap();
-        }
-        s.push_str("EOF\necho sfdisk=$?\nblockdev --rereadpt /dev/vda; echo rereadpt=$?\n");
-        s
-    }
-
-    fn device(r: &Region) -> String {
-        format!("/dev/vda{}", r.part)
     }
 }
 
@@ -312,89 +291,77 @@ events_of() { for l in "$@"; do echo "events=$(mdadm --examine $l 2>/dev/null | 
 modprobe raid0; modprobe raid1; modprobe raid10; modprobe raid456
 "#,
     );
-    s.push_str(&regions.partition_script());
+    s.push_str(&regions.partitions.script());
     writeln!(s, "echo pattern_blocks=$(( $(blockdev --getsize64 /dev/vdb) / 65536 )) expected={pattern_disk_blocks}")
         .unwrap();
-    // The arrays run two at a time (the guest has 2 vCPUs) with each case's output in its own log.
-    for c in mk {
-        let md = format!("md{}", c.md);
-        let list: Vec<String> = c.regions.iter().map(Regions::device).collect();
-        let list = list.join(" ");
-        let redundant = c.req.level != Level::Raid0;
-        writeln!(s, "case_{md}() {{").unwrap();
-        writeln!(s, "echo '=== mk {}'", c.name).unwrap();
-        writeln!(s, "echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
-        writeln!(s, "mdadm --assemble /dev/{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
-            .unwrap();
-        if redundant {
-            writeln!(s, "wait_idle {md}").unwrap();
-            writeln!(s, "echo degraded=$(cat /sys/block/{md}/md/degraded)").unwrap();
-        }
-        writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/{md})").unwrap();
-        // Whole-stripe writes (no read-modify-write): far faster under TCG.
-        let plan = plan(&c.req).unwrap();
-        let stripe = stripe_bytes(&plan);
-        writeln!(
-            s,
-            "dd if=/dev/vdb of=/dev/{md} bs={stripe} skip={} count={} iflag=direct oflag=direct status=none; echo write=$?",
-            c.pattern_offset / stripe,
-            written_bytes(c, &plan) / stripe
-        )
-        .unwrap();
-        if redundant && !c.layout_matrix {
-            // sync_action reads "check" as soon as it is requested, so no settle delay.
-            writeln!(s, "echo check > /sys/block/{md}/md/sync_action; wait_idle {md}").unwrap();
-            writeln!(s, "echo mismatch=$(cat /sys/block/{md}/md/mismatch_cnt)").unwrap();
-        }
-        writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-        // mdadm's view of the events after --stop (first member; the host checks the rest).
-        writeln!(s, "events_of {}", Regions::device(&c.regions[0])).unwrap();
-        writeln!(s, "}}").unwrap();
-        writeln!(s, "while [ $(jobs -rp | wc -l) -ge 2 ]; do wait -n; done; case_{md} >/tmp/case_{md}.log 2>&1 &")
-            .unwrap();
-    }
-    s.push_str("wait\n");
-    for c in mk {
-        writeln!(s, "cat /tmp/case_md{}.log", c.md).unwrap();
-    }
-    // The mdadm-made arrays the same way, two at a time.
-    for c in ma {
-        let md = format!("md{}", c.md);
-        let list: Vec<String> = c.regions.iter().map(Regions::device).collect();
-        let list = list.join(" ");
-        writeln!(s, "case_{md}() {{").unwrap();
-        writeln!(s, "echo '=== ma {}'", c.name).unwrap();
-        writeln!(s, "echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
-        let mut args = format!(
-            "--metadata={} --level={} --raid-devices={}",
-            c.metadata.as_str(),
-            c.level.md_level(),
-            c.regions.len()
-        );
-        if let Some(k) = c.chunk_kib {
-            write!(args, " --chunk={k}").unwrap();
-        }
-        if let Some(l) = c.layout {
-            write!(args, " --layout={l}").unwrap();
-        }
-        match c.bitmap {
-            None if c.level != Level::Raid0 => args.push_str(" --bitmap=none"),
-            None => {}
-            Some(None) => args.push_str(" --bitmap=internal"),
-            Some(Some(chunk)) => write!(args, " --bitmap=internal --bitmap-chunk={chunk}").unwrap(),
-        }
-        writeln!(s, "mdadm --create /dev/{md} --run --assume-clean {args} {list} 2>&1 | sed 's/^/  | /'; echo create=${{PIPESTATUS[0]}}").unwrap();
-        writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/{md})").unwrap();
-        writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-        writeln!(s, "}}").unwrap();
-        writeln!(s, "while [ $(jobs -rp | wc -l) -ge 2 ]; do wait -n; done; case_{md} >/tmp/case_{md}.log 2>&1 &")
-            .unwrap();
-    }
-    s.push_str("wait\n");
-    for c in ma {
-        writeln!(s, "cat /tmp/case_md{}.log", c.md).unwrap();
-    }
+    s.push_str(&two_at_a_time(&mk.iter().map(|c| (format!("md{}", c.md), mk_steps(c))).collect::<Vec<_>>()));
+    s.push_str(&two_at_a_time(&ma.iter().map(|c| (format!("md{}", c.md), ma_steps(c))).collect::<Vec<_>>()));
     s.push_str("echo '=== end'\n");
+    s
+}
+
+/// Guest steps for an mdkit-made array: assemble, write the pattern, check, stop, examine.
+fn mk_steps(c: &MkCase) -> String {
+    let mut s = String::new();
+    let md = format!("md{}", c.md);
+    let list: Vec<String> = c.regions.iter().map(|r| r.dev.clone()).collect();
+    let list = list.join(" ");
+    let redundant = c.req.level != Level::Raid0;
+    writeln!(s, "echo '=== mk {}'", c.name).unwrap();
+    writeln!(s, "echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
+    writeln!(s, "mdadm --assemble /dev/{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
+        .unwrap();
+    if redundant {
+        writeln!(s, "wait_idle {md}").unwrap();
+        writeln!(s, "echo degraded=$(cat /sys/block/{md}/md/degraded)").unwrap();
+    }
+    writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/{md})").unwrap();
+    // Whole-stripe writes (no read-modify-write): far faster under TCG.
+    let plan = plan(&c.req).unwrap();
+    let stripe = stripe_bytes(&plan);
+    writeln!(
+        s,
+        "dd if=/dev/vdb of=/dev/{md} bs={stripe} skip={} count={} iflag=direct oflag=direct status=none; echo write=$?",
+        c.pattern_offset / stripe,
+        written_bytes(c, &plan) / stripe
+    )
+    .unwrap();
+    if redundant && !c.layout_matrix {
+        // sync_action reads "check" as soon as it is requested, so no settle delay.
+        writeln!(s, "echo check > /sys/block/{md}/md/sync_action; wait_idle {md}").unwrap();
+        writeln!(s, "echo mismatch=$(cat /sys/block/{md}/md/mismatch_cnt)").unwrap();
+    }
+    writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
+    // mdadm's view of the events after --stop (first member; the host checks the rest).
+    writeln!(s, "events_of {}", c.regions[0].dev).unwrap();
+    s
+}
+
+/// Guest steps for an array mdadm creates: create (no resync), size, stop.
+fn ma_steps(c: &MaCase) -> String {
+    let mut s = String::new();
+    let md = format!("md{}", c.md);
+    let list: Vec<String> = c.regions.iter().map(|r| r.dev.clone()).collect();
+    let list = list.join(" ");
+    writeln!(s, "echo '=== ma {}'", c.name).unwrap();
+    writeln!(s, "echo uptime=$(cut -d' ' -f1 /proc/uptime)").unwrap();
+    let mut args =
+        format!("--metadata={} --level={} --raid-devices={}", c.metadata.as_str(), c.level.md_level(), c.regions.len());
+    if let Some(k) = c.chunk_kib {
+        write!(args, " --chunk={k}").unwrap();
+    }
+    if let Some(l) = c.layout {
+        write!(args, " --layout={l}").unwrap();
+    }
+    match c.bitmap {
+        None if c.level != Level::Raid0 => args.push_str(" --bitmap=none"),
+        None => {}
+        Some(None) => args.push_str(" --bitmap=internal"),
+        Some(Some(chunk)) => write!(args, " --bitmap=internal --bitmap-chunk={chunk}").unwrap(),
+    }
+    writeln!(s, "mdadm --create /dev/{md} --run --assume-clean {args} {list} 2>&1 | sed 's/^/  | /'; echo create=${{PIPESTATUS[0]}}").unwrap();
+    writeln!(s, "echo size_bytes=$(blockdev --getsize64 /dev/{md})").unwrap();
+    writeln!(s, "mdadm --stop /dev/{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
     s
 }
 
@@ -486,9 +453,7 @@ fn kernel_assembles_mdkit_arrays_and_mdkit_reads_mdadm_arrays() {
     );
     assert_eq!(run.exit_code, 0, "guest script failed:\n{}", run.output);
     assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
-    for step in ["sfdisk=0", "rereadpt=0"] {
-        assert!(run.output.contains(step), "partitioning the members disk failed ({step}):\n{}", run.output);
-    }
+    run.assert_partitioned();
 
     let mut failures = Vec::new();
     for (c, (p, images)) in mk.iter().zip(&plans) {

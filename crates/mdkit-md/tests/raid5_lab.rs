@@ -1,5 +1,5 @@
 //! raid4/5/6 between the mdkit runtime and the Linux kernel (lab: Debian 6.1 + mdadm 4.2 under
-//! qemu), both ways, in two boots. Members are byte ranges of one host file (`losetup -o` in
+//! qemu), both ways, in two boots. Members are byte ranges of one host file (GPT partitions in
 //! the guest, a slice device over an io_uring FileDevice on the host).
 //!
 //! Boot 1:
@@ -33,7 +33,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use array_util::{MIB, Model, fast_sync, random_write, verify_all};
-use common::lab::RunOptions;
+use common::lab::{GuestPartitions, RunOptions, two_at_a_time};
 use mdkit_io::{
     BlockDevice, DeviceRef, FileDevice, FileOptions, IoBuf, IoFuture, ReadResult, Rng, SharedBuf, Topology, WriteFlags,
     ZeroFlags,
@@ -43,6 +43,26 @@ use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::layout::Level;
 
 const REGION: u64 = 16 * MIB;
+
+/// Where region `r` of the members file starts: after a MiB for the GPT that makes the regions
+/// partitions in the guest.
+fn region_offset(r: u64) -> u64 {
+    MIB + r * REGION
+}
+
+/// Region `r` in the guest (partition r + 1 of /dev/vda, see [`partitions`]).
+fn region_dev(r: u64) -> String {
+    format!("/dev/vda{}", r + 1)
+}
+
+/// The guest steps that make regions `0..n` partitions (numbered as [`region_dev`]).
+fn partitions(n: u64) -> String {
+    let mut p = GuestPartitions::default();
+    for r in 0..n {
+        assert_eq!(p.add(region_offset(r), REGION), region_dev(r));
+    }
+    p.script()
+}
 const PATTERN_BYTES: u64 = 8 * MIB;
 
 /// A byte range of the shared members file, as a member device.
@@ -136,7 +156,7 @@ fn md5(bytes: &[u8]) -> String {
 }
 
 fn members_of(file: &DeviceRef, first_region: u64, n: usize, prefix: &str) -> Vec<MemberDev> {
-    (0..n).map(|i| Slice::member(file, format!("{prefix}{i}"), (first_region + i as u64) * REGION)).collect()
+    (0..n).map(|i| Slice::member(file, format!("{prefix}{i}"), region_offset(first_region + i as u64))).collect()
 }
 
 fn kv(section: &str) -> HashMap<String, String> {
@@ -150,29 +170,18 @@ fn kv(section: &str) -> HashMap<String, String> {
 
 const GUEST_PRELUDE: &str = r#"set -u
 wait_idle() { local t=0; while [ "$(cat /sys/block/$1/md/sync_action 2>/dev/null || echo idle)" != idle ] && [ $t -lt 6000 ]; do sleep 0.1; t=$((t+1)); done; }
-modprobe loop; modprobe raid456
+modprobe raid456
 "#;
 
-fn loops(md: u32, first_region: u64, members: &[usize]) -> (String, String) {
-    let mut s = String::new();
-    let mut names = Vec::new();
-    for (k, i) in members.iter().enumerate() {
-        writeln!(
-            s,
-            "L{md}_{k}=$(losetup --find --show --offset {} --sizelimit {REGION} /dev/vda) || echo loop_failed=1",
-            (first_region + *i as u64) * REGION
-        )
-        .unwrap();
-        names.push(format!("$L{md}_{k}"));
-    }
-    (s, names.join(" "))
+fn devices(first_region: u64, members: &[usize]) -> String {
+    members.iter().map(|i| region_dev(first_region + *i as u64)).collect::<Vec<_>>().join(" ")
 }
 
 /// Guest steps for one existing array: assemble, md5, degraded, check (healthy), stop.
-fn verify_in_guest(s: &mut String, tag: &str, md: u32, first_region: u64, members: &[usize], healthy: bool) {
-    let (setup, list) = loops(md, first_region, members);
+fn verify_in_guest(tag: &str, md: u32, first_region: u64, members: &[usize], healthy: bool) -> (String, String) {
+    let mut s = String::new();
+    let list = devices(first_region, members);
     writeln!(s, "echo '=== {tag}'").unwrap();
-    s.push_str(&setup);
     writeln!(s, "mdadm --assemble /dev/md{md} --run {list} 2>&1 | sed 's/^/  | /'; echo assemble=${{PIPESTATUS[0]}}")
         .unwrap();
     writeln!(s, "grep -A1 '^md{md} ' /proc/mdstat | sed 's/^/  | /'").unwrap();
@@ -184,14 +193,14 @@ fn verify_in_guest(s: &mut String, tag: &str, md: u32, first_region: u64, member
         writeln!(s, "echo mismatch=$(cat /sys/block/md{md}/md/mismatch_cnt)").unwrap();
     }
     writeln!(s, "mdadm --stop /dev/md{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-    writeln!(s, "losetup -d {list}").unwrap();
+    (format!("md{md}"), s)
 }
 
-fn create_in_guest(s: &mut String, k: &Km) {
+fn create_in_guest(k: &Km) -> (String, String) {
+    let mut s = String::new();
     let all: Vec<usize> = (0..k.n).collect();
-    let (setup, list) = loops(k.md, k.first_region, &all);
+    let list = devices(k.first_region, &all);
     writeln!(s, "echo '=== km {}'", k.name).unwrap();
-    s.push_str(&setup);
     let mut args =
         format!("--metadata=1.2 --level={} --raid-devices={} --chunk={}", k.level.md_level(), k.n, k.chunk_kib);
     if let Some(l) = k.layout {
@@ -219,7 +228,7 @@ fn create_in_guest(s: &mut String, k: &Km) {
     writeln!(s, "echo check > /sys/block/md{md}/md/sync_action; wait_idle md{md}").unwrap();
     writeln!(s, "echo mismatch=$(cat /sys/block/md{md}/md/mismatch_cnt)").unwrap();
     writeln!(s, "mdadm --stop /dev/md{md} 2>&1 | sed 's/^/  | /'; echo stop=${{PIPESTATUS[0]}}").unwrap();
-    writeln!(s, "losetup -d {list}").unwrap();
+    (format!("md{md}"), s)
 }
 
 /// Writes through the runtime: whole-array fill (full stripes), then partial writes at
@@ -326,7 +335,8 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
             }
         })
         .collect();
-    std::fs::File::create(&members_path).unwrap().set_len(next_region * REGION + MIB).unwrap();
+    // A free MiB after the last region for the backup GPT.
+    std::fs::File::create(&members_path).unwrap().set_len(region_offset(next_region) + MIB).unwrap();
     let mut pattern = vec![0u8; PATTERN_BYTES as usize];
     rng.fill(&mut pattern);
     std::fs::write(&pattern_path, &pattern).unwrap();
@@ -352,21 +362,23 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
         m.size_bytes = a.size_bytes();
     }
 
-    // Boot 1.
+    // Boot 1, two arrays at a time.
     let mut s = String::from(GUEST_PRELUDE);
+    s.push_str(&partitions(next_region));
+    let mut cases = Vec::new();
     for m in &mk {
         let present: Vec<usize> = (0..m.n).filter(|i| !m.lose.contains(i)).collect();
-        verify_in_guest(&mut s, &format!("mk {}", m.name), m.md, m.first_region, &present, m.lose.is_empty());
+        cases.push(verify_in_guest(&format!("mk {}", m.name), m.md, m.first_region, &present, m.lose.is_empty()));
     }
-    for k in &km {
-        create_in_guest(&mut s, k);
-    }
+    cases.extend(km.iter().map(create_in_guest));
+    s.push_str(&two_at_a_time(&cases));
     s.push_str("echo '=== end'\n");
     let mut opts = RunOptions::with_disks(vec![members_path.clone(), pattern_path.clone()]);
     opts.timeout_secs = 1500;
     let run = tokio::task::block_in_place(|| lab.run(&opts, &s)).unwrap_or_else(|e| panic!("lab run failed: {e}"));
     eprintln!("lab boot 1: {:.1} s", run.elapsed.as_secs_f64());
     assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
+    run.assert_partitioned();
     let mut failures = Vec::new();
     for m in &mk {
         let sec = run.section(&format!("mk {}", m.name)).unwrap_or_default();
@@ -374,8 +386,8 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
         let get = |k: &str| v.get(k).map(String::as_str).unwrap_or("<missing>");
         let healthy = m.lose.is_empty();
         let mut bad = Vec::new();
-        if get("assemble") != "0" || get("stop") != "0" || v.contains_key("loop_failed") {
-            bad.push("assemble/stop/losetup failed".to_string());
+        if get("assemble") != "0" || get("stop") != "0" {
+            bad.push("assemble/stop failed".to_string());
         }
         if get("size_bytes") != m.size_bytes.to_string() {
             bad.push(format!("kernel size {} != mdkit {}", get("size_bytes"), m.size_bytes));
@@ -463,16 +475,22 @@ async fn kernel_and_mdkit_share_raid456_arrays_both_ways() {
 
     // Boot 2: the kernel reads what mdkit wrote into its arrays, and checks them.
     let mut s = String::from(GUEST_PRELUDE);
-    for k in &km {
-        let all: Vec<usize> = (0..k.n).collect();
-        verify_in_guest(&mut s, &format!("km2 {}", k.name), k.md, k.first_region, &all, true);
-    }
+    s.push_str(&partitions(next_region));
+    let cases: Vec<_> = km
+        .iter()
+        .map(|k| {
+            let all: Vec<usize> = (0..k.n).collect();
+            verify_in_guest(&format!("km2 {}", k.name), k.md, k.first_region, &all, true)
+        })
+        .collect();
+    s.push_str(&two_at_a_time(&cases));
     s.push_str("echo '=== end'\n");
     let mut opts = RunOptions::with_disks(vec![members_path.clone()]);
     opts.timeout_secs = 1500;
     let run = tokio::task::block_in_place(|| lab.run(&opts, &s)).unwrap_or_else(|e| panic!("lab run failed: {e}"));
     eprintln!("lab boot 2: {:.1} s", run.elapsed.as_secs_f64());
     assert!(run.output.contains("=== end"), "guest did not finish:\n{}", run.output);
+    run.assert_partitioned();
     for k in &km {
         let sec = run.section(&format!("km2 {}", k.name)).unwrap_or_default();
         let v = kv(&sec);
