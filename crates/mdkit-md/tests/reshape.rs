@@ -246,6 +246,8 @@ async fn members_that_missed_the_reshape_start_join_it() {
     let o = AssembleOptions { name: "rscut".into(), start_frozen: true, ..AssembleOptions::default() };
     let got = assemble(member_devs(&ms), o).await.unwrap_or_else(|e| panic!("assembly after the cut: {e}"));
     assert!(got.refused.is_empty(), "no member left out: {:?}", got.refused);
+    let note = got.notes.iter().find(|n| n.contains("started the reshape")).expect("the adoption is reported");
+    assert!(note.contains("rscut-1") && note.contains("rscut-2"), "{note}");
     let b = Arc::new(got.array);
     assert_eq!(b.core().degraded(), 0, "every member in sync: {:#}", b.detail());
     assert_eq!(b.get_attribute("reshape_position").unwrap(), "0");

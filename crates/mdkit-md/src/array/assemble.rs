@@ -369,7 +369,7 @@ pub async fn assemble_with(
     let uuid = pick_uuid(&found, opts.uuid);
     let (mut mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
     // A cut while a restripe started: old members that missed only that round join it.
-    super::grow_reshape::adopt_unstarted_reshape(&mut mine);
+    let adopted = super::grow_reshape::adopt_unstarted_reshape(&mut mine);
     for (md, sb) in others {
         refused.push(Refusal {
             member: md.name.clone(),
@@ -614,6 +614,12 @@ pub async fn assemble_with(
     };
 
     let mut notes = Vec::new();
+    if !adopted.is_empty() {
+        notes.push(format!(
+            "member(s) {} missed the superblock write that started the reshape (nothing had moved): taken into it",
+            adopted.join(", ")
+        ));
+    }
     if degraded > 0 {
         notes.push(format!("started degraded: {degraded} of {raid_disks} roles without an in-sync member"));
     }
