@@ -49,9 +49,12 @@ fn lab() -> Option<Lab> {
         eprintln!("SKIP: MDKIT_SKIP_LAB is set; kernel parity cross-check not run");
         return None;
     }
-    let dir = std::env::var_os("MDKIT_LAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
+    // Beside the workspace as in the lab's README, or at /work/shared/lab for a clone elsewhere
+    // (the other crates' lab tests look in the same two places).
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab");
+    let dir = std::env::var_os("MDKIT_LAB_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        [beside, PathBuf::from("/work/shared/lab")].into_iter().find(|d| d.join("run.sh").exists()).unwrap_or_default()
+    });
     let (build, run_sh) = (dir.join("build.sh"), dir.join("run.sh"));
     if !build.exists() || !run_sh.exists() {
         eprintln!("SKIP: kernel lab not found at {} (set MDKIT_LAB_DIR)", dir.display());
@@ -78,7 +81,9 @@ impl Lab {
     /// Boots the guest with `disks`, runs the guest script in `mode`, returns its stdout.
     fn run(&self, disks: &[PathBuf], mode: &str) -> String {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lab/md-parity-guest.sh");
-        let mut cmd = Command::new(&self.run_sh);
+        // scripts/lab-slot: at most two lab guests on the machine at once.
+        let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"));
+        cmd.arg(&self.run_sh);
         cmd.args(["--timeout", "300"]);
         for disk in disks {
             cmd.arg("--disk").arg(disk);

@@ -149,7 +149,8 @@ echo "=== done"
     data2.set_len(256 * BLOCK_BYTES).unwrap();
     let script_path = tool_dir().join("lab-thin.sh");
     std::fs::write(&script_path, script).unwrap();
-    let out = Command::new(lab.join("run.sh"))
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"))
+        .arg(lab.join("run.sh"))
         .arg("--disk")
         .arg(&meta_path)
         .arg("--disk")

@@ -194,7 +194,8 @@ fn kernel_made_thin_device_is_activated_served_and_given_back() {
     }
     let script = dir.path().join("activate-lab.sh");
     std::fs::write(&script, GUEST).unwrap();
-    let mut child = Command::new(lab.join("run.sh"))
+    let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"))
+        .arg(lab.join("run.sh"))
         .arg("--disk")
         .arg(&meta)
         .arg("--disk")

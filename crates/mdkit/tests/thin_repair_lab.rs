@@ -121,7 +121,8 @@ fn kernel_pool_with_damaged_metadata_is_repaired_and_activates_with_its_data() {
     }
     let script = dir.path().join("repair-lab.sh");
     std::fs::write(&script, GUEST.replace("VOL_SECTORS", &VOL_SECTORS.to_string())).unwrap();
-    let mut child = Command::new(lab.join("run.sh"))
+    let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"))
+        .arg(lab.join("run.sh"))
         .args(["--disk"])
         .arg(&meta)
         .arg("--disk")

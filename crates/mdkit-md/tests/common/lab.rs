@@ -128,7 +128,8 @@ impl Lab {
 
     /// Boots the guest and runs `script` (bash) in it.
     pub fn run(&self, opts: &RunOptions, script: &str) -> Result<LabRun, String> {
-        let mut cmd = Command::new(self.dir.join("run.sh"));
+        let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"));
+        cmd.arg(self.dir.join("run.sh"));
         cmd.env("LAB_CACHE", &self.cache)
             .arg("--mem")
             .arg(opts.mem_mb.to_string())

@@ -103,7 +103,8 @@ pub use lab_dir::lab;
 pub fn run_lab(lab: &Path, disks: &[&Path], script: &str, name: &str) -> Option<String> {
     let script_path = crate::common::tool_dir().join(name);
     std::fs::write(&script_path, script).unwrap();
-    let mut cmd = Command::new(lab.join("run.sh"));
+    let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/lab-slot"));
+    cmd.arg(lab.join("run.sh"));
     for d in disks {
         cmd.arg("--disk").arg(d);
     }
