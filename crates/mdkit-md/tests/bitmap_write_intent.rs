@@ -326,6 +326,62 @@ fn a_region_clears_only_when_all_of_it_went_idle() {
     });
 }
 
+/// A member that fails during a superblock round keeps the previous event count; a sweep that
+/// runs while the round is in flight (the bitmap header already has the new count) must not
+/// move `events_cleared` past it, or the member can only be rebuilt in full. Seen as "events 7
+/// differ from the array's 12 and no write-intent bitmap covers what it missed" when a remote
+/// member's link went down while a round was writing to it.
+#[test]
+fn a_sweep_during_a_superblock_round_keeps_the_failing_member_re_addable() {
+    paused_runtime().block_on(async {
+        let chunks = 1000;
+        let devs: Vec<DeviceRef> =
+            (0..2).map(|i| Arc::new(MemDevice::new(format!("m{i}"), device_bytes(chunks))) as DeviceRef).collect();
+        let failures = Failures::default();
+        let members = devs.iter().enumerate().map(|(i, d)| member(i as u32, d.clone(), 64 << 10)).collect();
+        let bm = WriteIntentBitmap::create(
+            members,
+            array_info(chunks, CHUNK_BYTES),
+            clean(CHUNK_BYTES),
+            failures.callback(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(bm.events_cleared(), 10);
+        bm.start_write(chunk_range(3, CHUNK_BYTES)).await.unwrap();
+        bm.end_write(chunk_range(3, CHUNK_BYTES), true);
+        // Round 11 starts: the bitmap header first; member 1's md superblock never gets 11.
+        bm.update_superblock(11).await.unwrap();
+        assert_eq!(bm.sweep_now().await.unwrap(), 1, "idle chunk 3 clears");
+        assert_eq!(bm.events_cleared(), 10, "not past the events every member's superblock holds");
+        // Member 1 fails in that round; round 12 records the failure on member 0 alone.
+        bm.set_degraded(true);
+        bm.set_members(vec![member(0, devs[0].clone(), 64 << 10)]);
+        bm.update_superblock(12).await.unwrap();
+        bm.superblocks_recorded(12);
+        bm.start_write(chunk_range(7, CHUNK_BYTES)).await.unwrap();
+        bm.end_write(chunk_range(7, CHUNK_BYTES), false);
+        assert_eq!(bm.sweep_now().await.unwrap(), 0);
+        assert_eq!(bm.events_cleared(), 10);
+        assert!(bm.can_readd(10), "member 1 (events 10) is re-added from the bitmap");
+        assert_eq!(bm.needed_chunks(), vec![7], "only what it missed");
+        // Whole again: the sweep advances to the recorded events.
+        bm.set_members(vec![member(0, devs[0].clone(), 64 << 10), member(1, devs[1].clone(), 64 << 10)]);
+        bm.sync_all_pages().await.unwrap();
+        bm.end_sync(chunk_range(7, CHUNK_BYTES));
+        bm.set_degraded(false);
+        bm.update_superblock(13).await.unwrap();
+        assert_eq!(bm.sweep_now().await.unwrap(), 1);
+        assert_eq!(bm.events_cleared(), 12, "round 13 is still in flight");
+        bm.superblocks_recorded(13);
+        bm.start_write(chunk_range(9, CHUNK_BYTES)).await.unwrap();
+        bm.end_write(chunk_range(9, CHUNK_BYTES), true);
+        assert_eq!(bm.sweep_now().await.unwrap(), 1);
+        assert_eq!(bm.events_cleared(), 13);
+        assert!(failures.0.lock().is_empty());
+    });
+}
+
 #[test]
 fn nothing_clears_while_degraded_and_events_cleared_stands_still() {
     paused_runtime().block_on(async {
@@ -373,6 +429,8 @@ fn nothing_clears_while_degraded_and_events_cleared_stands_still() {
         }
         bm.set_degraded(false);
         bm.update_superblock(13).await.unwrap();
+        // The array's md superblocks with events 13 are on both members now.
+        bm.superblocks_recorded(13);
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert_eq!(bm.dirty_chunks(), Vec::<u64>::new(), "cleared once whole again");
         assert_eq!(bm.events_cleared(), 13, "advanced to the md events by the clearing sweep");

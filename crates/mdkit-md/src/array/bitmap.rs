@@ -45,7 +45,8 @@
 //!   degraded and `events_cleared != events`, so a later re-add recovers them;
 //! - `events` is written before every md superblock ([`WriteIntentBitmap::update_superblock`]);
 //!   `events_cleared` is advanced to the md events (and made durable) before bits are cleared,
-//!   never while degraded; a re-add is possible when `member events >= events_cleared`;
+//!   never while degraded, and never past the events the members' md superblocks hold (a
+//!   successful write advances it in the kernel, so it never passes a round still in flight); a re-add is possible when `member events >= events_cleared`;
 //! - a write that did not reach every slot (`end_write(.., false)`) marks its chunks NEEDED;
 //!   NEEDED chunks are never cleared until [`WriteIntentBitmap::end_sync`].
 //!
@@ -256,6 +257,11 @@ struct Inner {
     members: RwLock<Arc<Vec<Arc<MemberIo>>>>,
     on_member_error: FailFn,
     degraded: AtomicBool,
+    /// The md event count that the superblocks of every working member hold (the last
+    /// superblock round that completed on all of them). `events_cleared` never passes it: the
+    /// header's `events` is raised at the start of a round, and a member that fails during
+    /// that round keeps the older count, with which it must stay re-addable.
+    events_recorded: AtomicU64,
     settings: Settings,
     /// Dirty chunks with no write in flight and not needed (for `flush_chunks`).
     idle_dirty: Sharded,
@@ -543,6 +549,13 @@ impl WriteIntentBitmap {
             }
         }
         self.inner.write_header().await
+    }
+
+    /// The md superblocks with `events` are durable on every working member (the array's
+    /// superblock round completed without a failure): clear sweeps may advance
+    /// `events_cleared` up to `events` from now on.
+    pub fn superblocks_recorded(&self, events: u64) {
+        self.inner.events_recorded.store(events, Ordering::Release);
     }
 
     /// The members that get the bitmap from now on. A member not in the previous set (a spare

@@ -283,6 +283,9 @@ impl ArrayCore {
         self.sb.rounds.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(array = self.name(), events, why, written, failed = failed.len(), "superblocks written");
         if failed.is_empty() {
+            if let Some(bm) = &self.bitmap {
+                bm.superblocks_recorded(events);
+            }
             return Ok(());
         }
         for (m, e) in &failed {

@@ -299,6 +299,7 @@ fn build_inner(
         members: RwLock::new(Arc::new(ios)),
         on_member_error,
         degraded: AtomicBool::new(array.degraded),
+        events_recorded: AtomicU64::new(array.events),
         settings: Settings {
             daemon_sleep_ms: AtomicU64::new(daemon_sleep_ms),
             flush_chunks: AtomicU64::new(DEFAULT_FLUSH_CHUNKS),

@@ -7,9 +7,12 @@
 //!    dropped before returning (not durable, nothing pending): no data write was issued for
 //!    them, so they clear like idle ones. Chunks whose new age reaches `min_age` are candidates,
 //!    remembered with the exact state word the CAS left.
-//! 2. **events_cleared**: set to the md events and written durably (page 0) before any bit is
-//!    cleared, so a member that left before this point is never re-added on the strength of
-//!    bits cleared after it left.
+//! 2. **events_cleared**: set to the md events that every working member's superblock holds
+//!    ([`WriteIntentBitmap::superblocks_recorded`](super::WriteIntentBitmap::superblocks_recorded),
+//!    not the header's `events`, which a round in progress has raised already) and written
+//!    durably (page 0) before any bit is cleared, so a member that left before this point is
+//!    never re-added on the strength of bits cleared after it left, and a member that fails
+//!    during a superblock round can still be re-added from the bitmap.
 //! 3. **Flush** every working member. Every data write to a candidate ended before step 1
 //!    (the chunk was idle then and no write started since, or the CAS below fails), so the
 //!    flush covers them all. A failed flush aborts the sweep.
@@ -102,10 +105,20 @@ pub(super) async fn sweep(inner: &Arc<Inner>, min_age: u32) -> io::Result<u64> {
     if candidates.is_empty() {
         return Ok(0);
     }
+    // The recorded count is read before the degraded flag is checked again: a round that
+    // records a newer count after a member failed set the flag before it (refresh_bitmap
+    // opens every round), so a sweep that sees the newer count also sees the array degraded.
+    let recorded = inner.events_recorded.load(Ordering::Acquire);
+    if !inner.clearing_allowed() {
+        return Ok(0);
+    }
     let advance = {
         let mut h = inner.header.lock();
-        let advance = h.events_cleared != h.events;
-        h.events_cleared = h.events;
+        let target = recorded.min(h.events);
+        let advance = h.events_cleared < target;
+        if advance {
+            h.events_cleared = target;
+        }
         advance
     };
     if advance {
