@@ -326,6 +326,19 @@ fn a_region_clears_only_when_all_of_it_went_idle() {
     });
 }
 
+/// A clean bitmap (md events 10) of `chunks` chunks on two in-memory members.
+async fn two_member_bitmap(chunks: u64) -> (Vec<DeviceRef>, Failures, WriteIntentBitmap) {
+    let devs: Vec<DeviceRef> =
+        (0..2).map(|i| Arc::new(MemDevice::new(format!("m{i}"), device_bytes(chunks))) as DeviceRef).collect();
+    let failures = Failures::default();
+    let members = devs.iter().enumerate().map(|(i, d)| member(i as u32, d.clone(), 64 << 10)).collect();
+    let bm =
+        WriteIntentBitmap::create(members, array_info(chunks, CHUNK_BYTES), clean(CHUNK_BYTES), failures.callback())
+            .await
+            .unwrap();
+    (devs, failures, bm)
+}
+
 /// A member that fails during a superblock round keeps the previous event count; a sweep that
 /// runs while the round is in flight (the bitmap header already has the new count) must not
 /// move `events_cleared` past it, or the member can only be rebuilt in full. Seen as "events 7
@@ -335,18 +348,7 @@ fn a_region_clears_only_when_all_of_it_went_idle() {
 fn a_sweep_during_a_superblock_round_keeps_the_failing_member_re_addable() {
     paused_runtime().block_on(async {
         let chunks = 1000;
-        let devs: Vec<DeviceRef> =
-            (0..2).map(|i| Arc::new(MemDevice::new(format!("m{i}"), device_bytes(chunks))) as DeviceRef).collect();
-        let failures = Failures::default();
-        let members = devs.iter().enumerate().map(|(i, d)| member(i as u32, d.clone(), 64 << 10)).collect();
-        let bm = WriteIntentBitmap::create(
-            members,
-            array_info(chunks, CHUNK_BYTES),
-            clean(CHUNK_BYTES),
-            failures.callback(),
-        )
-        .await
-        .unwrap();
+        let (devs, failures, bm) = two_member_bitmap(chunks).await;
         assert_eq!(bm.events_cleared(), 10);
         bm.start_write(chunk_range(3, CHUNK_BYTES)).await.unwrap();
         bm.end_write(chunk_range(3, CHUNK_BYTES), true);
@@ -386,18 +388,7 @@ fn a_sweep_during_a_superblock_round_keeps_the_failing_member_re_addable() {
 fn nothing_clears_while_degraded_and_events_cleared_stands_still() {
     paused_runtime().block_on(async {
         let chunks = 1000;
-        let devs: Vec<DeviceRef> =
-            (0..2).map(|i| Arc::new(MemDevice::new(format!("m{i}"), device_bytes(chunks))) as DeviceRef).collect();
-        let failures = Failures::default();
-        let members = devs.iter().enumerate().map(|(i, d)| member(i as u32, d.clone(), 64 << 10)).collect();
-        let bm = WriteIntentBitmap::create(
-            members,
-            array_info(chunks, CHUNK_BYTES),
-            clean(CHUNK_BYTES),
-            failures.callback(),
-        )
-        .await
-        .unwrap();
+        let (devs, _, bm) = two_member_bitmap(chunks).await;
         bm.set_attribute("time_base", "0.1").unwrap().unwrap();
         bm.set_attribute("flush_chunks", "1").unwrap().unwrap();
         assert_eq!(bm.events_cleared(), 10);
@@ -447,18 +438,7 @@ fn nothing_clears_while_degraded_and_events_cleared_stands_still() {
 fn threshold_clears_without_waiting_for_the_period() {
     paused_runtime().block_on(async {
         let chunks = 1000;
-        let devs: Vec<DeviceRef> =
-            (0..2).map(|i| Arc::new(MemDevice::new(format!("m{i}"), device_bytes(chunks))) as DeviceRef).collect();
-        let failures = Failures::default();
-        let members = devs.iter().enumerate().map(|(i, d)| member(i as u32, d.clone(), 64 << 10)).collect();
-        let bm = WriteIntentBitmap::create(
-            members,
-            array_info(chunks, CHUNK_BYTES),
-            clean(CHUNK_BYTES),
-            failures.callback(),
-        )
-        .await
-        .unwrap();
+        let (devs, _, bm) = two_member_bitmap(chunks).await;
         bm.set_attribute("time_base", "3600").unwrap().unwrap();
         bm.set_attribute("flush_chunks", "20").unwrap().unwrap();
         let start = tokio::time::Instant::now();
