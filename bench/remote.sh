@@ -5,7 +5,7 @@
 #
 #   bench/remote.sh                 # defaults below
 #   RUNTIME_S=10 SIZE=1G DELAYS_MS="1 5" OUTAGE_S=10 bench/remote.sh
-#   REMOTE_QD=256 bench/remote.sh   # remote_queue_depth of the remote member (default 64)
+#   REMOTE_QD=64 bench/remote.sh    # remote_queue_depth of the remote member (default: mdkit's)
 #   MDKIT=target/suite/mdkit bench/remote.sh   # a binary already built (no cargo build)
 #
 # Rows per added round trip:
@@ -29,9 +29,10 @@ RUNTIME_S=${RUNTIME_S:-10}
 SIZE=${SIZE:-1G}
 DELAYS_MS=${DELAYS_MS:-1 5}
 OUTAGE_S=${OUTAGE_S:-10}
-# Requests in flight to the remote (`remote_queue_depth`; mdkit's default is 64). Write-behind
-# sustains the local rate only if the link carries it: IOPS x RTT requests in flight.
-REMOTE_QD=${REMOTE_QD:-64}
+# Requests in flight to the remote (`remote_queue_depth`); empty: mdkit's default, 64 or the
+# write-behind limit when larger (256 here). Write-behind sustains the local rate only if the
+# link carries it: IOPS x RTT requests in flight.
+REMOTE_QD=${REMOTE_QD:-}
 WORKDIR=${WORKDIR:-/var/tmp}/mdkit-remote-bench
 for t in fio nbdkit python3; do command -v "$t" >/dev/null || { echo "remote.sh: $t not found" >&2; exit 1; }; done
 if [ -z "${MDKIT:-}" ]; then
@@ -118,7 +119,7 @@ assume_clean = true
 write_mostly = ["$remote"]
 write_behind = 256
 remote_timeout_ms = 1000
-remote_queue_depth = $REMOTE_QD
+$([ -n "$REMOTE_QD" ] && echo "remote_queue_depth = $REMOTE_QD")
 $(for v in local local-aa behind; do printf '[[export]]\nname = "%s"\nvolume = "%s"\n' "$v" "$v"; done)
 TOML
     "$MDKIT" serve --config "$WORKDIR/mdkit.toml" 2>"$WORKDIR/mdkit-$delay.log" & mdkit=$!
