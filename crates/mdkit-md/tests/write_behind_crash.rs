@@ -1,7 +1,7 @@
 //! Power cuts under write-behind (issue 19): raid1 of a local member and a slow write-mostly
 //! member (every data write waits 1-3 ms of a paused tokio clock: the remote lags, behind
-//! writes are outstanding most of the time) with `write_behind = 16`, both crash-recording in one power domain, under
-//! concurrent random writes (some FUA) and array flushes. The power is cut at every flush
+//! writes are outstanding most of the time) with `write_behind = 16`, both crash-recording in
+//! one power domain, under concurrent random writes (some FUA) and array flushes. The power is cut at every flush
 //! point and at random points, each image built with all, none, a random subset or random
 //! sector tears of the volatile writes. For every image:
 //! - the members assemble and the bitmap-guided resync runs (from the local member: a resync

@@ -46,7 +46,8 @@
 //! - `events` is written before every md superblock ([`WriteIntentBitmap::update_superblock`]);
 //!   `events_cleared` is advanced to the md events (and made durable) before bits are cleared,
 //!   never while degraded, and never past the events the members' md superblocks hold (a
-//!   successful write advances it in the kernel, so it never passes a round still in flight); a re-add is possible when `member events >= events_cleared`;
+//!   successful write advances it in the kernel, so it never passes a round still in
+//!   flight); a re-add is possible when `member events >= events_cleared`;
 //! - a write that did not reach every slot (`end_write(.., false)`) marks its chunks NEEDED;
 //!   NEEDED chunks are never cleared until [`WriteIntentBitmap::end_sync`].
 //!
