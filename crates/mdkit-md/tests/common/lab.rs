@@ -33,13 +33,12 @@ pub struct RunOptions {
     /// Extra files copied into the guest as /lab/files/NAME.
     pub files: Vec<PathBuf>,
     pub mem_mb: u32,
-    pub cpus: u32,
     pub timeout_secs: u64,
 }
 
 impl RunOptions {
     pub fn with_disks(disks: Vec<PathBuf>) -> RunOptions {
-        RunOptions { disks, files: Vec::new(), mem_mb: 2048, cpus: 2, timeout_secs: 600 }
+        RunOptions { disks, files: Vec::new(), mem_mb: 2048, timeout_secs: 600 }
     }
 }
 
@@ -133,8 +132,6 @@ impl Lab {
         cmd.env("LAB_CACHE", &self.cache)
             .arg("--mem")
             .arg(opts.mem_mb.to_string())
-            .arg("--cpus")
-            .arg(opts.cpus.to_string())
             .arg("--timeout")
             .arg(opts.timeout_secs.to_string());
         for d in &opts.disks {
@@ -224,8 +221,8 @@ impl GuestPartitions {
     }
 }
 
-/// Guest script text that runs each `(name, body)` as a shell function, two at a time (the
-/// guest has 2 vCPUs), each writing to its own log, then prints the logs in the given order so
+/// Guest script text that runs each `(name, body)` as a shell function, two at a time (one
+/// case's waits, for a resync or a check, overlap the other's work), each writing to its own log, then prints the logs in the given order so
 /// every case's `=== ` section stays whole. Bodies must not share devices or md numbers.
 pub fn two_at_a_time(cases: &[(String, String)]) -> String {
     let mut s = String::new();
