@@ -145,6 +145,9 @@ struct BlockTimeRc<'a> {
 }
 
 impl ValueRc for BlockTimeRc<'_> {
+    fn value_size(&self) -> Option<usize> {
+        Some(BLOCK_TIME_BYTES)
+    }
     fn inc(&mut self, tm: &mut Tm, v: &[u8]) -> Result<()> {
         self.dsm.inc(tm, unpack_block_time(get_u64(v, 0)).0)
     }
@@ -159,6 +162,9 @@ struct SubtreeRc<'a> {
 }
 
 impl ValueRc for SubtreeRc<'_> {
+    fn value_size(&self) -> Option<usize> {
+        Some(8)
+    }
     fn inc(&mut self, tm: &mut Tm, v: &[u8]) -> Result<()> {
         tm.inc(get_u64(v, 0))
     }
