@@ -282,3 +282,31 @@ fn shared_leaf_with_a_wrong_value_size_is_refused_by_every_write() {
         assert_eq!(mem.to_image(), img, "{name}: image unchanged");
     }
 }
+
+/// The metadata space map marks the superblock or one of its own blocks (its bitmap, its
+/// index) free: it would hand the block out as a new one, and for the bitmap a commit would
+/// allocate the block as its own new home and free it as the old one, forever (found by the
+/// thin_metadata fuzz target as a hang in commit). Opening refuses it as corrupt, naming the
+/// block, and writes nothing.
+#[test]
+fn metadata_space_map_marking_its_own_blocks_free_is_refused_at_open() {
+    let good = build();
+    let sb = Superblock::unpack(&block(&good, 0));
+    let index_loc = sb.metadata_sm_root.bitmap_root;
+    let bitmap_loc = mdkit_thin::meta::sm_format::index_block_decode(&block(&good, index_loc), 1)[0].blocknr;
+    for (name, free) in [("bitmap", bitmap_loc), ("index", index_loc), ("superblock", 0)] {
+        let mut img = good.clone();
+        let mut blk = block(&img, bitmap_loc);
+        mdkit_thin::meta::sm_format::bitmap_set(&mut blk, free as u32, 0);
+        seal(&mut blk, BlockKind::Bitmap, bitmap_loc);
+        put_block(&mut img, bitmap_loc, &blk);
+        let mem = Arc::new(MemMetaIo::from_image("sm.meta", &img));
+        let err = ThinMetadata::open(mem.clone()).err().unwrap_or_else(|| panic!("{name}: opened"));
+        assert!(
+            matches!(err, MetaError::Corrupt { block, reason: Corruption::BadSpaceMap(_), .. } if block == free),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains("marks it free"), "{name}: {err}");
+        assert_eq!(mem.writes.load(Ordering::Relaxed), 0, "{name}: nothing written");
+    }
+}

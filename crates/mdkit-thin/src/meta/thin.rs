@@ -1150,6 +1150,21 @@ fn load_metadata_sm(tm: &Tm, root: &SmRoot) -> Result<MetadataSm> {
         bitmap_decode(&blk, &mut codes[start..end]);
         bitmap_blocks.push(ie.blocknr);
     }
+    // The superblock and the space map's own blocks must be counted in use: a space map
+    // that calls one of them free would hand it out as a new block (for the bitmap or index
+    // itself, a commit would allocate the block as its own new home and free it as the old
+    // one, forever).
+    let own = [(0, "the superblock"), (root.bitmap_root, "the metadata space-map index")]
+        .into_iter()
+        .chain(bitmap_blocks.iter().map(|&b| (b, "a metadata space-map bitmap")));
+    for (b, what) in own {
+        if codes.get(b as usize).is_none_or(|&c| c == 0) {
+            return Err(tm.corrupt(
+                b,
+                Corruption::BadSpaceMap(format!("{what} is in use but the metadata space map marks it free")),
+            ));
+        }
+    }
     let mut overflow = std::collections::HashMap::new();
     btree::walk_range(tm, root.ref_count_root, 4, 0, u64::MAX, &mut |k, v| {
         overflow.insert(k, get_u32(v, 0));
