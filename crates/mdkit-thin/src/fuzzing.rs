@@ -16,11 +16,17 @@ use crate::meta::{
     check, dump_xml, parse_xml, restore_xml, validate_node,
 };
 
-/// Metadata device of the damaged pool, in 4 KiB blocks.
-const POOL_META_BLOCKS: u64 = 256;
-/// Data blocks of the damaged pool: one space-map bitmap, since the checker compares every
-/// data block's count (twice per input), which dominated at 20,000 blocks.
-const POOL_DATA_BLOCKS: u64 = 1024;
+/// Metadata device of the damaged pool, in 4 KiB blocks: the pool uses 21, and the checker
+/// compares every block's count with the space map twice per input.
+const POOL_META_BLOCKS: u64 = 128;
+/// Data blocks of the damaged pool: part of one space-map bitmap, since the checker compares
+/// every data block's count (twice per input), which dominated at 20,000 blocks; 340 are
+/// mapped, which leaves room for the input's provisions.
+const POOL_DATA_BLOCKS: u64 = 512;
+/// Mappings of the pool's first thin device: two leaves under an internal root (a leaf holds
+/// at most 254); its snapshot rewrites the first leaf and shares the second. Every input walks
+/// all mappings several times (checker, engine), so there are no more than that shape needs.
+const POOL_DEV0_MAPPINGS: u64 = 300;
 /// Clean-block cache of the engine under test: small, so eviction runs too.
 const CACHE_BLOCKS: usize = 64;
 /// Bytes of one edit in [`metadata`]'s input.
@@ -80,7 +86,7 @@ fn pool() -> &'static Pool {
             FormatOptions { data_block_size_sectors: 128, nr_data_blocks: POOL_DATA_BLOCKS, metadata_nr_blocks: None };
         let mut md = ThinMetadata::format(io, fo).expect("the seed pool formats");
         md.create_thin(0).unwrap();
-        for vb in 0..400 {
+        for vb in 0..POOL_DEV0_MAPPINGS {
             md.provision(0, vb * 2).unwrap();
         }
         md.create_snap(1, 0).unwrap();
@@ -103,7 +109,7 @@ fn pool() -> &'static Pool {
 
 /// `thin_metadata`: the whole metadata engine over damaged metadata. The input is a list of
 /// [`EDIT_BYTES`]-byte edits (which used block, offset, new byte, re-seal) applied to a small
-/// valid pool (3 devices, one a snapshot, 440 mappings); a re-sealed block gets a valid
+/// valid pool (3 devices, one a snapshot, 340 mappings); a re-sealed block gets a valid
 /// checksum so the damage reaches the structural checks. Then: check, open, walk and look up
 /// every device, provision/remove (as many as the input length mod 7), remove a range, take a
 /// snapshot, delete a device, commit, and check again.

@@ -231,3 +231,82 @@ fn corrupt_superblock_and_space_maps_refuse_to_open() {
         "{r}"
     );
 }
+
+/// A leaf that device 1 shares with its snapshot, device 2, damaged (re-sealed) to claim
+/// 1-byte values: writes that would copy it (taking a reference to each data block it maps)
+/// or delete the last device holding it (releasing its data blocks) must refuse it as corrupt
+/// instead of decoding 1-byte values as data blocks (found by the thin_metadata fuzz target:
+/// a slice-bounds panic in the reference counting), and so must a remove (whose lookup
+/// refuses it before anything changes, so that transaction is not poisoned).
+#[test]
+fn shared_leaf_with_a_wrong_value_size_is_refused_by_every_write() {
+    let mem = Arc::new(MemMetaIo::new("shared.meta", 256));
+    let io: Arc<dyn MetaIo> = mem.clone();
+    let fo = FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 1000, metadata_nr_blocks: None };
+    let mut md = ThinMetadata::format(io, fo).unwrap();
+    md.create_thin(1).unwrap();
+    for vb in 0..400 {
+        md.provision(1, vb * 2).unwrap();
+    }
+    md.create_snap(2, 1).unwrap();
+    md.commit().unwrap();
+    let good = mem.to_image();
+    let (_, leaf) = internal_and_leaf(&good);
+    let key = NodeView::new(&block(&good, leaf)).key(0);
+    let mut img = good.clone();
+    let mut blk = block(&img, leaf);
+    put_u32(&mut blk[..], 24, 1); // value_size; max_entries stays valid for 1-byte values
+    seal(&mut blk, BlockKind::Node, leaf);
+    put_block(&mut img, leaf, &blk);
+
+    type Write = fn(&mut ThinMetadata, u64) -> Result<(), MetaError>;
+    let writes: [(&str, bool, Write); 4] = [
+        ("provision in the snapshot", true, |md, key| md.provision(2, key + 1).map(|_| ())),
+        ("provision in the origin", true, |md, key| md.provision(1, key + 1).map(|_| ())),
+        ("remove", false, |md, key| md.remove(1, key).map(|_| ())),
+        ("delete both devices", true, |md, _| md.delete(1).and_then(|_| md.delete(2))),
+    ];
+    for (name, poisons, write) in writes {
+        let mem = Arc::new(MemMetaIo::from_image("bad.meta", &img));
+        let mut md = ThinMetadata::open(mem.clone()).unwrap();
+        let err = write(&mut md, key).unwrap_err();
+        assert!(
+            matches!(err, MetaError::Corrupt { block, reason: Corruption::ValueSizeMismatch { expected: 8, found: 1 }, .. } if block == leaf),
+            "{name}: {err}"
+        );
+        assert_eq!(md.is_poisoned().is_some(), poisons, "{name}: {err}");
+        if poisons {
+            assert!(md.commit().is_err(), "{name}: commit of a poisoned transaction is refused");
+        }
+        assert_eq!(mem.writes.load(Ordering::Relaxed), 0, "{name}: nothing written");
+        assert_eq!(mem.to_image(), img, "{name}: image unchanged");
+    }
+}
+
+/// The metadata space map marks the superblock or one of its own blocks (its bitmap, its
+/// index) free: it would hand the block out as a new one, and for the bitmap a commit would
+/// allocate the block as its own new home and free it as the old one, forever (found by the
+/// thin_metadata fuzz target as a hang in commit). Opening refuses it as corrupt, naming the
+/// block, and writes nothing.
+#[test]
+fn metadata_space_map_marking_its_own_blocks_free_is_refused_at_open() {
+    let good = build();
+    let sb = Superblock::unpack(&block(&good, 0));
+    let index_loc = sb.metadata_sm_root.bitmap_root;
+    let bitmap_loc = mdkit_thin::meta::sm_format::index_block_decode(&block(&good, index_loc), 1)[0].blocknr;
+    for (name, free) in [("bitmap", bitmap_loc), ("index", index_loc), ("superblock", 0)] {
+        let mut img = good.clone();
+        let mut blk = block(&img, bitmap_loc);
+        mdkit_thin::meta::sm_format::bitmap_set(&mut blk, free as u32, 0);
+        seal(&mut blk, BlockKind::Bitmap, bitmap_loc);
+        put_block(&mut img, bitmap_loc, &blk);
+        let mem = Arc::new(MemMetaIo::from_image("sm.meta", &img));
+        let err = ThinMetadata::open(mem.clone()).err().unwrap_or_else(|| panic!("{name}: opened"));
+        assert!(
+            matches!(err, MetaError::Corrupt { block, reason: Corruption::BadSpaceMap(_), .. } if block == free),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains("marks it free"), "{name}: {err}");
+        assert_eq!(mem.writes.load(Ordering::Relaxed), 0, "{name}: nothing written");
+    }
+}

@@ -78,6 +78,9 @@ impl std::fmt::Debug for Value {
 
 /// Reference-count hooks for leaf values that point at something (data blocks, subtrees).
 pub(crate) trait ValueRc {
+    /// Size of the values the hooks decode; `None` if they look at no value. Every write path
+    /// refuses a leaf of another value size before it hands the leaf's values to the hooks.
+    fn value_size(&self) -> Option<usize>;
     fn inc(&mut self, tm: &mut Tm, value: &[u8]) -> Result<()>;
     fn dec(&mut self, tm: &mut Tm, value: &[u8]) -> Result<()>;
 }
@@ -86,6 +89,9 @@ pub(crate) trait ValueRc {
 pub(crate) struct NoRc;
 
 impl ValueRc for NoRc {
+    fn value_size(&self) -> Option<usize> {
+        None
+    }
     fn inc(&mut self, _: &mut Tm, _: &[u8]) -> Result<()> {
         Ok(())
     }
@@ -477,8 +483,19 @@ pub(crate) fn walk_range(
     rec(tm, root, value_size, begin, end, &mut Vec::new(), f).map(|_| ())
 }
 
-/// Shadows `b` for modification, adding references to its children if it was shared.
+/// Refuses a leaf whose values `rc` would misread (their size is not the one it decodes).
+fn check_values_for(tm: &Tm, b: u64, n: NodeView<'_>, rc: &dyn ValueRc) -> Result<()> {
+    match rc.value_size() {
+        Some(vs) => check_node(tm, b, n, vs),
+        None => Ok(()),
+    }
+}
+
+/// Shadows `b` for modification, adding references to its children if it was shared. A leaf
+/// whose value size `rc` does not decode is refused first, so nothing has changed: every write
+/// path shadows each node it touches, so this also guards the values it later removes.
 fn shadow_node(tm: &mut Tm, rc: &mut dyn ValueRc, b: u64) -> Result<u64> {
+    check_values_for(tm, b, NodeView::new(&*tm.read(b, BlockKind::Node)?), rc)?;
     // The copy was validated when the original was read from the device.
     let (loc, was_shared) = tm.shadow(b, BlockKind::Node)?;
     if was_shared {
@@ -927,7 +944,11 @@ pub(crate) fn del(tm: &mut Tm, rc: &mut dyn ValueRc, root: u64) -> Result<()> {
             tm.dec(b)?;
             continue;
         }
-        let node = node_of(tm, b)?;
+        let node = {
+            let blk = tm.read(b, BlockKind::Node)?;
+            check_values_for(tm, b, NodeView::new(&blk), rc)?;
+            OwnedNode::decode(&blk)
+        };
         tm.dec(b)?;
         if node.flags == INTERNAL_NODE {
             stack.extend(node.values.chunks_exact(8).map(|c| get_u64(c, 0)));

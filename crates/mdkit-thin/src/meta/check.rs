@@ -122,20 +122,27 @@ impl Role {
     }
 }
 
-/// Data block reference counts, allocated per bitmap-sized chunk that is actually used.
-#[derive(Default)]
+/// Data block reference counts, allocated per bitmap-sized chunk that is actually used (no
+/// longer than the pool). Ordered maps, not hashed ones: `inc` runs for every mapping and
+/// there are few chunks, so SipHash on each call was a large part of the checker's cost.
 struct DataRefs {
-    chunks: HashMap<u64, Box<[u8]>>,
-    big: HashMap<u64, u32>,
+    nr_blocks: u64,
+    chunks: BTreeMap<u64, Box<[u8]>>,
+    /// Exact counts of the blocks whose chunk entry saturated at `u8::MAX`.
+    big: BTreeMap<u64, u32>,
     distinct: u64,
 }
 
 impl DataRefs {
+    fn new(nr_blocks: u64) -> DataRefs {
+        DataRefs { nr_blocks, chunks: BTreeMap::new(), big: BTreeMap::new(), distinct: 0 }
+    }
+
+    /// Counts one reference to data block `b` (below `nr_blocks`).
     fn inc(&mut self, b: u64) {
-        let chunk = self
-            .chunks
-            .entry(b / ENTRIES_PER_BITMAP)
-            .or_insert_with(|| vec![0u8; ENTRIES_PER_BITMAP as usize].into_boxed_slice());
+        let first = b - b % ENTRIES_PER_BITMAP;
+        let len = (self.nr_blocks - first).min(ENTRIES_PER_BITMAP) as usize;
+        let chunk = self.chunks.entry(b / ENTRIES_PER_BITMAP).or_insert_with(|| vec![0u8; len].into_boxed_slice());
         let c = &mut chunk[(b % ENTRIES_PER_BITMAP) as usize];
         if *c == 0 {
             self.distinct += 1;
@@ -150,11 +157,18 @@ impl DataRefs {
         }
     }
 
-    fn get(&self, b: u64) -> u32 {
-        if let Some(v) = self.big.get(&b) {
-            return *v;
+    /// Fills `out` with the counts of blocks `first..first + out.len()`, which lie in one
+    /// chunk (`first` is a multiple of [`ENTRIES_PER_BITMAP`], as a space-map bitmap's is).
+    fn fill(&self, first: u64, out: &mut [u32]) {
+        debug_assert!(first.is_multiple_of(ENTRIES_PER_BITMAP) && out.len() as u64 <= ENTRIES_PER_BITMAP);
+        match self.chunks.get(&(first / ENTRIES_PER_BITMAP)) {
+            Some(chunk) => out.iter_mut().zip(chunk.iter()).for_each(|(o, &c)| *o = u32::from(c)),
+            None => out.fill(0),
         }
-        self.chunks.get(&(b / ENTRIES_PER_BITMAP)).map_or(0, |c| u32::from(c[(b % ENTRIES_PER_BITMAP) as usize]))
+        // Exact counts of the saturated entries.
+        for (&b, &v) in self.big.range(first..first + out.len() as u64) {
+            out[(b - first) as usize] = v;
+        }
     }
 }
 
@@ -378,8 +392,8 @@ pub fn check(io: &dyn MetaIo, opts: &CheckOptions) -> CheckReport {
         entries_below: HashMap::new(),
         report,
     };
-    let mut data = DataRefs::default();
     let nr_data = sb.data_sm_root.nr_blocks;
+    let mut data = DataRefs::new(nr_data);
 
     w.reference(0, Role::Superblock, &[]);
     check_thin_trees(&mut w, &sb, &mut data, nr_data, true);
@@ -475,7 +489,7 @@ fn check_data_sm(w: &mut Walker<'_>, root: &SmRoot, data: &DataRefs) {
         .into_iter()
         .map(|(k, v)| (k, get_u32(&v, 0)))
         .collect();
-    compare_space_map(w, "data", root, &entries, &overflow, |b| data.get(b));
+    compare_space_map(w, "data", root, &entries, &overflow, |first, out| data.fill(first, out));
 }
 
 fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
@@ -503,7 +517,9 @@ fn check_metadata_sm(w: &mut Walker<'_>, root: &SmRoot) {
         return;
     }
     let counted = std::mem::take(&mut w.meta_refs);
-    compare_space_map_counted(w, "metadata", root, &entries, &overflow, |b| counted[b as usize]);
+    compare_space_map_counted(w, "metadata", root, &entries, &overflow, |first, out| {
+        out.copy_from_slice(&counted[first as usize..][..out.len()]);
+    });
     w.meta_refs = counted;
 }
 
@@ -514,7 +530,7 @@ fn compare_space_map(
     root: &SmRoot,
     entries: &[IndexEntry],
     overflow: &HashMap<u64, u32>,
-    expected: impl Fn(u64) -> u32,
+    expected: impl Fn(u64, &mut [u32]),
 ) {
     for ie in entries {
         if !matches!(w.reference(ie.blocknr, Role::Bitmap, &[root.bitmap_root]), Visit::First) {
@@ -524,23 +540,30 @@ fn compare_space_map(
     compare_space_map_counted(w, what, root, entries, overflow, expected);
 }
 
-/// Compares every entry of the space map (bitmap by bitmap) with the counted references.
+/// Compares every entry of the space map (bitmap by bitmap) with the counted references;
+/// `expected(first, out)` fills `out` with the counted references of blocks
+/// `first..first + out.len()` (one bitmap's worth at a time: per-block lookups dominated the
+/// checker's cost).
 fn compare_space_map_counted(
     w: &mut Walker<'_>,
     what: &str,
     root: &SmRoot,
     entries: &[IndexEntry],
     overflow: &HashMap<u64, u32>,
-    expected: impl Fn(u64) -> u32,
+    expected: impl Fn(u64, &mut [u32]),
 ) {
     let mut allocated = 0u64;
-    let mut codes = vec![0u8; ENTRIES_PER_BITMAP as usize];
+    // One bitmap's worth, or less for a small space map.
+    let bitmap_len = root.nr_blocks.min(ENTRIES_PER_BITMAP) as usize;
+    let mut codes = vec![0u8; bitmap_len];
+    let mut counted = vec![0u32; bitmap_len];
     let mut overflow_matched: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for (bm, ie) in entries.iter().enumerate() {
         let Some(blk) = w.read(ie.blocknr, BlockKind::Bitmap, &[root.bitmap_root]) else { continue };
         let base = bm as u64 * ENTRIES_PER_BITMAP;
         let len = (root.nr_blocks - base).min(ENTRIES_PER_BITMAP) as usize;
         bitmap_decode(&blk, &mut codes[..len]);
+        expected(base, &mut counted[..len]);
         let mut used = 0u32;
         for (i, &code) in codes[..len].iter().enumerate() {
             let b = base + i as u64;
@@ -566,7 +589,7 @@ fn compare_space_map_counted(
                 allocated += 1;
                 used += 1;
             }
-            let want = expected(b);
+            let want = counted[i];
             if on_disk != want {
                 let kind = if on_disk > want { "leaked" } else { "under-counted" };
                 // Named by the bitmap block that holds the entry.

@@ -145,6 +145,9 @@ struct BlockTimeRc<'a> {
 }
 
 impl ValueRc for BlockTimeRc<'_> {
+    fn value_size(&self) -> Option<usize> {
+        Some(BLOCK_TIME_BYTES)
+    }
     fn inc(&mut self, tm: &mut Tm, v: &[u8]) -> Result<()> {
         self.dsm.inc(tm, unpack_block_time(get_u64(v, 0)).0)
     }
@@ -159,6 +162,9 @@ struct SubtreeRc<'a> {
 }
 
 impl ValueRc for SubtreeRc<'_> {
+    fn value_size(&self) -> Option<usize> {
+        Some(8)
+    }
     fn inc(&mut self, tm: &mut Tm, v: &[u8]) -> Result<()> {
         tm.inc(get_u64(v, 0))
     }
@@ -1143,6 +1149,21 @@ fn load_metadata_sm(tm: &Tm, root: &SmRoot) -> Result<MetadataSm> {
         let end = (start + ENTRIES_PER_BITMAP as usize).min(nr_blocks as usize);
         bitmap_decode(&blk, &mut codes[start..end]);
         bitmap_blocks.push(ie.blocknr);
+    }
+    // The superblock and the space map's own blocks must be counted in use: a space map
+    // that calls one of them free would hand it out as a new block (for the bitmap or index
+    // itself, a commit would allocate the block as its own new home and free it as the old
+    // one, forever).
+    let own = [(0, "the superblock"), (root.bitmap_root, "the metadata space-map index")]
+        .into_iter()
+        .chain(bitmap_blocks.iter().map(|&b| (b, "a metadata space-map bitmap")));
+    for (b, what) in own {
+        if codes.get(b as usize).is_none_or(|&c| c == 0) {
+            return Err(tm.corrupt(
+                b,
+                Corruption::BadSpaceMap(format!("{what} is in use but the metadata space map marks it free")),
+            ));
+        }
     }
     let mut overflow = std::collections::HashMap::new();
     btree::walk_range(tm, root.ref_count_root, 4, 0, u64::MAX, &mut |k, v| {

@@ -320,6 +320,10 @@ impl Tm {
             }
         }
         // 3. Every changed bitmap moves once; moving changes counts -> repeat to a fixed point.
+        // Each round moves at least one bitmap that is not new yet, and a moved bitmap stays
+        // new: its old block is counted in use (checked at open), so the new block is another
+        // one, never freed again. A bound all the same, so damage can never make this spin.
+        let mut rounds = 0usize;
         loop {
             let todo: Vec<usize> = self
                 .msm
@@ -333,6 +337,11 @@ impl Tm {
                 .collect();
             if todo.is_empty() {
                 break;
+            }
+            rounds += 1;
+            if rounds > self.msm.bitmap_blocks.len() + 1 {
+                let b = self.msm.bitmap_blocks[todo[0]];
+                return Err(self.corrupt(b, Corruption::BadSpaceMap("metadata bitmap moves do not converge".into())));
             }
             for bm in todo {
                 let n = self.new_block(BlockKind::Bitmap)?;
