@@ -194,16 +194,24 @@ async fn run(name: String, pool: Pool, file: Arc<FileDevice>, ae: Arc<Autoextend
     }
 }
 
-/// One step: grow the file, extend the pool, move the mark. `None` at the cap. The count goes
+/// One step: grow the file, move the mark, extend the pool. `None` at the cap. The count goes
 /// up when the file grew, before writers waiting for space are woken (they may look at it).
+///
+/// The mark moves to its value for the new size before the pool grows, so no one ever sees
+/// the new size beside the old mark (a reader of `thin status` between the two would see the
+/// pool above a mark that is about to rise, and think the growth had settled).
 async fn extend_once(pool: &Pool, file: &FileDevice, ae: &Autoextend) -> Result<Option<u64>> {
     let policy = &ae.policy;
     let cur = file.refresh_size()?;
     let Some(next) = policy.next_bytes(cur, pool.data_block_bytes()) else { return Ok(None) };
     let now = file.grow_file(next)?;
     ae.extensions.fetch_add(1, Ordering::AcqRel);
-    pool.resize_data_to(pool.data_device_blocks()).await?;
-    pool.set_low_water_blocks(policy.low_water_blocks(pool.total_data_blocks())).await?;
+    let new_blocks = pool.data_device_blocks();
+    pool.set_low_water_blocks(policy.low_water_blocks(new_blocks)).await?;
+    if let Err(e) = pool.resize_data_to(new_blocks).await {
+        pool.set_low_water_blocks(policy.low_water_blocks(pool.total_data_blocks())).await?;
+        return Err(e.into());
+    }
     Ok(Some(now))
 }
 
