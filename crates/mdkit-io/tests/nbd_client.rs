@@ -322,7 +322,8 @@ fn unanswered_request_times_out_and_the_link_is_rebuilt() {
         let (buf, r) = dev.read(0, IoBuf::zeroed(4096)).await;
         let e = r.unwrap_err();
         assert_eq!((buf.len(), kind_of(&e), e.kind()), (4096, Some(NbdErrorKind::Timeout), io::ErrorKind::TimedOut));
-        assert!(dev.link().losses == 1, "a timed-out request drops the connection");
+        let link = dev.link();
+        assert!(link.losses == 1, "a timed-out request drops the connection: {link:?}");
         let t = Instant::now();
         while !dev.link().up {
             assert!(t.elapsed() < Duration::from_secs(20), "no reconnect");
