@@ -1,5 +1,5 @@
-//! raid5 restripe to more members (`grow --raid-devices`, issue 17): 4 -> 5 and 3 -> 5 under
-//! concurrent writes (every write reads back, check finds 0 mismatches, the array grows), a
+//! raid5/6 restripe to more members (`grow --raid-devices`, issue 17): raid5 4 -> 5 and 3 -> 5,
+//! raid6 4 -> 5 and 4 -> 6 under concurrent writes (every write reads back, check finds 0 mismatches, the array grows), a
 //! reshape stopped half-way resumes from the superblocks' reshape_position, an unreadable range
 //! mid-reshape is recorded where it was read, refusals (no room to move the data offset, a
 //! degraded array) change nothing.
@@ -30,17 +30,21 @@ fn writer(a: Arc<Array>, mut m: Model, seed: u64, stop: Arc<AtomicBool>) -> toki
 }
 
 async fn filled(ms: &[SimMember], n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
-    let a = Arc::new(create_array(ms, opts(Level::Raid5, n, Some(chunk_kib), None, true, true)).await);
+    filled_level(ms, Level::Raid5, n, chunk_kib, rng).await
+}
+
+async fn filled_level(ms: &[SimMember], level: Level, n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
+    let a = Arc::new(create_array(ms, opts(level, n, Some(chunk_kib), None, true, true)).await);
     let mut m = Model::new(a.size_bytes());
     fill(&*a, &mut m, rng).await;
     (a, m)
 }
 
-async fn grow_under_writes(name: &str, old: usize, new: usize) {
+async fn grow_under_writes(name: &str, level: Level, old: usize, new: usize) {
     let s = seed(name, 41);
     let mut rng = Rng::new(s);
     let ms = mem_members(&format!("{name}-"), new, 16 * MIB);
-    let (a, m) = filled(&ms[..old], old as u32, 64, &mut rng).await;
+    let (a, m) = filled_level(&ms[..old], level, old as u32, 64, &mut rng).await;
     let before = a.size_bytes();
     let stop = Arc::new(AtomicBool::new(false));
     let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
@@ -56,7 +60,7 @@ async fn grow_under_writes(name: &str, old: usize, new: usize) {
     eprintln!("{name}: {writes} writes during the reshape");
     assert!(writes > 0);
     let after = a.size_bytes();
-    let parity = 1;
+    let parity = level.max_degraded() as usize;
     assert_eq!(after / ((new - parity) as u64), before / ((old - parity) as u64), "the array grows by the new members");
     assert_eq!(a.info().raid_disks, new as u32);
     verify_all(&*a, &m).await;
@@ -79,12 +83,22 @@ async fn grow_under_writes(name: &str, old: usize, new: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_4_to_5_under_writes() {
-    grow_under_writes("reshape45", 4, 5).await;
+    grow_under_writes("reshape45", Level::Raid5, 4, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_3_to_5_under_writes() {
-    grow_under_writes("reshape35", 3, 5).await;
+    grow_under_writes("reshape35", Level::Raid5, 3, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_4_to_5_under_writes() {
+    grow_under_writes("reshape6-45", Level::Raid6, 4, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_4_to_6_under_writes() {
+    grow_under_writes("reshape6-46", Level::Raid6, 4, 6).await;
 }
 
 /// Stopped half-way (slow `sync_speed_max`), the array assembles from the recorded

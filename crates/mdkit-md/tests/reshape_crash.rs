@@ -1,4 +1,4 @@
-//! Power cuts during a raid5 4 -> 5 reshape (crash-recording members, one power domain) with
+//! Power cuts during a raid5 4 -> 5 and a raid6 4 -> 5 reshape (crash-recording members, one power domain) with
 //! writes and flushes in flight. Cut points: member flush completions and superblock writes
 //! (checkpoints) from the moment the reshape is recorded until after it finished, plus random
 //! points between; every way the volatile writes may have landed (all, none, random subsets,
@@ -80,14 +80,14 @@ fn interesting_points(group: &CrashGroup, from: u64, to: u64) -> Vec<u64> {
         .collect()
 }
 
-async fn reshape_crash_case(name: &str, max_points: usize, random_points: usize) {
+async fn reshape_crash_case(name: &str, level: Level, max_points: usize, random_points: usize) {
     let s = seed(name, 53);
     let mut rng = Rng::new(s);
     let group = CrashGroup::with_options(CrashOptions::default());
     let members = crash_members(&group, &format!("{name}-"), 5, 4 * MIB);
     let sims: Vec<SimMember> = members.iter().map(|(m, _)| m.clone()).collect();
     let names: Vec<String> = sims.iter().map(|m| m.name.clone()).collect();
-    let a = create_array(&sims[..4], opts(Level::Raid5, 4, Some(32), None, false, true)).await;
+    let a = create_array(&sims[..4], opts(level, 4, Some(32), None, false, true)).await;
     a.set_attribute("safe_mode_delay", "0.02").unwrap();
     let mut before = Model::new(a.size_bytes());
     fill(&a, &mut before, &mut rng).await;
@@ -151,12 +151,24 @@ async fn reshape_crash_case(name: &str, max_points: usize, random_points: usize)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_reshape_crash_points() {
-    reshape_crash_case("reshape-crash", 24, 8).await;
+    reshape_crash_case("reshape-crash", Level::Raid5, 24, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_reshape_crash_points() {
+    reshape_crash_case("reshape6-crash", Level::Raid6, 24, 8).await;
 }
 
 /// Every flush and superblock write, and many random points (scripts/soak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/soak runs it"]
 async fn raid5_reshape_crash_points_full() {
-    reshape_crash_case("reshape-crash-full", usize::MAX, 200).await;
+    reshape_crash_case("reshape-crash-full", Level::Raid5, usize::MAX, 200).await;
+}
+
+/// The same for raid6 (scripts/soak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/soak runs it"]
+async fn raid6_reshape_crash_points_full() {
+    reshape_crash_case("reshape6-crash-full", Level::Raid6, usize::MAX, 200).await;
 }

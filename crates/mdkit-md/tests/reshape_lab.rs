@@ -1,17 +1,18 @@
-//! raid5 4 -> 5 reshape across mdkit and the Linux kernel (lab: Debian kernel + mdadm under
-//! qemu), both ways, one boot:
+//! raid5 and raid6 4 -> 5 reshapes across mdkit and the Linux kernel (lab: Debian kernel + mdadm
+//! under qemu), both ways, one boot:
 //!
-//! 1. mdkit -> kernel: mdkit creates a raid5 on four 64 MiB files (64 KiB chunks), writes a
-//!    pattern at 0 and at 160 MiB, starts `grow --raid-devices 5 --add` throttled by
-//!    `sync_speed_max` and stops the array mid-way. The kernel assembles it, finishes the
-//!    reshape (`mdadm --wait`), shows 5 devices and the grown size, both patterns read back and
-//!    its check finds 0 mismatches.
+//! 1. mdkit -> kernel: mdkit creates the array on four 64 MiB files (64 KiB chunks), writes a
+//!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts `grow
+//!    --raid-devices 5 --add` throttled by `sync_speed_max` and stops the array mid-way. The
+//!    kernel assembles it, finishes the reshape (`mdadm --wait`), shows 5 devices and the grown
+//!    size, both patterns read back and its check finds 0 mismatches.
 //! 2. kernel -> mdkit: the kernel creates the same array, writes the patterns, starts `mdadm
-//!    --grow --raid-devices=5 --add` throttled by speed_limit_max and is stopped mid-way; mdkit
+//!    --grow --raid-devices=5 --add` throttled by sync_speed_max and is stopped mid-way; mdkit
 //!    assembles it (reshape in progress), finishes the reshape, the patterns read back and
 //!    mdkit's check finds 0 mismatches.
 //!
-//! Skips loudly (SKIP: ...) when the lab cannot be built or booted.
+//! What the kernel reads is copied to a dump disk and compared on the host. Skips loudly
+//! (SKIP: ...) when the lab cannot be built or booted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,16 @@ use crate::array_util::{MIB, check, fast_sync, opts};
 use crate::common;
 
 const PATTERN_BYTES: u64 = 8 * MIB;
-const HIGH: u64 = 160 * MIB;
+
+/// One level's case: the second pattern's offset lies inside the 4-member array.
+#[derive(Clone, Copy)]
+struct Case {
+    level: Level,
+    high_bytes: u64,
+}
+
+const CASES: [Case; 2] =
+    [Case { level: Level::Raid5, high_bytes: 160 * MIB }, Case { level: Level::Raid6, high_bytes: 96 * MIB }];
 
 fn member(path: &std::path::Path) -> MemberDev {
     let dev: DeviceRef = Arc::new(FileDevice::open(path, FileOptions::default()).unwrap());
@@ -34,14 +44,21 @@ fn member(path: &std::path::Path) -> MemberDev {
 }
 
 /// mdkit's half of 1: returns the reshape position recorded at the stop.
-async fn mdkit_starts(paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
-    let o = opts(Level::Raid5, 4, Some(64), None, false, true);
+async fn mdkit_starts(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
+    let o = opts(case.level, 4, Some(64), None, false, true);
     let a = create(paths[..4].iter().map(|p| member(p)).collect(), o).await.unwrap().array;
     a.write_slice(0, pattern, WriteFlags::FUA).await.unwrap();
-    a.write_slice(HIGH, pattern, WriteFlags::FUA).await.unwrap();
+    a.write_slice(case.high_bytes, pattern, WriteFlags::FUA).await.unwrap();
     a.set_attribute("sync_speed_max", "4000").unwrap();
     a.grow(GrowChange::RaidDevices(5), vec![member(&paths[4])]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Stop once a checkpoint is on disk: throttled, the rest takes most of a minute.
+    for waited in 0.. {
+        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
+            break;
+        }
+        assert!(waited < 6000, "no reshape checkpoint after 6000 polls: {:?}", a.sync_status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     a.stop().await.unwrap();
     let sb = read_superblock(&member(&paths[0]).dev).await.unwrap();
     assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way");
@@ -49,19 +66,20 @@ async fn mdkit_starts(paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
 }
 
 /// mdkit's half of 2.
-async fn mdkit_finishes(paths: &[std::path::PathBuf], pattern: &[u8]) {
+async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]) {
     let devs = paths.iter().map(|p| member(p)).collect();
     let a = assemble(devs, AssembleOptions { name: "kreshape".into(), ..Default::default() }).await.unwrap().array;
+    assert_eq!(a.info().level, case.level);
     let r = a.core().personality().reshape().map(|r| (r.position_sectors(), r.new_array_sectors()));
     eprintln!("mdkit assembled the kernel's reshape at (position, end) {r:?}");
     assert!(r.is_some_and(|(p, end)| p > 0 && p < end), "a reshape in progress: {r:?}");
     assert_eq!(a.read_vec(0, PATTERN_BYTES as usize).await.unwrap(), pattern);
-    assert_eq!(a.read_vec(HIGH, PATTERN_BYTES as usize).await.unwrap(), pattern);
+    assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     fast_sync(&a);
     a.wait_reshape().await.unwrap();
     assert_eq!(a.info().raid_disks, 5);
     assert_eq!(a.read_vec(0, PATTERN_BYTES as usize).await.unwrap(), pattern);
-    assert_eq!(a.read_vec(HIGH, PATTERN_BYTES as usize).await.unwrap(), pattern);
+    assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
 }
@@ -70,65 +88,105 @@ fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim)
 }
 
+/// The guest's half for one case: disks `d` (mdkit's five, then the kernel's five) from
+/// `/dev/vd{first}`, md device numbers `2k` and `2k + 1`, dump disk offset `slot` (MiB).
+fn guest_case(k: usize, case: Case, first: u8, dump_slot_mib: u64) -> String {
+    let dev = |i: u8| format!("/dev/vd{}", (first + i) as char);
+    let mine: Vec<String> = (0..5).map(dev).collect();
+    let theirs: Vec<String> = (5..10).map(dev).collect();
+    let (m0, m1) = (2 * k, 2 * k + 1);
+    let level = case.level.md_level();
+    let high_mib = case.high_bytes / MIB;
+    format!(
+        r#"
+mdadm --assemble /dev/md{m0} {mine} 2>&1 || echo assemble_failed=1
+mdadm --readwrite /dev/md{m0} 2>&1
+cat /proc/mdstat
+sleep 1; mdadm --wait /dev/md{m0}; sleep 1; mdadm --wait /dev/md{m0}
+echo "=== detail{k}"; mdadm --detail /dev/md{m0}
+dump /dev/md{m0} 0 {d_low}
+dump /dev/md{m0} {high_mib} {d_high}
+echo check > /sys/block/md{m0}/md/sync_action; sleep 1; mdadm --wait /dev/md{m0}
+echo "=== mismatch{k}"; cat /sys/block/md{m0}/md/mismatch_cnt
+mdadm --stop /dev/md{m0} 2>&1
+mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} --chunk=64 --raid-devices=4 --assume-clean --bitmap=none {theirs4} 2>&1
+dd if=$pat of=/dev/md{m1} bs=1M oflag=direct status=none
+dd if=$pat of=/dev/md{m1} bs=1M seek={high_mib} oflag=direct status=none
+echo 3000 > /sys/block/md{m1}/md/sync_speed_max
+mdadm --grow /dev/md{m1} --raid-devices=5 --add {spare} 2>&1
+sleep 3
+echo "=== reshape{k}"; cat /sys/block/md{m1}/md/sync_action /sys/block/md{m1}/md/reshape_position
+mdadm --stop /dev/md{m1} 2>&1
+"#,
+        mine = mine.join(" "),
+        theirs4 = theirs[..4].join(" "),
+        spare = theirs[4],
+        d_low = dump_slot_mib,
+        d_high = dump_slot_mib + 8,
+    )
+}
+
+/// What the guest copied to the dump disk at `slot_mib`.
+fn dumped(dump: &std::path::Path, slot_mib: u64) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; PATTERN_BYTES as usize];
+    std::fs::File::open(dump).unwrap().read_exact_at(&mut bytes, slot_mib * MIB).unwrap();
+    bytes
+}
+
 #[test]
-fn raid5_reshape_crosses_between_mdkit_and_the_kernel() {
+fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
     let lab = crate::lab_or_skip!("reshape_lab");
     let dir = lab.scratch_dir("reshape");
     let mut pattern = vec![0u8; PATTERN_BYTES as usize];
     Rng::new(0x7265).fill(&mut pattern);
     let pat_path = dir.path().join("pat");
     std::fs::write(&pat_path, &pattern).unwrap();
-    let mine: Vec<_> = (0..5).map(|i| dir.path().join(format!("a{i}.img"))).collect();
-    let theirs: Vec<_> = (0..5).map(|i| dir.path().join(format!("b{i}.img"))).collect();
-    for p in mine.iter().chain(&theirs) {
-        std::fs::File::create(p).unwrap().set_len(64 * MIB).unwrap();
-    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let stopped_at = rt.block_on(mdkit_starts(&mine, &pattern));
-    eprintln!("mdkit stopped its reshape at array sector {stopped_at}");
-    assert!(stopped_at > 0);
-
-    let script = r#"
-set -u
-pat=/lab/files/pat
-sum() { dd if=$1 bs=1M skip=$2 count=8 iflag=direct status=none | md5sum | cut -d' ' -f1; }
-echo "=== pattern"; md5sum $pat | cut -d' ' -f1
-mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc /dev/vdd /dev/vde 2>&1 || echo assemble_failed=1
-mdadm --readwrite /dev/md0 2>&1
-cat /proc/mdstat
-sleep 1; mdadm --wait /dev/md0; sleep 1; mdadm --wait /dev/md0
-echo "=== detail0"; mdadm --detail /dev/md0
-echo "=== low0"; sum /dev/md0 0
-echo "=== high0"; sum /dev/md0 160
-echo check > /sys/block/md0/md/sync_action; sleep 1; mdadm --wait /dev/md0
-echo "=== mismatch0"; cat /sys/block/md0/md/mismatch_cnt
-mdadm --stop /dev/md0 2>&1
-mdadm --create /dev/md1 --run --metadata=1.2 --level=5 --chunk=64 --raid-devices=4 --assume-clean --bitmap=none /dev/vdf /dev/vdg /dev/vdh /dev/vdi 2>&1
-dd if=$pat of=/dev/md1 bs=1M oflag=direct status=none
-dd if=$pat of=/dev/md1 bs=1M seek=160 oflag=direct status=none
-echo 1000 > /proc/sys/dev/raid/speed_limit_min
-echo 3000 > /proc/sys/dev/raid/speed_limit_max
-mdadm --grow /dev/md1 --raid-devices=5 --add /dev/vdj 2>&1
-sleep 3
-echo "=== reshape1"; cat /sys/block/md1/md/sync_action /sys/block/md1/md/reshape_position
-mdadm --stop /dev/md1 2>&1
-echo "=== end"
-"#;
-    let mut opts = RunOptions::with_disks(mine.iter().chain(&theirs).cloned().collect());
+    let mut disks = Vec::new();
+    let mut theirs = Vec::new();
+    let mut script = String::from(
+        "set -u\npat=/lab/files/pat\ndump() { dd if=$1 of=/dev/vdu bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }\n",
+    );
+    for (k, case) in CASES.iter().enumerate() {
+        let name = case.level.name();
+        let mine: Vec<_> = (0..5).map(|i| dir.path().join(format!("{name}-a{i}.img"))).collect();
+        let them: Vec<_> = (0..5).map(|i| dir.path().join(format!("{name}-b{i}.img"))).collect();
+        for p in mine.iter().chain(&them) {
+            std::fs::File::create(p).unwrap().set_len(64 * MIB).unwrap();
+        }
+        let stopped_at = rt.block_on(mdkit_starts(*case, &mine, &pattern));
+        eprintln!("{name}: mdkit stopped its reshape at array sector {stopped_at}");
+        assert!(stopped_at > 0);
+        script += &guest_case(k, *case, b'a' + (10 * k) as u8, 16 * k as u64);
+        disks.extend(mine.into_iter().chain(them.iter().cloned()));
+        theirs.push(them);
+    }
+    script += "echo \"=== end\"\n";
+    let dump_path = dir.path().join("dump.img");
+    std::fs::File::create(&dump_path).unwrap().set_len(16 * CASES.len() as u64 * MIB).unwrap();
+    disks.push(dump_path.clone());
+    assert_eq!(disks.len(), 21, "vda..vdt are the members, vdu the dump disk");
+    let mut opts = RunOptions::with_disks(disks);
     opts.files.push(pat_path);
-    let run = lab.run(&opts, script).unwrap_or_else(|e| panic!("lab: {e}"));
+    let run = lab.run(&opts, &script).unwrap_or_else(|e| panic!("lab: {e}"));
     eprintln!("{}", run.output);
     assert_eq!(run.exit_code, 0, "{}", run.output);
-    assert!(!run.output.contains("assemble_failed"), "{}", run.output);
+    assert!(!run.output.contains("assemble_failed") && !run.output.contains("dump_failed"), "{}", run.output);
     let section = |n: &str| run.section(n).unwrap_or_else(|| panic!("no section {n}:\n{}", run.output));
-    let want = section("pattern").lines().next().unwrap_or_default().to_string();
-    let detail0 = section("detail0");
-    assert_eq!(after(&detail0, "Raid Devices :"), Some("5"), "{detail0}");
-    assert!(!detail0.contains("Reshape Status"), "the kernel finished the reshape: {detail0}");
-    assert_eq!(section("low0").trim(), want.trim(), "pattern at 0:\n{}", run.output);
-    assert_eq!(section("high0").trim(), want.trim(), "pattern at 160 MiB:\n{}", run.output);
-    assert_eq!(section("mismatch0").lines().next().map(str::trim), Some("0"), "{}", run.output);
-    let reshape1 = section("reshape1");
-    assert!(reshape1.contains("reshape"), "the kernel was reshaping when stopped: {reshape1}");
-    rt.block_on(mdkit_finishes(&theirs, &pattern));
+    for (k, case) in CASES.iter().enumerate() {
+        let name = case.level.name();
+        let detail = section(&format!("detail{k}"));
+        assert_eq!(after(&detail, "Raid Level :"), Some(name), "{detail}");
+        assert_eq!(after(&detail, "Raid Devices :"), Some("5"), "{detail}");
+        assert!(!detail.contains("Reshape Status"), "{name}: the kernel finished the reshape: {detail}");
+        assert!(dumped(&dump_path, 16 * k as u64) == pattern, "{name}: the kernel reads the pattern at 0");
+        assert!(dumped(&dump_path, 16 * k as u64 + 8) == pattern, "{name}: the kernel reads the high pattern");
+        assert_eq!(section(&format!("mismatch{k}")).lines().next().map(str::trim), Some("0"), "{}", run.output);
+        let reshape = section(&format!("reshape{k}"));
+        assert!(reshape.contains("reshape"), "{name}: the kernel was reshaping when stopped: {reshape}");
+    }
+    for (case, them) in CASES.iter().zip(&theirs) {
+        rt.block_on(mdkit_finishes(*case, them, &pattern));
+    }
 }

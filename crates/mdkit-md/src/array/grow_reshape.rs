@@ -1,4 +1,4 @@
-//! Starting a raid4/5 restripe to more members (`grow --raid-devices N --add DEV...`), as
+//! Starting a raid4/5/6 restripe to more members (`grow --raid-devices N --add DEV...`), as
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
 //! old data members, so the new geometry's writes always trail the old geometry's reads.
@@ -106,7 +106,7 @@ pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> 
 }
 
 impl Array {
-    /// `grow --raid-devices N` on raid4/5: see the module documentation.
+    /// `grow --raid-devices N` on raid4/5/6: see the module documentation.
     pub(super) async fn start_reshape(&self, new_disks: u32, add: Vec<MemberDev>) -> io::Result<GrowReport> {
         let pause = self.pause.pause().await;
         let core = self.core();
@@ -313,9 +313,9 @@ impl Array {
     }
 }
 
-/// Whether `grow --raid-devices n` restripes (raid4/5 to more members).
+/// Whether `grow --raid-devices n` restripes (raid4/5/6 to more members).
 pub fn is_restripe(level: Level, raid_disks: u32, n: u32) -> bool {
-    matches!(level, Level::Raid4 | Level::Raid5) && n > raid_disks
+    matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) && n > raid_disks
 }
 
 #[cfg(test)]
@@ -328,5 +328,7 @@ mod tests {
         assert_eq!(min_offset_change_sectors(128, 3, 4), 512);
         // 3 -> 5 raid5: LCM(2, 4) = 4 chunks / 2 = 2 chunks.
         assert_eq!(min_offset_change_sectors(128, 2, 4), 256);
+        // 4 -> 5 raid6 (2 -> 3 data members): LCM(2, 3) = 6 chunks / 2 = 3 chunks.
+        assert_eq!(min_offset_change_sectors(128, 2, 3), 384);
     }
 }

@@ -1,4 +1,4 @@
-//! raid4/5 restriping to more members (`grow --raid-devices`), kernel-compatible: the
+//! raid4/5/6 restriping to more members (`grow --raid-devices`), kernel-compatible: the
 //! [`Reshape`] personality serves an array whose superblocks say RESHAPE_ACTIVE, and the
 //! engine ([`run`]) moves it window by window from the old to the new geometry.
 //!
@@ -54,7 +54,7 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// The personality of a raid4/5 array in the middle of a reshape (see the module docs).
+/// The personality of a raid4/5/6 array in the middle of a reshape (see the module docs).
 pub struct Reshape {
     name: String,
     state: ReshapeState,
@@ -78,7 +78,7 @@ pub struct Reshape {
 
 /// Builds the personality for superblock `sb` (RESHAPE_ACTIVE; its state already validated).
 pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dyn Personality>> {
-    if !matches!(st.level, Level::Raid4 | Level::Raid5) {
+    if !matches!(st.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
         return Err(invalid(format!("{name}: a reshape of {} is not supported yet", st.level.name())));
     }
     if st.new_raid_disks <= st.old_raid_disks || st.backwards {

@@ -3,11 +3,11 @@
 //! ```text
 //! mdkit grow NAME --size max|SIZE [--assume-clean]     used size per member, after the members grew
 //! mdkit grow NAME --bitmap internal|none [--bitmap-chunk SIZE]
-//! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5 restripe to more
+//! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5/6 restripe to more
 //! mdkit grow NAME --write-behind N                     raid1 with a bitmap (also with --bitmap internal)
 //! ```
-//! A plain `--size` number is KiB, as in mdadm. raid4/5 `--raid-devices N` restripes onto the
-//! added members in the background (`array/reshape.rs`); other restripes (raid0/6/10, fewer
+//! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
+//! added members in the background (`array/reshape.rs`); other restripes (raid0/10, fewer
 //! members), `--chunk`, `--layout` and `--level` are refused as not implemented yet.
 
 use std::process::ExitCode;
@@ -27,7 +27,7 @@ pub struct GrowArgs {
     /// Used size per member: `max` (everything the members offer) or a size (plain number: KiB).
     #[arg(long, short = 'z')]
     pub size: Option<String>,
-    /// raid1: the number of mirrors; raid4/5: restripe onto this many members (with --add).
+    /// raid1: the number of mirrors; raid4/5/6: restripe onto this many members (with --add).
     #[arg(long, short = 'n')]
     pub raid_devices: Option<u32>,
     /// Add (`internal`) or remove (`none`) the write-intent bitmap.
@@ -43,7 +43,7 @@ pub struct GrowArgs {
     /// With --size: do not resync the grown part.
     #[arg(long)]
     pub assume_clean: bool,
-    /// With --raid-devices: devices to add; raid1 recovers them into the new mirrors, raid4/5
+    /// With --raid-devices: devices to add; raid1 recovers them into the new mirrors, raid4/5/6
     /// restripes onto them.
     #[arg(long, short = 'a', value_name = "MEMBER")]
     pub add: Vec<String>,
