@@ -21,7 +21,9 @@ use common::{MDKIT, require_tool};
 use mdkit_thin::meta::Superblock;
 use mdkit_thin::meta::block::BLOCK_SIZE;
 
-const VOL_SECTORS: u64 = 64 << 11; // 64 MiB
+/// 24 MiB: the guest's last write ends at 20.6 MiB, and it hashes every volume twice (the
+/// hashing is most of what the guest does under TCG).
+const VOL_SECTORS: u64 = 24 << 11;
 
 const GUEST: &str = r#"#!/bin/bash
 set -e
