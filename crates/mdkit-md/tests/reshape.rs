@@ -102,7 +102,8 @@ async fn raid6_4_to_6_under_writes() {
 }
 
 /// Stopped half-way (slow `sync_speed_max`), the array assembles from the recorded
-/// reshape_position, serves the data, and the reshape finishes.
+/// reshape_position, serves the data, and the reshape finishes. While it runs, `detail` shows
+/// its speed and the time left, and `sync_speed` its speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_reshape_resumes_from_its_checkpoint() {
     let mut rng = Rng::new(seed("reshape-resume", 43));
@@ -111,9 +112,22 @@ async fn stopped_reshape_resumes_from_its_checkpoint() {
     a.set_attribute("sync_speed_max", "20000").unwrap();
     a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
     a.set_attribute("sync_speed_max", "20000").unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    // Until a checkpoint is recorded (the engine has moved and measured windows by then).
+    for polls in 0.. {
+        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
+            break;
+        }
+        assert!(polls < 10_000, "no reshape checkpoint: {:?}", a.sync_status());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let detail = a.detail();
     eprintln!("detail during the reshape: {}", detail["sync"]);
+    // Progress as mdadm --detail and /proc/mdstat show it: a speed and the time left.
+    let sync = &detail["sync"];
+    assert_eq!(sync["action"], "reshape");
+    assert!(sync["speed_kib"].as_u64().is_some_and(|s| s > 0), "{sync}");
+    assert!(sync["eta_s"].as_u64().is_some(), "{sync}");
+    assert!(a.get_attribute("sync_speed").unwrap().parse::<u64>().is_ok_and(|s| s > 0));
     a.stop().await.unwrap();
     drop(a);
     let sb = read_superblock(&ms[2].dev).await.unwrap();

@@ -94,7 +94,10 @@ pub fn all(core: &ArrayCore, size_bytes: u64) -> Vec<(String, String)> {
                 "none".into()
             },
         ),
-        ("sync_speed".into(), if st.running.is_some() { st.speed_kib.to_string() } else { "none".into() }),
+        (
+            "sync_speed".into(),
+            if st.running.is_some() || st.action == "reshape" { st.speed_kib.to_string() } else { "none".into() },
+        ),
         ("sync_speed_min".into(), core.sync.speed_min_kib().to_string()),
         ("sync_speed_max".into(), core.sync.speed_max_kib().to_string()),
         ("mismatch_cnt".into(), st.mismatch_sectors.to_string()),

@@ -74,6 +74,8 @@ pub struct Reshape {
     checkpointed: Notify,
     done: AtomicBool,
     finished: Notify,
+    /// Per-member KiB/s since the engine started or resumed (md's `sync_speed` during a reshape).
+    speed_kib: AtomicU64,
 }
 
 /// Builds the personality for superblock `sb` (RESHAPE_ACTIVE; its state already validated).
@@ -113,6 +115,7 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
         checkpointed: Notify::new(),
         done: AtomicBool::new(false),
         finished: Notify::new(),
+        speed_kib: AtomicU64::new(0),
     }))
 }
 
@@ -408,6 +411,26 @@ impl Reshape {
         let new_d = self.state.data_disks().1;
         (self.position_sectors() / new_d, self.new_array_sectors / new_d)
     }
+
+    /// The engine's speed in per-member KiB/s and the time left at that speed (`None` before
+    /// it measured one).
+    pub fn speed_and_eta(&self) -> (u64, Option<Duration>) {
+        let speed = self.speed_kib.load(Ordering::Acquire);
+        let (done, total) = self.completed();
+        (speed, eta(total.saturating_sub(done), speed))
+    }
+
+    /// The speed since the engine (re)started at `from` (array sectors), per member.
+    fn note_speed(&self, from: u64, since: Instant) {
+        let moved = self.progress.load(Ordering::Acquire).saturating_sub(from) / self.state.data_disks().1;
+        let secs = since.elapsed().as_secs_f64().max(1e-3);
+        self.speed_kib.store((moved as f64 / 2.0 / secs) as u64, Ordering::Release);
+    }
+}
+
+/// Time to move `left_sectors` per member at `speed_kib` (none at speed 0).
+fn eta(left_sectors: u64, speed_kib: u64) -> Option<Duration> {
+    (speed_kib > 0).then(|| Duration::from_secs_f64(left_sectors as f64 / 2.0 / speed_kib as f64))
 }
 
 /// The engine task of an array whose personality is a [`Reshape`]: moves windows until the
@@ -424,6 +447,7 @@ pub(crate) async fn run(core: Arc<ArrayCore>) {
 async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
     let room = offset_room(core, r.state.old_raid_disks as usize);
     let mut last = Instant::now();
+    let (mut from, mut since) = (r.progress.load(Ordering::Acquire), Instant::now());
     loop {
         let p = r.progress.load(Ordering::Acquire);
         if core.is_shutting_down() || core.sync.is_frozen() || core.needs_check().is_some() {
@@ -434,6 +458,7 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
                 return Ok(());
             }
             core.sync.wait_unfrozen(&core.sync_wake).await;
+            (from, since) = (r.progress.load(Ordering::Acquire), Instant::now());
             continue;
         }
         if p >= r.new_array_sectors {
@@ -454,6 +479,7 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
         };
         r.move_window(core, p, w).await?;
         core.sync.throttle_reshape(w / r.state.data_disks().1).await;
+        r.note_speed(from, since);
         if r.want_checkpoint.load(Ordering::Acquire) || last.elapsed() >= CHECKPOINT_INTERVAL {
             r.checkpoint(core, "reshape checkpoint").await?;
             last = Instant::now();
@@ -464,6 +490,13 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eta_is_what_is_left_at_the_speed() {
+        assert_eq!(eta(4096, 1024), Some(Duration::from_secs(2)), "2 MiB per member at 1 MiB/s");
+        assert_eq!(eta(4096, 0), None, "no estimate before a speed");
+        assert_eq!(eta(0, 1024), Some(Duration::ZERO));
+    }
 
     #[test]
     fn split_at_the_boundary() {

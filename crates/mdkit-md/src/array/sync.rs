@@ -308,6 +308,7 @@ pub fn status(core: &ArrayCore) -> SyncStatus {
             st.action = "reshape";
         }
         (st.done_sectors, st.total_sectors) = r.completed();
+        (st.speed_kib, st.eta) = r.speed_and_eta();
         return st;
     }
     if st.action == "idle"
