@@ -180,14 +180,8 @@ fn dump_offset(md: u32) -> u64 {
 
 /// Whether the guest's copy at `dump_offset(md) + at` (reported `ok` under `key`) equals `want`.
 fn dumped_equals(s: &HashMap<String, String>, key: &str, dump: &Path, md: u32, at: u64, want: &[u8]) -> bool {
-    use std::os::unix::fs::FileExt;
-    if s.get(key).map(String::as_str) != Some("ok") {
-        return false;
-    }
-    let mut got = vec![0u8; want.len()];
-    let f = std::fs::File::open(dump).unwrap();
-    f.read_exact_at(&mut got, dump_offset(md) + at).unwrap();
-    got == want
+    s.get(key).map(String::as_str) == Some("ok")
+        && common::lab::read_dump(dump, dump_offset(md) + at, want.len()) == want
 }
 
 /// `key=value` pairs of one section of the guest output.

@@ -190,14 +190,10 @@ const DUMP_SLOT: u64 = 6 * REGION;
 /// md5 of what the guest copied from array `md` to the dump disk (`size` bytes, as the guest
 /// reported it), or a marker when the size is missing.
 fn dumped_md5(dump: &Path, md: u32, size: Option<&String>) -> String {
-    use std::os::unix::fs::FileExt;
-    let Some(size) = size.and_then(|s| s.parse::<u64>().ok()) else {
+    let Some(size) = size.and_then(|s| s.parse::<usize>().ok()) else {
         return "<no size>".into();
     };
-    let mut bytes = vec![0u8; size as usize];
-    let f = std::fs::File::open(dump).unwrap();
-    f.read_exact_at(&mut bytes, dump_offset(md)).unwrap();
-    md5(&bytes)
+    md5(&common::lab::read_dump(dump, dump_offset(md), size))
 }
 
 /// Guest steps for one existing array: assemble, a copy to the dump disk `dump_dev` (the host

@@ -128,10 +128,7 @@ mdadm --stop /dev/md{m1} 2>&1
 
 /// What the guest copied to the dump disk at `slot_mib`.
 fn dumped(dump: &std::path::Path, slot_mib: u64) -> Vec<u8> {
-    use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0u8; PATTERN_BYTES as usize];
-    std::fs::File::open(dump).unwrap().read_exact_at(&mut bytes, slot_mib * MIB).unwrap();
-    bytes
+    common::lab::read_dump(dump, slot_mib * MIB, PATTERN_BYTES as usize)
 }
 
 #[test]

@@ -222,8 +222,18 @@ impl GuestPartitions {
 }
 
 /// Guest script text that runs each `(name, body)` as a shell function, two at a time (one
-/// case's waits, for a resync or a check, overlap the other's work), each writing to its own log, then prints the logs in the given order so
-/// every case's `=== ` section stays whole. Bodies must not share devices or md numbers.
+/// case's waits, for a resync or a check, overlap the other's work), each writing to its own
+/// log, then prints the logs in the given order so every case's `=== ` section stays whole. Bodies must not share devices or md numbers.
+/// `len` bytes at `offset` of a dump disk: lab scripts copy what the guest reads there (direct
+/// I/O `dd`) and the host compares, since hashing inside a TCG guest costs more than the copy.
+pub fn read_dump(dump: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; len];
+    let f = std::fs::File::open(dump).unwrap_or_else(|e| panic!("dump disk {}: {e}", dump.display()));
+    f.read_exact_at(&mut bytes, offset).unwrap_or_else(|e| panic!("dump disk {} at {offset}: {e}", dump.display()));
+    bytes
+}
+
 pub fn two_at_a_time(cases: &[(String, String)]) -> String {
     let mut s = String::new();
     for (name, body) in cases {
