@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mdkit_io::{BlockDeviceExt, DeviceRef, FileDevice, FileOptions, Rng};
-use mdkit_md::array::{Array, AssembleOptions, BitmapChange, CreateOptions, GrowChange, GrowSize, MemberDev, assemble};
+use mdkit_md::array::{
+    Array, AssembleOptions, BitmapChange, CreateOptions, GrowChange, GrowSize, LayoutChoice, MemberDev, assemble,
+};
 use mdkit_md::format::bitmap::BitmapSuper;
 use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::layout::Level;
@@ -224,4 +226,63 @@ async fn restriping_changes_are_refused_by_name() {
     let e = a.grow(GrowChange::RaidDevices(3), member_devs(&ms[..1])).await.unwrap_err().to_string();
     assert!(e.contains("not implemented yet"), "{e}");
     a.stop().await.unwrap();
+}
+
+/// `grow --level` while a writer keeps writing: raid1 -> raid5 (2 members) -> raid1, and
+/// raid5 -> raid6 with Q on an added member (recovered) -> raid5, the Q member a spare after.
+/// Every step: the model reads back, check finds 0 mismatches, and the array assembles again
+/// at the new level from its superblocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn level_changes_under_io() {
+    let lv = |level, layout| GrowChange::Level { level, layout };
+    let ms = mem_members("lvl", 2, 16 * MIB);
+    let a = Arc::new(create_array(&ms, opts(Level::Raid1, 2, None, None, true, true)).await);
+    fast_sync(&a);
+    let mut m = Model::new(a.size_bytes());
+    let mut rng = Rng::new(seed("level_changes_under_io", 3));
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    for (to, want) in [(Level::Raid5, (Level::Raid5, 2)), (Level::Raid1, (Level::Raid1, 0))] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+        a.grow(lv(to, LayoutChoice::Default), vec![]).await.unwrap();
+        stop.store(true, Ordering::Release);
+        m = w.await.unwrap().0;
+        assert_eq!((a.info().level, a.info().layout), want);
+        verify_all(&*a, &m).await;
+        assert_eq!(check(&a).await, 0, "{to:?}");
+    }
+    a.stop().await.unwrap();
+    drop(a);
+
+    let ms = mem_members("lv6", 4, 16 * MIB);
+    let a = Arc::new(create_array(&ms[..3], opts(Level::Raid5, 3, Some(64), None, true, true)).await);
+    fast_sync(&a);
+    let mut m = Model::new(a.size_bytes());
+    let e = a.grow(lv(Level::Raid6, LayoutChoice::Default), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("pass --layout preserve"), "{e}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    a.grow(lv(Level::Raid6, LayoutChoice::Preserve), vec![ms[3].member_dev()]).await.unwrap();
+    a.wait_sync_idle().await;
+    stop.store(true, Ordering::Release);
+    m = w.await.unwrap().0;
+    assert_eq!((a.info().level, a.info().layout, a.info().raid_disks), (Level::Raid6, 18, 4));
+    assert_eq!(a.core().degraded(), 0, "Q was recovered onto the added member");
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0);
+    let e = a.grow(lv(Level::Raid5, LayoutChoice::Algorithm(3)), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("keeps layout 2"), "{e}");
+    a.grow(lv(Level::Raid5, LayoutChoice::Default), vec![]).await.unwrap();
+    assert_eq!((a.info().level, a.info().layout, a.info().raid_disks), (Level::Raid5, 2, 3));
+    assert_eq!(a.core().slots().spares().len(), 1, "the Q member is a spare");
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0);
+    a.stop().await.unwrap();
+    drop(a);
+    let again = crate::array_util::assemble_array(&ms).await;
+    assert_eq!((again.info().level, again.info().raid_disks), (Level::Raid5, 3));
+    verify_all(&again, &m).await;
+    again.stop().await.unwrap();
 }

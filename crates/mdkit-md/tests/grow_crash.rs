@@ -1,5 +1,7 @@
 //! Power cuts during `grow` (crash-recording members, one power domain): `--size max`,
-//! `--bitmap none` then `--bitmap internal`, and raid1 `--raid-devices 3 --add`. Data is written
+//! `--bitmap none` then `--bitmap internal`, raid1 `--raid-devices 3 --add`, and the level
+//! changes that move no data: raid1 -> raid5 -> raid1, and raid5 -> raid6 (`--layout
+//! preserve --add`, Q recovered onto the new member) -> raid5. Data is written
 //! and flushed before the grow and after it; the cut falls after any completed member write
 //! from the start of the grow to the end of the recovery it starts, plus random points.
 //!
@@ -16,7 +18,9 @@ use mdkit_io::{
     BlockDevice, BlockDeviceExt, CrashEventKind, CrashGroup, CrashOptions, CrashPoint, CrashPolicy, Rng, SharedBuf,
     WriteFlags,
 };
-use mdkit_md::array::{Array, AssembleOptions, BitmapChange, GrowChange, GrowSize, assemble, read_superblock};
+use mdkit_md::array::{
+    Array, AssembleOptions, BitmapChange, GrowChange, GrowSize, LayoutChoice, assemble, read_superblock,
+};
 use mdkit_md::layout::Level;
 
 /// One acknowledged write: where, what, and the log position when it was acknowledged.
@@ -44,6 +48,10 @@ enum Change {
     SizeMax,
     BitmapOffOn,
     Mirrors3,
+    /// raid1 (2 mirrors) -> raid5 -> raid1.
+    MirrorRaid5Mirror,
+    /// raid5 -> raid6 with Q on the added member (recovered), then back to raid5.
+    Raid5Raid6Raid5,
 }
 
 /// Writes `count` random 4 KiB blocks from `free` (each block at most once, so "old" is zeroes)
@@ -80,6 +88,19 @@ async fn grow(a: &Array, change: Change, spare: &SimMember) {
         }
         Change::Mirrors3 => {
             a.grow(GrowChange::RaidDevices(3), vec![spare.member_dev()]).await.unwrap();
+        }
+        Change::MirrorRaid5Mirror => {
+            let to5 = GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default };
+            a.grow(to5, vec![]).await.unwrap();
+            assert_eq!(a.info().level, Level::Raid5);
+            a.grow(GrowChange::Level { level: Level::Raid1, layout: LayoutChoice::Default }, vec![]).await.unwrap();
+        }
+        Change::Raid5Raid6Raid5 => {
+            let to6 = GrowChange::Level { level: Level::Raid6, layout: LayoutChoice::Preserve };
+            a.grow(to6, vec![spare.member_dev()]).await.unwrap();
+            a.wait_sync_idle().await;
+            assert_eq!((a.info().level, a.info().layout), (Level::Raid6, 18));
+            a.grow(GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default }, vec![]).await.unwrap();
         }
     }
     a.wait_sync_idle().await;
@@ -190,6 +211,15 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
         fast_sync(&b);
         b.wait_sync_idle().await;
         let refused: Vec<String> = assembled.refused.iter().map(|r| r.member.clone()).collect();
+        if matches!(change, Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5) {
+            // A level change moves no data: a member that missed its superblock round joins
+            // the new level instead of being left out for a rebuild.
+            for r in &assembled.refused {
+                let m = ms.iter().find(|m| m.name == r.member).unwrap();
+                let ours = read_superblock(&m.dev).await.is_ok_and(|sb| sb.set_uuid == b.info().uuid);
+                assert!(!ours || r.reason.contains("stale"), "{ctx}: {} left out: {}", r.member, r.reason);
+            }
+        }
         recover_left_out(&b, &ms, &refused, &ctx).await;
         judge(&b, &h, p, &ctx).await;
         b.stop().await.unwrap();
@@ -216,7 +246,17 @@ async fn raid1_grow_mirrors_crash_points() {
     grow_crash_case("gc-r1-mirrors", Level::Raid1, 2, Change::Mirrors3, 60).await;
 }
 
-/// The four cases cut after every completed member write, plus 150 random points each
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid1_raid5_takeover_crash_points() {
+    grow_crash_case("gc-r1-r5", Level::Raid1, 2, Change::MirrorRaid5Mirror, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_raid6_takeover_crash_points() {
+    grow_crash_case("gc-r5-r6", Level::Raid5, 3, Change::Raid5Raid6Raid5, 60).await;
+}
+
+/// The six cases cut after every completed member write, plus 150 random points each
 /// (`scripts/soak` runs the ignored md tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "soak: run by scripts/soak"]
@@ -225,4 +265,6 @@ async fn grow_crash_points_full() {
     grow_crash_case("gc-r5-size-full", Level::Raid5, 3, Change::SizeMax, 600).await;
     grow_crash_case("gc-r1-bitmap-full", Level::Raid1, 2, Change::BitmapOffOn, 600).await;
     grow_crash_case("gc-r1-mirrors-full", Level::Raid1, 2, Change::Mirrors3, 600).await;
+    grow_crash_case("gc-r1-r5-full", Level::Raid1, 2, Change::MirrorRaid5Mirror, 600).await;
+    grow_crash_case("gc-r5-r6-full", Level::Raid5, 3, Change::Raid5Raid6Raid5, 600).await;
 }

@@ -11,6 +11,8 @@
 //!   one damaged member never makes the healthy majority look wrong;
 //! - a cut while a restripe started (reshape_position 0, nothing moved) leaves old members one
 //!   event behind without the reshape: they join it (`grow_reshape::adopt_unstarted_reshape`);
+//! - a cut during a level change (a takeover: no data moves) leaves members one event behind at
+//!   the old level: they take the new one (`format::takeover::adopt`);
 //! - the reference's `dev_roles` decide each member's role; a member with a role whose events
 //!   are more than one behind is *stale* and left out (it missed writes): `--force` takes stale
 //!   members back when the array cannot run without them (and resyncs);
@@ -51,6 +53,21 @@ use crate::format::superblock::{
     Superblock, feature, member_freshness, superblock_locations,
 };
 use crate::layout::{ArrayGeometry, Level};
+
+/// [`crate::format::takeover::adopt`] over the members found; the names of those adopted.
+fn adopt_takeover(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+    let mut sbs: Vec<Superblock> = found.iter().map(|(_, sb)| sb.clone()).collect();
+    let adopted = crate::format::takeover::adopt(&mut sbs);
+    for &i in &adopted {
+        tracing::warn!(
+            member = found[i].0.name.as_str(),
+            events = found[i].1.events,
+            "member missed the superblock write of a level change (nothing has moved yet): it takes the new level"
+        );
+        found[i].1 = sbs[i].clone();
+    }
+    adopted.iter().map(|&i| found[i].0.name.clone()).collect()
+}
 
 /// A member device handed to assembly or creation: a name for messages (its path) and the device.
 #[derive(Clone)]
@@ -370,6 +387,8 @@ pub async fn assemble_with(
     let (mut mine, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, sb)| sb.set_uuid == uuid);
     // A cut while a restripe started: old members that missed only that round join it.
     let adopted = super::grow_reshape::adopt_unstarted_reshape(&mut mine);
+    // A cut during a level change (takeover): members that missed only that round take the new level.
+    let took_over = adopt_takeover(&mut mine);
     for (md, sb) in others {
         refused.push(Refusal {
             member: md.name.clone(),
@@ -618,6 +637,12 @@ pub async fn assemble_with(
         notes.push(format!(
             "member(s) {} missed the superblock write that started the reshape (nothing had moved): taken into it",
             adopted.join(", ")
+        ));
+    }
+    if !took_over.is_empty() {
+        notes.push(format!(
+            "member(s) {} missed the superblock write of the level change (nothing had moved): taken into the new level",
+            took_over.join(", ")
         ));
     }
     if degraded > 0 {

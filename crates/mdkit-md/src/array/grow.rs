@@ -1,5 +1,6 @@
 //! `mdadm --grow` for the changes that move no data (`format/grow.rs` plans them): the used
-//! size per member, the internal bitmap, the number of raid1 mirrors — on a running array.
+//! size per member, the internal bitmap, the number of raid1 mirrors, the level changes md
+//! makes without moving data (takeovers, `format/takeover.rs`) — on a running array.
 //!
 //! ```text
 //!  pause requests ─ refresh member sizes ─ plan (refusals change nothing) ─ stop at a
@@ -96,14 +97,37 @@ pub(super) async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -
     Ok(Some(area))
 }
 
+/// md refuses a takeover while a sync runs; mdkit also wants every role in sync, except a
+/// raid6 whose only missing role is Q's (the one raid5 drops).
+fn takeover_state(core: &ArrayCore, to: crate::layout::Level) -> Result<(), String> {
+    use crate::layout::Level;
+    if core.personality().reshape().is_some() {
+        return Err("a reshape is running".into());
+    }
+    let slots = core.slots();
+    if !slots.recovering().is_empty() {
+        return Err("a recovery is running; let it finish first".into());
+    }
+    if !super::is_in_sync(core) {
+        return Err("a resync is pending; let it finish first".into());
+    }
+    let info = core.info();
+    let missing: Vec<usize> = (0..info.raid_disks as usize).filter(|r| slots.in_sync(*r).is_none()).collect();
+    let q_only = info.level == Level::Raid6 && to == Level::Raid5 && missing == [info.raid_disks as usize - 1];
+    if !missing.is_empty() && !q_only {
+        return Err(format!("the array is degraded (roles {missing:?} missing); let recovery finish first"));
+    }
+    Ok(())
+}
+
 impl Array {
     /// `mdadm --grow` with one change (see the module documentation); `add` devices join
     /// as spares afterwards (`--grow --raid-devices N --add DEV`: the spare is recovered into
     /// the new mirror). Refusals (a level or change not implemented, shrinking, no room)
     /// change nothing.
     pub async fn grow(&self, change: GrowChange, add: Vec<MemberDev>) -> io::Result<GrowReport> {
-        if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_)) {
-            return Err(refused(format!("{}: --add goes with --raid-devices only", self.name())));
+        if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_) | GrowChange::Level { .. }) {
+            return Err(refused(format!("{}: --add goes with --raid-devices or --level only", self.name())));
         }
         let info = self.info();
         if let GrowChange::RaidDevices(n) = change
@@ -118,6 +142,10 @@ impl Array {
         }
         if core.is_broken() {
             return Err(refused(format!("{}: cannot grow a broken array", self.name())));
+        }
+        if let GrowChange::Level { level, .. } = change {
+            takeover_state(&core, level)
+                .map_err(|why| refused(format!("{}: cannot change the level: {why}", self.name())))?;
         }
         let working = core.slots().working_members();
         if matches!(change, GrowChange::Size { .. }) {

@@ -80,6 +80,7 @@ pub use self::personality::{Personality, SyncMode, SyncOutcome};
 pub use self::slots::SlotTable;
 pub use self::sync::SyncStatus;
 pub use crate::format::grow::{BitmapChange, GrowChange, GrowSize};
+pub use crate::format::takeover::LayoutChoice;
 
 use self::member::flag;
 use crate::format::superblock::{MAX_SECTOR, MetadataVersion, Superblock};

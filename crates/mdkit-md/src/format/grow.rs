@@ -19,6 +19,7 @@
 
 use super::bitmap::{self, BitmapGeometry, BitmapSuper};
 use super::superblock::{MAX_SECTOR, MetadataVersion, ROLE_MAX, Superblock, feature};
+use super::takeover::{self, LayoutChoice};
 use crate::layout::{self, Level};
 
 /// `--size`.
@@ -40,9 +41,17 @@ pub enum BitmapChange {
 /// One change (mdadm changes one thing per `--grow`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GrowChange {
-    Size { size: GrowSize, assume_clean: bool },
+    Size {
+        size: GrowSize,
+        assume_clean: bool,
+    },
     Bitmap(BitmapChange),
     RaidDevices(u32),
+    /// `--level` (with `--layout`): a takeover, see [`super::takeover`].
+    Level {
+        level: Level,
+        layout: LayoutChoice,
+    },
 }
 
 /// A member as the plan sees it: its superblock and device size.
@@ -94,6 +103,7 @@ pub fn plan(
         GrowChange::Size { size, assume_clean } => plan_size(name, level, members, bitmap_area, size, assume_clean),
         GrowChange::Bitmap(b) => plan_bitmap(name, level, members, b),
         GrowChange::RaidDevices(n) => plan_raid_devices(name, level, members, n),
+        GrowChange::Level { level: to, layout } => plan_level(name, members, bitmap_area, to, layout),
     }
 }
 
@@ -356,6 +366,44 @@ fn plan_raid_devices(name: &str, level: Level, members: &[PlanMember], n: u32) -
         })
         .collect();
     Ok(GrowPlan { superblocks: sbs, bitmap: None, summary: format!("raid-devices {old} -> {n}") })
+}
+
+/// A takeover: every superblock gets the new level, layout, chunk, member count and roles. The
+/// bitmap keeps its bits (its domain, the per-member size, does not change); it is written again
+/// so that its events follow the superblocks'.
+fn plan_level(
+    name: &str,
+    members: &[PlanMember],
+    bitmap_area: Option<&[u8]>,
+    to: Level,
+    layout: LayoutChoice,
+) -> Result<GrowPlan, GrowRefused> {
+    let refsb = &members[0].sb;
+    let t =
+        takeover::plan(refsb, to, layout).map_err(|e| GrowRefused(format!("{name}: cannot change the level: {e}")))?;
+    let bitmap = match (refsb.bitmap_offset_sectors(), bitmap_area) {
+        (Some(_), Some(area)) => Some(area.to_vec()),
+        (Some(_), None) => return refuse(format!("{name}: the bitmap area was not read")),
+        _ => None,
+    };
+    let sbs = members
+        .iter()
+        .map(|m| {
+            let mut sb = m.sb.clone();
+            takeover::apply(&mut sb, &t);
+            sb
+        })
+        .collect();
+    let from = layout::names::level_name(refsb.level).unwrap_or("?");
+    let mut summary = format!("level {from} -> {}", t.level.name());
+    if t.level != Level::Raid1 {
+        summary += &format!(", layout {}", layout::names::format_layout(t.level, t.layout));
+        summary += &format!(", chunk {} KiB", t.chunk_sectors / 2);
+    }
+    if t.raid_disks != refsb.raid_disks {
+        summary += &format!(", raid-devices {} -> {}", refsb.raid_disks, t.raid_disks);
+    }
+    Ok(GrowPlan { superblocks: sbs, bitmap, summary })
 }
 
 /// The resync checkpoint a plan leaves ([`MAX_SECTOR`]: none).

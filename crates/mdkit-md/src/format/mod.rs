@@ -28,6 +28,7 @@ pub mod examine;
 pub mod grow;
 pub mod reshape;
 pub mod superblock;
+pub mod takeover;
 pub mod validate;
 
 /// Bytes per sector: every md sector count is in 512-byte units.

@@ -5,10 +5,15 @@
 //! mdkit grow NAME --bitmap internal|none [--bitmap-chunk SIZE]
 //! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5/6 restripe to more
 //! mdkit grow NAME --write-behind N                     raid1 with a bitmap (also with --bitmap internal)
+//! mdkit grow NAME --level L [--layout preserve|NAME] [--add MEMBER]
+//!                                                      the level changes md makes without moving data
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
-//! added members in the background (`array/reshape.rs`); other restripes (raid0/10, fewer
-//! members), `--chunk`, `--layout` and `--level` are refused as not implemented yet.
+//! added members in the background (`array/reshape.rs`). `--level`: raid1 (2 mirrors) <-> raid5,
+//! raid4 <-> raid5 parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
+//! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`). Other
+//! restripes (raid0/10, fewer members), `--chunk` and `--layout` alone are refused as not
+//! implemented yet.
 
 use std::process::ExitCode;
 
@@ -44,16 +49,19 @@ pub struct GrowArgs {
     #[arg(long)]
     pub assume_clean: bool,
     /// With --raid-devices: devices to add; raid1 recovers them into the new mirrors, raid4/5/6
-    /// restripes onto them.
+    /// restripes onto them. With --level raid6: the device that recovers Q.
     #[arg(long, short = 'a', value_name = "MEMBER")]
     pub add: Vec<String>,
     /// Not implemented yet (restriping).
     #[arg(long, short = 'c')]
     pub chunk: Option<String>,
-    /// Not implemented yet (restriping).
+    /// With --level: `preserve` (raid5 -> raid6 keeps the raid5 layout, Q on the new last
+    /// member) or the new level's layout name. Alone: not implemented yet (restriping).
     #[arg(long, short = 'p')]
     pub layout: Option<String>,
-    /// Not implemented yet (level change).
+    /// The new level, where md changes it without moving data: raid1 (2 mirrors) <-> raid5,
+    /// raid4 <-> raid5 (parity-last), raid5 -> raid6 (--layout preserve, --add the Q member),
+    /// raid6 with Q on the last member -> raid5.
     #[arg(long, short = 'l')]
     pub level: Option<String>,
     #[command(flatten)]

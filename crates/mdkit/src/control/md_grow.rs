@@ -1,11 +1,14 @@
 //! `md.grow` (mdadm --grow): name, size ("max" or bytes per member), raid_devices, bitmap
-//! ("internal" | "none"), bitmap_chunk_bytes, write_behind (alone or with bitmap "internal"), assume_clean, add (member specs), and chunk /
-//! layout / level (refused: not implemented yet). One change per call, as mdadm does.
+//! ("internal" | "none"), bitmap_chunk_bytes, write_behind (alone or with bitmap "internal"),
+//! assume_clean, add (member specs), level (with layout: "preserve" or a layout name; the
+//! takeovers md makes without moving data), and chunk / layout alone (refused: restriping is
+//! not implemented yet). One change per call, as mdadm does.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use mdkit_md::array::{BitmapChange, GrowChange, GrowSize};
+use mdkit_md::array::{BitmapChange, GrowChange, GrowSize, LayoutChoice};
+use mdkit_md::layout::names::{parse_layout, parse_level};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -35,14 +38,29 @@ struct GrowArgs {
 
 /// The one change asked for.
 fn change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
-    for (flag, given) in [("--chunk", &a.chunk), ("--layout", &a.layout), ("--level", &a.level)] {
-        if given.is_some() {
-            bail!("{}: grow {flag} on {level} is not implemented yet", a.name);
-        }
+    if a.chunk.is_some() {
+        bail!("{}: grow --chunk on {level} is not implemented yet", a.name);
     }
-    let asked = [a.size.is_some(), a.raid_devices.is_some(), a.bitmap.is_some()].iter().filter(|x| **x).count();
+    if a.layout.is_some() && a.level.is_none() {
+        bail!("{}: grow --layout on {level} is not implemented yet (it goes with --level only)", a.name);
+    }
+    let asked = [a.size.is_some(), a.raid_devices.is_some(), a.bitmap.is_some(), a.level.is_some()]
+        .iter()
+        .filter(|x| **x)
+        .count();
     if asked != 1 {
-        bail!("{}: give one of --size, --raid-devices, --bitmap (mdadm changes one thing per --grow)", a.name);
+        bail!("{}: give one of --size, --raid-devices, --bitmap, --level (mdadm changes one thing per --grow)", a.name);
+    }
+    if let Some(l) = &a.level {
+        let to = parse_level(l).map_err(|e| anyhow!("{}: --level: {e}", a.name))?;
+        let layout = match a.layout.as_deref() {
+            None => LayoutChoice::Default,
+            Some("preserve") => LayoutChoice::Preserve,
+            Some(name) => {
+                LayoutChoice::Algorithm(parse_layout(to, name).map_err(|e| anyhow!("{}: --layout: {e}", a.name))?)
+            }
+        };
+        return Ok(GrowChange::Level { level: to, layout });
     }
     if a.bitmap_chunk_bytes.is_some() && a.bitmap.as_deref() != Some("internal") {
         bail!("{}: --bitmap-chunk goes with --bitmap internal", a.name);
@@ -97,8 +115,8 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
         }
     }
     let c = change(&a, level)?;
-    if !a.add.is_empty() && !matches!(c, GrowChange::RaidDevices(_)) {
-        bail!("{}: --add goes with --raid-devices", a.name);
+    if !a.add.is_empty() && !matches!(c, GrowChange::RaidDevices(_) | GrowChange::Level { .. }) {
+        bail!("{}: --add goes with --raid-devices or --level", a.name);
     }
     let opened = if a.add.is_empty() {
         None

@@ -1,0 +1,316 @@
+//! Level changes that move no data: md's takeovers (md.c level_store → the personality's
+//! takeover; md-lifecycle.md section 3.1). Pure: superblocks in, superblocks out.
+//!
+//! ```text
+//!  raid1, 2 members          -> raid5 left-symmetric, 2 members  (a 2-member raid5 is a mirror)
+//!  raid5, 2 members          -> raid1                            (any layout and chunk)
+//!  raid4                     -> raid5 parity-last                (the same blocks)
+//!  raid5 parity-last         -> raid4
+//!  raid5 layout L, n members -> raid6 layout L-6, n + 1 members  (Q alone on the new last role,
+//!                                                                  empty until a spare recovers it)
+//!  raid6 layout L-6 or parity-last, n members -> raid5 layout L, n - 1 members
+//!                                                                 (the Q member becomes a spare)
+//! ```
+//! Kernel rules kept: raid5_takeover_raid1's chunk (64 KiB, halved until it divides the array,
+//! at least 4 KiB); raid6_takeover's 3..=253 members; the "-6" layout numbers (raid5 0..=4 →
+//! 16..=20, parity-last stays 5). Every member's superblock gets the new level, layout, chunk,
+//! member count and roles; the events, bitmap and data are untouched (the writer bumps events).
+//!
+//! A cut while the superblocks are written leaves some members one event behind at the old
+//! level. Nothing moved, so assembly takes such a member into the new level
+//! ([`is_takeover_of`]) instead of leaving it out as a geometry mismatch.
+
+use super::superblock::{ROLE_MAX, ROLE_SPARE, Superblock, feature};
+use crate::layout::Level;
+use crate::layout::names::algorithm as alg;
+
+/// The layout asked for with the level (`--layout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutChoice {
+    /// No `--layout`.
+    Default,
+    /// `--layout preserve`: raid5 -> raid6 keeps the raid5 layout with Q on the last member.
+    Preserve,
+    /// A layout number (parsed for the target level).
+    Algorithm(u32),
+}
+
+/// The geometry after a takeover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    pub level: Level,
+    pub layout: u32,
+    pub chunk_sectors: u32,
+    pub raid_disks: u32,
+}
+
+/// raid5 algorithm -> its raid6 "-6" form (Q fixed on the last member), or None.
+pub fn raid6_layout_of(raid5_layout: u32) -> Option<u32> {
+    match raid5_layout {
+        0..=4 => Some(raid5_layout + alg::LEFT_ASYMMETRIC_6),
+        alg::PARITY_N => Some(alg::PARITY_N),
+        _ => None,
+    }
+}
+
+/// raid6 "-6" layout -> the raid5 algorithm it extends, or None (Q rotates: not a takeover).
+pub fn raid5_layout_of(raid6_layout: u32) -> Option<u32> {
+    match raid6_layout {
+        alg::LEFT_ASYMMETRIC_6..=alg::PARITY_0_6 => Some(raid6_layout - alg::LEFT_ASYMMETRIC_6),
+        alg::PARITY_N => Some(alg::PARITY_N),
+        _ => None,
+    }
+}
+
+/// raid5_takeover_raid1's chunk: 64 KiB, halved until it divides the array; None below 4 KiB.
+fn mirror_chunk_sectors(array_sectors: u64) -> Option<u32> {
+    let mut chunk = 128u32;
+    while chunk >= 8 && !array_sectors.is_multiple_of(u64::from(chunk)) {
+        chunk /= 2;
+    }
+    (chunk >= 8).then_some(chunk)
+}
+
+/// The takeover of the array `sb` describes to `to`, or why md refuses it.
+pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice) -> Result<Takeover, String> {
+    let from = Level::from_md_level(sb.level).ok_or_else(|| format!("level {} is not supported", sb.level))?;
+    let n = sb.raid_disks;
+    let t = |level, layout, chunk_sectors, raid_disks| Takeover { level, layout, chunk_sectors, raid_disks };
+    let fixed = |want: u32, name: &str| match layout {
+        LayoutChoice::Default | LayoutChoice::Preserve => Ok(()),
+        LayoutChoice::Algorithm(l) if l == want => Ok(()),
+        LayoutChoice::Algorithm(l) => Err(format!(
+            "{} -> {} takes layout {name} ({want}), not {l}; change the layout afterwards",
+            from.name(),
+            to.name()
+        )),
+    };
+    match (from, to) {
+        (a, b) if a == b => Err(format!("the array is already {}", a.name())),
+        (Level::Raid1, Level::Raid5) => {
+            if n != 2 {
+                return Err(format!("raid1 -> raid5 needs exactly 2 mirrors, the array has {n}"));
+            }
+            fixed(alg::LEFT_SYMMETRIC, "left-symmetric")?;
+            let chunk = mirror_chunk_sectors(sb.size_sectors).ok_or_else(|| {
+                format!(
+                    "the array size ({} sectors) is not a multiple of 4 KiB, so no raid5 chunk fits",
+                    sb.size_sectors
+                )
+            })?;
+            Ok(t(Level::Raid5, alg::LEFT_SYMMETRIC, chunk, 2))
+        }
+        (Level::Raid5, Level::Raid1) => {
+            if n != 2 {
+                return Err(format!("raid5 -> raid1 needs a 2-member raid5, the array has {n} members"));
+            }
+            if !matches!(layout, LayoutChoice::Default) {
+                return Err("raid1 has no layout".into());
+            }
+            Ok(t(Level::Raid1, 0, 0, 2))
+        }
+        (Level::Raid4, Level::Raid5) => {
+            fixed(alg::PARITY_N, "parity-last")?;
+            Ok(t(Level::Raid5, alg::PARITY_N, sb.chunk_sectors, n))
+        }
+        (Level::Raid5, Level::Raid4) => {
+            if sb.layout != alg::PARITY_N {
+                return Err(format!("raid5 -> raid4 needs layout parity-last (5), the array has {}", sb.layout));
+            }
+            fixed(0, "default")?;
+            Ok(t(Level::Raid4, 0, sb.chunk_sectors, n))
+        }
+        (Level::Raid5, Level::Raid6) => {
+            if !(3..=253).contains(&n) {
+                return Err(format!("raid5 -> raid6 needs 3 to 253 members, the array has {n}"));
+            }
+            let l6 = raid6_layout_of(sb.layout)
+                .ok_or_else(|| format!("raid5 layout {} has no raid6 form with Q on the last member", sb.layout))?;
+            match layout {
+                LayoutChoice::Preserve => {}
+                LayoutChoice::Algorithm(l) if l == l6 => {}
+                _ => {
+                    return Err(format!(
+                        "mdkit converts raid5 to raid6 by adding Q on a new last member and keeping the raid5 layout (layout {l6}, mdadm's --layout=preserve); the restripe to a rotating-Q layout is not implemented: pass --layout preserve"
+                    ));
+                }
+            }
+            Ok(t(Level::Raid6, l6, sb.chunk_sectors, n + 1))
+        }
+        (Level::Raid6, Level::Raid5) => {
+            let l5 = raid5_layout_of(sb.layout).ok_or_else(|| {
+                format!(
+                    "raid6 layout {} rotates Q over every member; only a raid6 with Q on the last member (a -6 layout or parity-last) becomes raid5",
+                    sb.layout
+                )
+            })?;
+            if let LayoutChoice::Algorithm(l) = layout
+                && l != l5
+            {
+                return Err(format!("raid6 -> raid5 keeps layout {l5}, not {l}; change the layout afterwards"));
+            }
+            Ok(t(Level::Raid5, l5, sb.chunk_sectors, n - 1))
+        }
+        (a, b) => Err(format!("{} -> {} is not implemented", a.name(), b.name())),
+    }
+}
+
+/// `sb` after the takeover: the new geometry, and every role past the new member count a spare.
+pub fn apply(sb: &mut Superblock, t: &Takeover) {
+    sb.level = t.level.md_level();
+    sb.layout = t.layout;
+    sb.chunk_sectors = t.chunk_sectors;
+    sb.raid_disks = t.raid_disks;
+    sb.new_level = sb.level;
+    sb.new_layout = sb.layout;
+    sb.new_chunk_sectors = sb.chunk_sectors;
+    sb.delta_disks = 0;
+    for r in &mut sb.dev_roles {
+        if *r < ROLE_MAX && u32::from(*r) >= t.raid_disks {
+            *r = ROLE_SPARE;
+        }
+    }
+}
+
+/// Whether `fresh` is `old` after one takeover round (one event later, nothing else changed):
+/// the rule assembly uses to take a member that missed only that write into the new level.
+pub fn is_takeover_of(old: &Superblock, fresh: &Superblock) -> bool {
+    let quiet = |sb: &Superblock| sb.feature_map & feature::RESHAPE_ACTIVE == 0;
+    if !quiet(old) || !quiet(fresh) || old.events.checked_add(1) != Some(fresh.events) {
+        return false;
+    }
+    if (old.set_uuid, old.ctime, old.size_sectors) != (fresh.set_uuid, fresh.ctime, fresh.size_sectors) {
+        return false;
+    }
+    let Some(to) = Level::from_md_level(fresh.level) else { return false };
+    let choice = if to == Level::Raid1 { LayoutChoice::Default } else { LayoutChoice::Algorithm(fresh.layout) };
+    let Ok(t) = plan(old, to, choice) else { return false };
+    let mut expect = old.clone();
+    apply(&mut expect, &t);
+    let role = old.raw_role();
+    let role_kept = fresh
+        .dev_roles
+        .get(old.dev_number as usize)
+        .is_some_and(|r| *r == role || (*r == ROLE_SPARE && role < ROLE_MAX && u32::from(role) >= t.raid_disks));
+    (expect.level, expect.layout, expect.chunk_sectors, expect.raid_disks)
+        == (fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks)
+        && role_kept
+}
+
+/// Assembly's rule for a cut during a takeover's superblock round: every member exactly one
+/// takeover behind the freshest superblock gets the new geometry and roles in memory, as if
+/// that write had landed (nothing moved, so its data is what the new level describes).
+/// Returns the indices of the members adopted.
+pub fn adopt(sbs: &mut [Superblock]) -> Vec<usize> {
+    let Some(fresh) = sbs.iter().max_by_key(|sb| sb.events).cloned() else { return Vec::new() };
+    let mut adopted = Vec::new();
+    for (i, sb) in sbs.iter_mut().enumerate() {
+        if !is_takeover_of(sb, &fresh) {
+            continue;
+        }
+        sb.level = fresh.level;
+        sb.layout = fresh.layout;
+        sb.chunk_sectors = fresh.chunk_sectors;
+        sb.raid_disks = fresh.raid_disks;
+        sb.new_level = fresh.level;
+        sb.new_layout = fresh.layout;
+        sb.new_chunk_sectors = fresh.chunk_sectors;
+        sb.delta_disks = 0;
+        sb.dev_roles = fresh.dev_roles.clone();
+        adopted.push(i);
+    }
+    adopted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::create::{CreateRequest, InitialSync, plan as create_plan};
+
+    fn sbs(level: Level, n: usize) -> Vec<Superblock> {
+        let mut req = CreateRequest::new(level, vec![64 * 2048; n], [7; 16], 1_790_000_000);
+        req.sync = InitialSync::AssumeClean;
+        create_plan(&req).unwrap().members.into_iter().map(|m| m.superblock).collect()
+    }
+
+    #[test]
+    fn mirror_becomes_a_two_member_raid5_and_back() {
+        let m = sbs(Level::Raid1, 2);
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        assert_eq!((t.level, t.layout, t.raid_disks), (Level::Raid5, alg::LEFT_SYMMETRIC, 2));
+        assert_eq!(m[0].size_sectors % u64::from(t.chunk_sectors), 0);
+        assert!(t.chunk_sectors <= 128 && t.chunk_sectors >= 8);
+        let mut r5 = m[0].clone();
+        apply(&mut r5, &t);
+        let back = plan(&r5, Level::Raid1, LayoutChoice::Default).unwrap();
+        assert_eq!((back.level, back.layout, back.chunk_sectors, back.raid_disks), (Level::Raid1, 0, 0, 2));
+        assert!(plan(&sbs(Level::Raid1, 3)[0], Level::Raid5, LayoutChoice::Default).unwrap_err().contains("exactly 2"));
+    }
+
+    #[test]
+    fn chunk_halves_until_it_divides_the_array() {
+        assert_eq!(mirror_chunk_sectors(128 * 1000), Some(128));
+        assert_eq!(mirror_chunk_sectors(128 * 1000 + 32), Some(32));
+        assert_eq!(mirror_chunk_sectors(128 * 1000 + 8), Some(8));
+        assert_eq!(mirror_chunk_sectors(128 * 1000 + 4), None);
+    }
+
+    #[test]
+    fn raid5_gains_q_on_a_new_last_member_and_loses_it_again() {
+        let m = sbs(Level::Raid5, 3);
+        let e = plan(&m[0], Level::Raid6, LayoutChoice::Default).unwrap_err();
+        assert!(e.contains("--layout preserve"), "{e}");
+        let t = plan(&m[0], Level::Raid6, LayoutChoice::Preserve).unwrap();
+        assert_eq!((t.level, t.layout, t.raid_disks), (Level::Raid6, alg::LEFT_SYMMETRIC_6, 4));
+        let mut r6 = m[2].clone();
+        apply(&mut r6, &t);
+        r6.events += 1;
+        assert!(is_takeover_of(&m[0], &r6));
+        // Back: the member in role 3 (Q) becomes a spare.
+        r6.dev_roles[3] = 3;
+        let back = plan(&r6, Level::Raid5, LayoutChoice::Default).unwrap();
+        assert_eq!((back.layout, back.raid_disks), (alg::LEFT_SYMMETRIC, 3));
+        let mut r5 = r6.clone();
+        apply(&mut r5, &back);
+        assert_eq!(r5.dev_roles[3], ROLE_SPARE);
+        assert_eq!(&r5.dev_roles[..3], &[0, 1, 2]);
+        // A rotating-Q raid6 is not a takeover.
+        let e = plan(&sbs(Level::Raid6, 4)[0], Level::Raid5, LayoutChoice::Default).unwrap_err();
+        assert!(e.contains("rotates Q"), "{e}");
+    }
+
+    #[test]
+    fn raid4_and_parity_last_raid5_are_the_same_blocks() {
+        let m = sbs(Level::Raid4, 3);
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        assert_eq!((t.layout, t.chunk_sectors), (alg::PARITY_N, m[0].chunk_sectors));
+        let mut r5 = m[0].clone();
+        apply(&mut r5, &t);
+        assert_eq!(plan(&r5, Level::Raid4, LayoutChoice::Default).unwrap().layout, 0);
+        let e = plan(&sbs(Level::Raid5, 3)[0], Level::Raid4, LayoutChoice::Default).unwrap_err();
+        assert!(e.contains("parity-last"), "{e}");
+    }
+
+    #[test]
+    fn only_one_round_apart_counts_as_a_takeover() {
+        let m = sbs(Level::Raid1, 2);
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        let mut fresh = m[1].clone();
+        apply(&mut fresh, &t);
+        assert!(!is_takeover_of(&m[0], &fresh), "same events");
+        fresh.events += 1;
+        assert!(is_takeover_of(&m[0], &fresh));
+        fresh.events += 1;
+        assert!(!is_takeover_of(&m[0], &fresh), "two rounds apart");
+        fresh.events -= 1;
+        // And back: a raid5 member one round behind the raid1 one.
+        let mut r1 = m[0].clone();
+        r1.events = fresh.events + 1;
+        assert!(is_takeover_of(&fresh, &r1));
+        let mut all = vec![m[0].clone(), fresh.clone()];
+        assert_eq!(adopt(&mut all), vec![0]);
+        assert_eq!((all[0].level, all[0].layout, all[0].chunk_sectors), (5, fresh.layout, fresh.chunk_sectors));
+        fresh.size_sectors -= 8;
+        assert!(!is_takeover_of(&m[0], &fresh), "size changed");
+    }
+}
