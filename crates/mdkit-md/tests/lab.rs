@@ -15,3 +15,4 @@ mod format_lab;
 mod grow_lab;
 mod raid5_lab;
 mod reshape_lab;
+mod takeover_lab;
