@@ -286,3 +286,39 @@ async fn level_changes_under_io() {
     verify_all(&again, &m).await;
     again.stop().await.unwrap();
 }
+
+/// raid0 -> raid4 parity-last with `--add` while a writer writes: the parity member is
+/// recovered, the model reads back, check finds 0; a multi-zone raid0 is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_gains_parity_under_io() {
+    let ms = mem_members("r0p", 4, 16 * MIB);
+    let a = Arc::new(create_array(&ms[..3], opts(Level::Raid0, 3, Some(64), None, false, true)).await);
+    let mut m = Model::new(a.size_bytes());
+    let mut rng = Rng::new(seed("raid0_gains_parity_under_io", 5));
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    let size = a.size_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    let to4 = GrowChange::Level { level: Level::Raid4, layout: LayoutChoice::Default };
+    let r = a.grow(to4, vec![ms[3].member_dev()]).await.unwrap();
+    fast_sync(&a);
+    a.wait_sync_idle().await;
+    stop.store(true, Ordering::Release);
+    m = w.await.unwrap().0;
+    assert!(r.summary.starts_with("level raid0 -> raid4, layout parity-last"), "{}", r.summary);
+    assert_eq!((a.info().level, a.info().raid_disks, a.size_bytes()), (Level::Raid4, 4, size));
+    assert_eq!(a.core().degraded(), 0, "parity was recovered onto the added member");
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0);
+    a.stop().await.unwrap();
+
+    let ms = mem_members("r0z", 3, 16 * MIB);
+    let small = mem_members("r0s", 1, 8 * MIB);
+    let devs = vec![ms[0].member_dev(), ms[1].member_dev(), small[0].member_dev()];
+    let a = mdkit_md::array::create(devs, opts(Level::Raid0, 3, Some(64), None, false, true)).await.unwrap().array;
+    let e = a.grow(to4, vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("more than one zone"), "{e}");
+    a.stop().await.unwrap();
+}

@@ -1,7 +1,8 @@
 //! Power cuts during `grow` (crash-recording members, one power domain): `--size max`,
 //! `--bitmap none` then `--bitmap internal`, raid1 `--raid-devices 3 --add`, and the level
 //! changes that move no data: raid1 -> raid5 -> raid1, and raid5 -> raid6 (`--layout
-//! preserve --add`, Q recovered onto the new member) -> raid5. Data is written
+//! preserve --add`, Q recovered onto the new member) -> raid5, and raid0 -> raid5 parity-last
+//! (`--add`, parity recovered onto the new member). Data is written
 //! and flushed before the grow and after it; the cut falls after any completed member write
 //! from the start of the grow to the end of the recovery it starts, plus random points.
 //!
@@ -52,6 +53,8 @@ enum Change {
     MirrorRaid5Mirror,
     /// raid5 -> raid6 with Q on the added member (recovered), then back to raid5.
     Raid5Raid6Raid5,
+    /// raid0 -> raid5 parity-last with parity on the added member (recovered).
+    Raid0Raid5,
 }
 
 /// Writes `count` random 4 KiB blocks from `free` (each block at most once, so "old" is zeroes)
@@ -101,6 +104,11 @@ async fn grow(a: &Array, change: Change, spare: &SimMember) {
             a.wait_sync_idle().await;
             assert_eq!((a.info().level, a.info().layout), (Level::Raid6, 18));
             a.grow(GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default }, vec![]).await.unwrap();
+        }
+        Change::Raid0Raid5 => {
+            let to5 = GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default };
+            a.grow(to5, vec![spare.member_dev()]).await.unwrap();
+            assert_eq!((a.info().level, a.info().layout), (Level::Raid5, 5));
         }
     }
     a.wait_sync_idle().await;
@@ -169,7 +177,9 @@ async fn judge(b: &Array, h: &History, p: u64, ctx: &str) {
             }
         }
     }
-    assert_eq!(check(b).await, 0, "{ctx}: mismatches after recovery");
+    if b.info().level != Level::Raid0 {
+        assert_eq!(check(b).await, 0, "{ctx}: mismatches after recovery");
+    }
 }
 
 async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, points: usize) {
@@ -179,8 +189,10 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
     let members: Vec<SimMember> =
         crash_members(&group, &format!("{name}-"), n + 1, 8 * MIB).into_iter().map(|(m, _)| m).collect();
     let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-    let mut o = opts(level, n as u32, Some(64), None, true, false);
-    o.bitmap = mdkit_md::format::create::BitmapRequest::Internal { chunk_bytes: Some(256 << 10) };
+    let mut o = opts(level, n as u32, Some(64), None, level != Level::Raid0, false);
+    if level != Level::Raid0 {
+        o.bitmap = mdkit_md::format::create::BitmapRequest::Internal { chunk_bytes: Some(256 << 10) };
+    }
     if matches!(change, Change::SizeMax) {
         o.size_kib = Some(4 * 1024);
     }
@@ -211,7 +223,7 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
         fast_sync(&b);
         b.wait_sync_idle().await;
         let refused: Vec<String> = assembled.refused.iter().map(|r| r.member.clone()).collect();
-        if matches!(change, Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5) {
+        if matches!(change, Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5 | Change::Raid0Raid5) {
             // A level change moves no data: a member that missed its superblock round joins
             // the new level instead of being left out for a rebuild.
             for r in &assembled.refused {
@@ -256,7 +268,12 @@ async fn raid5_raid6_takeover_crash_points() {
     grow_crash_case("gc-r5-r6", Level::Raid5, 3, Change::Raid5Raid6Raid5, 60).await;
 }
 
-/// The six cases cut after every completed member write, plus 150 random points each
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_raid5_takeover_crash_points() {
+    grow_crash_case("gc-r0-r5", Level::Raid0, 3, Change::Raid0Raid5, 60).await;
+}
+
+/// The seven cases cut after every completed member write, plus 150 random points each
 /// (`scripts/soak` runs the ignored md tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "soak: run by scripts/soak"]
@@ -267,4 +284,5 @@ async fn grow_crash_points_full() {
     grow_crash_case("gc-r1-mirrors-full", Level::Raid1, 2, Change::Mirrors3, 600).await;
     grow_crash_case("gc-r1-r5-full", Level::Raid1, 2, Change::MirrorRaid5Mirror, 600).await;
     grow_crash_case("gc-r5-r6-full", Level::Raid5, 3, Change::Raid5Raid6Raid5, 600).await;
+    grow_crash_case("gc-r0-r5-full", Level::Raid0, 3, Change::Raid0Raid5, 600).await;
 }

@@ -9,12 +9,16 @@
 //!      --add`); mdkit is stopped while Q is recovered onto the added member (throttled by
 //!      sync_speed_max, stopped once the member's recovery offset moved). The kernel assembles
 //!      a raid6 left-symmetric-6, finishes the recovery, reads both patterns, check finds 0.
+//!    - a 3-member raid0 with both patterns becomes raid4 (`--add`, parity-last), stopped while
+//!      parity is recovered; the kernel finishes it, reads both patterns, check finds 0.
 //! 2. kernel -> mdkit:
 //!    - the kernel's raid1 with the pattern, `mdadm --grow --level=5`: mdkit assembles a
 //!      2-member raid5 with the kernel's chunk, reads the pattern, check finds 0;
 //!    - the kernel's raid5 with both patterns and a spare, `mdadm --grow --level=6
 //!      --raid-devices=4 --layout=preserve`, stopped mid-recovery: mdkit assembles the raid6,
-//!      finishes the recovery, reads both patterns, check finds 0.
+//!      finishes the recovery, reads both patterns, check finds 0;
+//!    - the kernel's raid0 with both patterns, `mdadm --grow --level=4` and a spare added,
+//!      stopped mid-recovery: mdkit assembles the raid4, finishes it, patterns, check 0.
 //!
 //! What the kernel reads is copied to a dump disk and compared on the host. Skips loudly
 //! (SKIP: ...) when the lab cannot be built or booted.
@@ -53,17 +57,15 @@ async fn mdkit_mirror_to_raid5(paths: &[std::path::PathBuf], pattern: &[u8]) -> 
     chunk_kib
 }
 
-/// mdkit's raid5 -> raid6, stopped while Q is being recovered: returns the recovery offset
-/// the added member's superblock records.
-async fn mdkit_raid5_to_raid6(paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
-    let o = opts(Level::Raid5, 3, Some(64), None, false, true);
+/// mdkit's takeover onto an added member (raid5 -> raid6 Q, raid0 -> raid4 parity), stopped
+/// while that member is being recovered: returns the recovery offset its superblock records.
+async fn mdkit_adds_redundancy(from: Level, to: GrowChange, paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
+    let o = opts(from, 3, Some(64), None, false, true);
     let a = create(paths[..3].iter().map(|p| member(p)).collect(), o).await.unwrap().array;
     a.write_slice(0, pattern, WriteFlags::FUA).await.unwrap();
     a.write_slice(HIGH, pattern, WriteFlags::FUA).await.unwrap();
     a.set_attribute("sync_speed_max", "2000").unwrap();
-    let to6 = GrowChange::Level { level: Level::Raid6, layout: LayoutChoice::Preserve };
-    a.grow(to6, vec![member(&paths[3])]).await.unwrap();
-    assert_eq!((a.info().level, a.info().layout), (Level::Raid6, 18));
+    a.grow(to, vec![member(&paths[3])]).await.unwrap();
     // Stop once the recovery moved: throttled, the rest takes most of a minute.
     for waited in 0.. {
         if a.core().slots().recovering().iter().any(|(_, m)| m.recovery_offset() > 0) {
@@ -89,17 +91,18 @@ async fn mdkit_reads_kernel_raid5(paths: &[std::path::PathBuf], pattern: &[u8], 
     a.stop().await.unwrap();
 }
 
-/// mdkit's half of 2 for the kernel's raid5 -> raid6, stopped mid-recovery.
-async fn mdkit_finishes_kernel_raid6(paths: &[std::path::PathBuf], pattern: &[u8]) {
+/// mdkit's half of 2 for the kernel's raid5 -> raid6 and raid0 -> raid4, stopped mid-recovery.
+async fn mdkit_finishes_kernel_recovery(paths: &[std::path::PathBuf], pattern: &[u8], want: (Level, u32)) {
     let devs = paths.iter().map(|p| member(p)).collect();
-    let a = assemble(devs, AssembleOptions { name: "k6".into(), ..Default::default() }).await.unwrap().array;
-    assert_eq!((a.info().level, a.info().raid_disks, a.info().layout), (Level::Raid6, 4, 18));
+    let a = assemble(devs, AssembleOptions { name: "kt".into(), ..Default::default() }).await.unwrap().array;
+    assert_eq!((a.info().level, a.info().raid_disks, a.info().layout), (want.0, 4, want.1));
     let recovering = a.core().slots().recovering();
     eprintln!(
-        "mdkit assembled the kernel's raid6: recovering {:?}",
+        "mdkit assembled the kernel's {:?}: recovering {:?}",
+        want.0,
         recovering.iter().map(|(r, m)| (*r, m.recovery_offset())).collect::<Vec<_>>()
     );
-    assert_eq!(recovering.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![3], "Q's member resumes its recovery");
+    assert_eq!(recovering.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![3], "Q's or parity's member resumes");
     fast_sync(&a);
     a.wait_sync_idle().await;
     assert_eq!(a.core().degraded(), 0);
@@ -114,11 +117,12 @@ fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Guest disks: vda-vdb mdkit's mirror, vdc-vdf mdkit's raid5 + Q, vdg-vdh the kernel's
-/// mirror, vdi-vdl the kernel's raid5 + spare, vdm the dump disk.
+/// mirror, vdi-vdl the kernel's raid5 + spare, vdm-vdp mdkit's raid0 + parity, vdq-vdt the
+/// kernel's raid0 + spare, vdu the dump disk.
 const SCRIPT: &str = r#"
 set -u
 pat=/lab/files/pat
-dump() { dd if=$1 of=/dev/vdm bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }
+dump() { dd if=$1 of=/dev/vdu bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }
 mdadm --assemble /dev/md0 /dev/vda /dev/vdb 2>&1 || echo assemble_failed=1
 echo "=== detail0"; mdadm --detail /dev/md0
 dump /dev/md0 0 0
@@ -149,6 +153,24 @@ mdadm --grow /dev/md3 --level=6 --raid-devices=4 --layout=preserve 2>&1
 sleep 3
 echo "=== recovery3"; cat /sys/block/md3/md/sync_action /proc/mdstat; mdadm --detail /dev/md3
 mdadm --stop /dev/md3 2>&1
+mdadm --assemble /dev/md4 /dev/vdm /dev/vdn /dev/vdo /dev/vdp 2>&1 || echo assemble_failed=1
+mdadm --readwrite /dev/md4 2>&1
+sleep 1; mdadm --wait /dev/md4; sleep 1; mdadm --wait /dev/md4
+echo "=== detail4"; mdadm --detail /dev/md4
+dump /dev/md4 0 24
+dump /dev/md4 40 32
+echo check > /sys/block/md4/md/sync_action; sleep 1; mdadm --wait /dev/md4
+echo "=== mismatch4"; cat /sys/block/md4/md/mismatch_cnt
+mdadm --stop /dev/md4 2>&1
+mdadm --create /dev/md5 --run --metadata=1.2 --level=0 --chunk=64 --raid-devices=3 /dev/vdq /dev/vdr /dev/vds 2>&1
+dd if=$pat of=/dev/md5 bs=1M oflag=direct status=none
+dd if=$pat of=/dev/md5 bs=1M seek=40 oflag=direct status=none
+mdadm --grow /dev/md5 --level=4 2>&1
+echo 2000 > /sys/block/md5/md/sync_speed_max
+mdadm /dev/md5 --add /dev/vdt 2>&1
+sleep 3
+echo "=== recovery5"; cat /sys/block/md5/md/sync_action /proc/mdstat; mdadm --detail /dev/md5
+mdadm --stop /dev/md5 2>&1
 echo "=== end"
 "#;
 
@@ -171,13 +193,27 @@ fn level_changes_cross_between_mdkit_and_the_kernel() {
     let their_raid5: Vec<_> = ["d0", "d1", "d2", "d3"].map(disk).to_vec();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let my_chunk_kib = rt.block_on(mdkit_mirror_to_raid5(&my_mirror, &pattern));
-    let offset = rt.block_on(mdkit_raid5_to_raid6(&my_raid5, &pattern));
+    let my_raid0: Vec<_> = ["e0", "e1", "e2", "e3"].map(disk).to_vec();
+    let their_raid0: Vec<_> = ["f0", "f1", "f2", "f3"].map(disk).to_vec();
+    let to6 = GrowChange::Level { level: Level::Raid6, layout: LayoutChoice::Preserve };
+    let offset = rt.block_on(mdkit_adds_redundancy(Level::Raid5, to6, &my_raid5, &pattern));
     eprintln!("mdkit stopped raid5 -> raid6 with Q recovered up to member sector {offset}");
+    let to4 = GrowChange::Level { level: Level::Raid4, layout: LayoutChoice::Default };
+    let offset = rt.block_on(mdkit_adds_redundancy(Level::Raid0, to4, &my_raid0, &pattern));
+    eprintln!("mdkit stopped raid0 -> raid4 with parity recovered up to member sector {offset}");
     let dump_path = dir.path().join("dump.img");
-    std::fs::File::create(&dump_path).unwrap().set_len(24 * MIB).unwrap();
-    let disks: Vec<_> =
-        [my_mirror, my_raid5, their_mirror.clone(), their_raid5.clone(), vec![dump_path.clone()]].concat();
-    assert_eq!(disks.len(), 13, "vda..vdl are the members, vdm the dump disk");
+    std::fs::File::create(&dump_path).unwrap().set_len(40 * MIB).unwrap();
+    let disks: Vec<_> = [
+        my_mirror,
+        my_raid5,
+        their_mirror.clone(),
+        their_raid5.clone(),
+        my_raid0,
+        their_raid0.clone(),
+        vec![dump_path.clone()],
+    ]
+    .concat();
+    assert_eq!(disks.len(), 21, "vda..vdt are the members, vdu the dump disk");
     let mut opts = RunOptions::with_disks(disks);
     opts.files.push(pat_path);
     let run = lab.run(&opts, SCRIPT).unwrap_or_else(|e| panic!("lab: {e}"));
@@ -209,5 +245,15 @@ fn level_changes_cross_between_mdkit_and_the_kernel() {
     let r3 = section("recovery3");
     assert!(r3.contains("recover"), "the kernel was recovering Q when stopped: {r3}");
     rt.block_on(mdkit_reads_kernel_raid5(&their_mirror, &pattern, kernel_chunk_kib));
-    rt.block_on(mdkit_finishes_kernel_raid6(&their_raid5, &pattern));
+    rt.block_on(mdkit_finishes_kernel_recovery(&their_raid5, &pattern, (Level::Raid6, 18)));
+
+    let d4 = section("detail4");
+    assert_eq!((after(&d4, "Raid Level :"), after(&d4, "Raid Devices :")), (Some("raid4"), Some("4")), "{d4}");
+    assert_eq!(after(&d4, "Failed Devices :"), Some("0"), "{d4}");
+    assert!(!d4.contains("degraded") && !d4.contains("Rebuild Status"), "the kernel finished the recovery: {d4}");
+    assert!(dumped(24) == pattern && dumped(32) == pattern, "the kernel reads mdkit's raid4-from-raid0");
+    assert_eq!(section("mismatch4").lines().next().map(str::trim), Some("0"), "{}", run.output);
+    let r5 = section("recovery5");
+    assert!(r5.contains("recover"), "the kernel was recovering parity when stopped: {r5}");
+    rt.block_on(mdkit_finishes_kernel_recovery(&their_raid0, &pattern, (Level::Raid4, 5)));
 }

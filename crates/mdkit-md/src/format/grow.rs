@@ -379,8 +379,13 @@ fn plan_level(
     layout: LayoutChoice,
 ) -> Result<GrowPlan, GrowRefused> {
     let refsb = &members[0].sb;
-    let t =
-        takeover::plan(refsb, to, layout).map_err(|e| GrowRefused(format!("{name}: cannot change the level: {e}")))?;
+    let holders: Vec<u64> = members
+        .iter()
+        .filter(|m| m.sb.raw_role() < ROLE_MAX && u32::from(m.sb.raw_role()) < refsb.raid_disks)
+        .map(|m| m.sb.data_size_sectors)
+        .collect();
+    let t = takeover::plan(refsb, to, layout, &holders)
+        .map_err(|e| GrowRefused(format!("{name}: cannot change the level: {e}")))?;
     let bitmap = match (refsb.bitmap_offset_sectors(), bitmap_area) {
         (Some(_), Some(area)) => Some(area.to_vec()),
         (Some(_), None) => return refuse(format!("{name}: the bitmap area was not read")),

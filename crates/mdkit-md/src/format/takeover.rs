@@ -2,6 +2,9 @@
 //! takeover; md-lifecycle.md section 3.1). Pure: superblocks in, superblocks out.
 //!
 //! ```text
+//!  raid0, n members, 1 zone  -> raid4 / raid5 parity-last, n + 1 members
+//!                                                                 (parity on the new last role,
+//!                                                                  empty until a spare recovers it)
 //!  raid1, 2 members          -> raid5 left-symmetric, 2 members  (a 2-member raid5 is a mirror)
 //!  raid5, 2 members          -> raid1                            (any layout and chunk)
 //!  raid4                     -> raid5 parity-last                (the same blocks)
@@ -11,7 +14,9 @@
 //!  raid6 layout L-6 or parity-last, n members -> raid5 layout L, n - 1 members
 //!                                                                 (the Q member becomes a spare)
 //! ```
-//! Kernel rules kept: raid5_takeover_raid1's chunk (64 KiB, halved until it divides the array,
+//! Kernel rules kept: raid45_takeover_raid0's single zone (every member's data rounded down to
+//! the chunk the same: the raid0 then holds exactly the data blocks of a parity-last raid4
+//! whose parity member is missing) and size (that rounded size); raid5_takeover_raid1's chunk (64 KiB, halved until it divides the array,
 //! at least 4 KiB); raid6_takeover's 3..=253 members; the "-6" layout numbers (raid5 0..=4 →
 //! 16..=20, parity-last stays 5). Every member's superblock gets the new level, layout, chunk,
 //! member count and roles; the events, bitmap and data are untouched (the writer bumps events).
@@ -42,6 +47,8 @@ pub struct Takeover {
     pub layout: u32,
     pub chunk_sectors: u32,
     pub raid_disks: u32,
+    /// `size`: the used sectors per member.
+    pub size_sectors: u64,
 }
 
 /// raid5 algorithm -> its raid6 "-6" form (Q fixed on the last member), or None.
@@ -71,11 +78,39 @@ fn mirror_chunk_sectors(array_sectors: u64) -> Option<u32> {
     (chunk >= 8).then_some(chunk)
 }
 
-/// The takeover of the array `sb` describes to `to`, or why md refuses it.
-pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice) -> Result<Takeover, String> {
+/// raid45_takeover_raid0: one zone (the members' data, rounded down to the chunk, all the same
+/// size), a chunk raid5 accepts; the per-member size.
+fn raid0_zone_sectors(chunk_sectors: u32, data_sizes: &[u64]) -> Result<u64, String> {
+    if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() {
+        return Err(format!(
+            "raid4/5 need a power-of-two chunk of at least 4 KiB, the raid0 has {} KiB",
+            chunk_sectors / 2
+        ));
+    }
+    let c = u64::from(chunk_sectors);
+    let rounded: Vec<u64> = data_sizes.iter().map(|s| s / c * c).collect();
+    match rounded.first() {
+        None => Err("no member data sizes".into()),
+        Some(first) if rounded.iter().any(|r| r != first) => Err(format!(
+            "the raid0 has more than one zone (member data sizes {rounded:?} sectors after rounding to the chunk); md takes over single-zone raid0 only"
+        )),
+        Some(first) => Ok(*first),
+    }
+}
+
+/// The takeover of the array `sb` describes to `to`, or why md refuses it. `data_sizes`: the
+/// data size of each member holding a role (read for raid0, whose superblocks have no size).
+pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]) -> Result<Takeover, String> {
     let from = Level::from_md_level(sb.level).ok_or_else(|| format!("level {} is not supported", sb.level))?;
     let n = sb.raid_disks;
-    let t = |level, layout, chunk_sectors, raid_disks| Takeover { level, layout, chunk_sectors, raid_disks };
+    let size = sb.size_sectors;
+    let t = |level, layout, chunk_sectors, raid_disks| Takeover {
+        level,
+        layout,
+        chunk_sectors,
+        raid_disks,
+        size_sectors: size,
+    };
     let fixed = |want: u32, name: &str| match layout {
         LayoutChoice::Default | LayoutChoice::Preserve => Ok(()),
         LayoutChoice::Algorithm(l) if l == want => Ok(()),
@@ -87,6 +122,14 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice) -> Result<Takeover
     };
     match (from, to) {
         (a, b) if a == b => Err(format!("the array is already {}", a.name())),
+        (Level::Raid0, Level::Raid4 | Level::Raid5) => {
+            fixed(alg::PARITY_N, "parity-last")?;
+            if n + 1 > crate::format::create::MAX_DEVICES {
+                return Err(format!("{n} members leave no role for parity"));
+            }
+            let size_sectors = raid0_zone_sectors(sb.chunk_sectors, data_sizes)?;
+            Ok(Takeover { size_sectors, ..t(to, alg::PARITY_N, sb.chunk_sectors, n + 1) })
+        }
         (Level::Raid1, Level::Raid5) => {
             if n != 2 {
                 return Err(format!("raid1 -> raid5 needs exactly 2 mirrors, the array has {n}"));
@@ -161,6 +204,7 @@ pub fn apply(sb: &mut Superblock, t: &Takeover) {
     sb.layout = t.layout;
     sb.chunk_sectors = t.chunk_sectors;
     sb.raid_disks = t.raid_disks;
+    sb.size_sectors = t.size_sectors;
     sb.new_level = sb.level;
     sb.new_layout = sb.layout;
     sb.new_chunk_sectors = sb.chunk_sectors;
@@ -179,12 +223,21 @@ pub fn is_takeover_of(old: &Superblock, fresh: &Superblock) -> bool {
     if !quiet(old) || !quiet(fresh) || old.events.checked_add(1) != Some(fresh.events) {
         return false;
     }
-    if (old.set_uuid, old.ctime, old.size_sectors) != (fresh.set_uuid, fresh.ctime, fresh.size_sectors) {
+    // raid0 superblocks carry no size: the takeover gave the zone's (checked below).
+    let sized = |sb: &Superblock| if sb.level == 0 { fresh.size_sectors } else { sb.size_sectors };
+    if (old.set_uuid, old.ctime, sized(old)) != (fresh.set_uuid, fresh.ctime, fresh.size_sectors) {
         return false;
     }
     let Some(to) = Level::from_md_level(fresh.level) else { return false };
     let choice = if to == Level::Raid1 { LayoutChoice::Default } else { LayoutChoice::Algorithm(fresh.layout) };
-    let Ok(t) = plan(old, to, choice) else { return false };
+    let Ok(mut t) = plan(old, to, choice, &[old.data_size_sectors]) else { return false };
+    if old.level == 0 {
+        // One member's data cannot show the zone; it must hold the size the takeover gave.
+        if t.size_sectors < fresh.size_sectors {
+            return false;
+        }
+        t.size_sectors = fresh.size_sectors;
+    }
     let mut expect = old.clone();
     apply(&mut expect, &t);
     let role = old.raw_role();
@@ -192,8 +245,8 @@ pub fn is_takeover_of(old: &Superblock, fresh: &Superblock) -> bool {
         .dev_roles
         .get(old.dev_number as usize)
         .is_some_and(|r| *r == role || (*r == ROLE_SPARE && role < ROLE_MAX && u32::from(role) >= t.raid_disks));
-    (expect.level, expect.layout, expect.chunk_sectors, expect.raid_disks)
-        == (fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks)
+    (expect.level, expect.layout, expect.chunk_sectors, expect.raid_disks, expect.size_sectors)
+        == (fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks, fresh.size_sectors)
         && role_kept
 }
 
@@ -212,6 +265,7 @@ pub fn adopt(sbs: &mut [Superblock]) -> Vec<usize> {
         sb.layout = fresh.layout;
         sb.chunk_sectors = fresh.chunk_sectors;
         sb.raid_disks = fresh.raid_disks;
+        sb.size_sectors = fresh.size_sectors;
         sb.new_level = fresh.level;
         sb.new_layout = fresh.layout;
         sb.new_chunk_sectors = fresh.chunk_sectors;
@@ -236,15 +290,17 @@ mod tests {
     #[test]
     fn mirror_becomes_a_two_member_raid5_and_back() {
         let m = sbs(Level::Raid1, 2);
-        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default, &[]).unwrap();
         assert_eq!((t.level, t.layout, t.raid_disks), (Level::Raid5, alg::LEFT_SYMMETRIC, 2));
         assert_eq!(m[0].size_sectors % u64::from(t.chunk_sectors), 0);
         assert!(t.chunk_sectors <= 128 && t.chunk_sectors >= 8);
         let mut r5 = m[0].clone();
         apply(&mut r5, &t);
-        let back = plan(&r5, Level::Raid1, LayoutChoice::Default).unwrap();
+        let back = plan(&r5, Level::Raid1, LayoutChoice::Default, &[]).unwrap();
         assert_eq!((back.level, back.layout, back.chunk_sectors, back.raid_disks), (Level::Raid1, 0, 0, 2));
-        assert!(plan(&sbs(Level::Raid1, 3)[0], Level::Raid5, LayoutChoice::Default).unwrap_err().contains("exactly 2"));
+        assert!(
+            plan(&sbs(Level::Raid1, 3)[0], Level::Raid5, LayoutChoice::Default, &[]).unwrap_err().contains("exactly 2")
+        );
     }
 
     #[test]
@@ -258,9 +314,9 @@ mod tests {
     #[test]
     fn raid5_gains_q_on_a_new_last_member_and_loses_it_again() {
         let m = sbs(Level::Raid5, 3);
-        let e = plan(&m[0], Level::Raid6, LayoutChoice::Default).unwrap_err();
+        let e = plan(&m[0], Level::Raid6, LayoutChoice::Default, &[]).unwrap_err();
         assert!(e.contains("--layout preserve"), "{e}");
-        let t = plan(&m[0], Level::Raid6, LayoutChoice::Preserve).unwrap();
+        let t = plan(&m[0], Level::Raid6, LayoutChoice::Preserve, &[]).unwrap();
         assert_eq!((t.level, t.layout, t.raid_disks), (Level::Raid6, alg::LEFT_SYMMETRIC_6, 4));
         let mut r6 = m[2].clone();
         apply(&mut r6, &t);
@@ -268,33 +324,57 @@ mod tests {
         assert!(is_takeover_of(&m[0], &r6));
         // Back: the member in role 3 (Q) becomes a spare.
         r6.dev_roles[3] = 3;
-        let back = plan(&r6, Level::Raid5, LayoutChoice::Default).unwrap();
+        let back = plan(&r6, Level::Raid5, LayoutChoice::Default, &[]).unwrap();
         assert_eq!((back.layout, back.raid_disks), (alg::LEFT_SYMMETRIC, 3));
         let mut r5 = r6.clone();
         apply(&mut r5, &back);
         assert_eq!(r5.dev_roles[3], ROLE_SPARE);
         assert_eq!(&r5.dev_roles[..3], &[0, 1, 2]);
         // A rotating-Q raid6 is not a takeover.
-        let e = plan(&sbs(Level::Raid6, 4)[0], Level::Raid5, LayoutChoice::Default).unwrap_err();
+        let e = plan(&sbs(Level::Raid6, 4)[0], Level::Raid5, LayoutChoice::Default, &[]).unwrap_err();
         assert!(e.contains("rotates Q"), "{e}");
     }
 
     #[test]
     fn raid4_and_parity_last_raid5_are_the_same_blocks() {
         let m = sbs(Level::Raid4, 3);
-        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default, &[]).unwrap();
         assert_eq!((t.layout, t.chunk_sectors), (alg::PARITY_N, m[0].chunk_sectors));
         let mut r5 = m[0].clone();
         apply(&mut r5, &t);
-        assert_eq!(plan(&r5, Level::Raid4, LayoutChoice::Default).unwrap().layout, 0);
-        let e = plan(&sbs(Level::Raid5, 3)[0], Level::Raid4, LayoutChoice::Default).unwrap_err();
+        assert_eq!(plan(&r5, Level::Raid4, LayoutChoice::Default, &[]).unwrap().layout, 0);
+        let e = plan(&sbs(Level::Raid5, 3)[0], Level::Raid4, LayoutChoice::Default, &[]).unwrap_err();
         assert!(e.contains("parity-last"), "{e}");
+    }
+
+    #[test]
+    fn single_zone_raid0_gains_a_parity_member() {
+        let m = sbs(Level::Raid0, 3);
+        assert_eq!(m[0].size_sectors, 0);
+        let data: Vec<u64> = m.iter().map(|sb| sb.data_size_sectors).collect();
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default, &data).unwrap();
+        let c = u64::from(m[0].chunk_sectors);
+        assert_eq!(
+            (t.level, t.layout, t.raid_disks, t.size_sectors),
+            (Level::Raid5, alg::PARITY_N, 4, data[0] / c * c)
+        );
+        let t4 = plan(&m[0], Level::Raid4, LayoutChoice::Default, &data).unwrap();
+        assert_eq!((t4.layout, t4.raid_disks), (alg::PARITY_N, 4));
+        let e = plan(&m[0], Level::Raid5, LayoutChoice::Default, &[data[0], data[1], data[2] + c]).unwrap_err();
+        assert!(e.contains("more than one zone"), "{e}");
+        let mut fresh = m[1].clone();
+        apply(&mut fresh, &t);
+        fresh.events += 1;
+        assert!(is_takeover_of(&m[0], &fresh));
+        let mut all = vec![m[0].clone(), fresh.clone()];
+        assert_eq!(adopt(&mut all), vec![0]);
+        assert_eq!((all[0].level, all[0].size_sectors, all[0].raid_disks), (5, t.size_sectors, 4));
     }
 
     #[test]
     fn only_one_round_apart_counts_as_a_takeover() {
         let m = sbs(Level::Raid1, 2);
-        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default).unwrap();
+        let t = plan(&m[0], Level::Raid5, LayoutChoice::Default, &[]).unwrap();
         let mut fresh = m[1].clone();
         apply(&mut fresh, &t);
         assert!(!is_takeover_of(&m[0], &fresh), "same events");
