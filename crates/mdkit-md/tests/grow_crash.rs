@@ -2,7 +2,8 @@
 //! `--bitmap none` then `--bitmap internal`, raid1 `--raid-devices 3 --add`, and the level
 //! changes that move no data: raid1 -> raid5 -> raid1, and raid5 -> raid6 (`--layout
 //! preserve --add`, Q recovered onto the new member) -> raid5, and raid0 -> raid5 parity-last
-//! (`--add`, parity recovered onto the new member). Data is written
+//! (`--add`, parity recovered onto the new member), and raid0 -> raid10 near-2 (two members
+//! added and recovered) -> raid0. Data is written
 //! and flushed before the grow and after it; the cut falls after any completed member write
 //! from the start of the grow to the end of the recovery it starts, plus random points.
 //!
@@ -55,6 +56,9 @@ enum Change {
     Raid5Raid6Raid5,
     /// raid0 -> raid5 parity-last with parity on the added member (recovered).
     Raid0Raid5,
+    /// raid0 -> raid10 near-2 (two added members recovered), then back to raid0 (the second
+    /// copies failed and removed first).
+    Raid0Raid10Raid0,
 }
 
 /// Writes `count` random 4 KiB blocks from `free` (each block at most once, so "old" is zeroes)
@@ -80,7 +84,7 @@ async fn write_and_flush(
     h.flushes.push((started, group.now().0));
 }
 
-async fn grow(a: &Array, change: Change, spare: &SimMember) {
+async fn grow(a: &Array, change: Change, spare: &SimMember, extra: &SimMember) {
     match change {
         Change::SizeMax => {
             a.grow(GrowChange::Size { size: GrowSize::Max, assume_clean: false }, vec![]).await.unwrap();
@@ -104,6 +108,13 @@ async fn grow(a: &Array, change: Change, spare: &SimMember) {
             a.wait_sync_idle().await;
             assert_eq!((a.info().level, a.info().layout), (Level::Raid6, 18));
             a.grow(GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default }, vec![]).await.unwrap();
+        }
+        Change::Raid0Raid10Raid0 => {
+            let to10 = GrowChange::Level { level: Level::Raid10, layout: LayoutChoice::Default };
+            a.grow(to10, vec![spare.member_dev(), extra.member_dev()]).await.unwrap();
+            a.wait_sync_idle().await;
+            assert_eq!((a.info().level, a.core().degraded()), (Level::Raid10, 0));
+            a.grow(GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default }, vec![]).await.unwrap();
         }
         Change::Raid0Raid5 => {
             let to5 = GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default };
@@ -135,6 +146,9 @@ fn cut_points(group: &CrashGroup, from: u64, to: u64, max: usize, random: usize,
 /// that is refused, `--add` (a full rebuild). Devices without this array's superblock (a spare
 /// the cut came before) stay out.
 async fn recover_left_out(b: &Array, ms: &[SimMember], refused: &[String], ctx: &str) {
+    if b.info().level == Level::Raid0 {
+        return; // no redundancy to recover into (raid10 -> raid0 removed the second copies)
+    }
     for m in ms.iter().filter(|m| refused.contains(&m.name)) {
         match read_superblock(&m.dev).await {
             Ok(sb) if sb.set_uuid == b.info().uuid => {}
@@ -187,7 +201,7 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
     let mut rng = Rng::new(s);
     let group = CrashGroup::with_options(CrashOptions::default());
     let members: Vec<SimMember> =
-        crash_members(&group, &format!("{name}-"), n + 1, 8 * MIB).into_iter().map(|(m, _)| m).collect();
+        crash_members(&group, &format!("{name}-"), n + 2, 8 * MIB).into_iter().map(|(m, _)| m).collect();
     let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
     let mut o = opts(level, n as u32, Some(64), None, level != Level::Raid0, false);
     if level != Level::Raid0 {
@@ -205,7 +219,7 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
     let mut h = History { written: Vec::new(), flushes: Vec::new() };
     write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;
     let from = group.now().0;
-    grow(&a, change, &members[n]).await;
+    grow(&a, change, &members[n], &members[n + 1]).await;
     let new_size = a.size_bytes();
     free.extend(old_size / 4096..new_size / 4096);
     write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;
@@ -223,13 +237,19 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
         fast_sync(&b);
         b.wait_sync_idle().await;
         let refused: Vec<String> = assembled.refused.iter().map(|r| r.member.clone()).collect();
-        if matches!(change, Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5 | Change::Raid0Raid5) {
+        if matches!(
+            change,
+            Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5 | Change::Raid0Raid5 | Change::Raid0Raid10Raid0
+        ) {
             // A level change moves no data: a member that missed its superblock round joins
             // the new level instead of being left out for a rebuild.
             for r in &assembled.refused {
                 let m = ms.iter().find(|m| m.name == r.member).unwrap();
                 let ours = read_superblock(&m.dev).await.is_ok_and(|sb| sb.set_uuid == b.info().uuid);
-                assert!(!ours || r.reason.contains("stale"), "{ctx}: {} left out: {}", r.member, r.reason);
+                // raid10 -> raid0 fails and removes the second copies (the added members) first.
+                let removed = matches!(change, Change::Raid0Raid10Raid0) && names[n..].contains(&r.member);
+                let expected = r.reason.contains("stale") || removed;
+                assert!(!ours || expected, "{ctx}: {} left out: {}", r.member, r.reason);
             }
         }
         recover_left_out(&b, &ms, &refused, &ctx).await;
@@ -269,11 +289,16 @@ async fn raid5_raid6_takeover_crash_points() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_raid10_takeover_crash_points() {
+    grow_crash_case("gc-r0-r10", Level::Raid0, 2, Change::Raid0Raid10Raid0, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid0_raid5_takeover_crash_points() {
     grow_crash_case("gc-r0-r5", Level::Raid0, 3, Change::Raid0Raid5, 60).await;
 }
 
-/// The seven cases cut after every completed member write, plus 150 random points each
+/// The eight cases cut after every completed member write, plus 150 random points each
 /// (`scripts/soak` runs the ignored md tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "soak: run by scripts/soak"]
@@ -285,4 +310,5 @@ async fn grow_crash_points_full() {
     grow_crash_case("gc-r1-r5-full", Level::Raid1, 2, Change::MirrorRaid5Mirror, 600).await;
     grow_crash_case("gc-r5-r6-full", Level::Raid5, 3, Change::Raid5Raid6Raid5, 600).await;
     grow_crash_case("gc-r0-r5-full", Level::Raid0, 3, Change::Raid0Raid5, 600).await;
+    grow_crash_case("gc-r0-r10-full", Level::Raid0, 2, Change::Raid0Raid10Raid0, 600).await;
 }

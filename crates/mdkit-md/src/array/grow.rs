@@ -112,9 +112,16 @@ fn takeover_state(core: &ArrayCore, to: crate::layout::Level) -> Result<(), Stri
         return Err("a resync is pending; let it finish first".into());
     }
     let info = core.info();
-    let missing: Vec<usize> = (0..info.raid_disks as usize).filter(|r| slots.in_sync(*r).is_none()).collect();
-    let q_only = info.level == Level::Raid6 && to == Level::Raid5 && missing == [info.raid_disks as usize - 1];
-    if !missing.is_empty() && !q_only {
+    let n = info.raid_disks as usize;
+    let missing: Vec<usize> = (0..n).filter(|r| slots.in_sync(*r).is_none()).collect();
+    let q_only = info.level == Level::Raid6 && to == Level::Raid5 && missing == [n - 1];
+    let halves = info.level == Level::Raid10
+        && to == Level::Raid0
+        && (0..n / 2).all(|k| slots.in_sync(2 * k).is_some() != slots.in_sync(2 * k + 1).is_some());
+    if info.level == Level::Raid10 && to == Level::Raid0 && !slots.spares().is_empty() {
+        return Err("raid0 has no spares; remove the spares first".into());
+    }
+    if !missing.is_empty() && !q_only && !halves {
         return Err(format!("the array is degraded (roles {missing:?} missing); let recovery finish first"));
     }
     Ok(())
@@ -134,6 +141,11 @@ impl Array {
             && super::grow_reshape::is_restripe(info.level, info.raid_disks, n)
         {
             return self.start_reshape(n, add).await;
+        }
+        if let GrowChange::Level { level: crate::layout::Level::Raid0, .. } = change
+            && info.level == crate::layout::Level::Raid10
+        {
+            self.drop_mirrors_for_raid0().await?;
         }
         let pause = self.pause.pause().await;
         let core = self.core();
@@ -184,6 +196,49 @@ impl Array {
         }
         tracing::info!(array = self.name(), "grown: {summary}");
         Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
+    }
+
+    /// raid10 near-2 -> raid0, as mdadm prepares it (remove_disks_for_takeover): where both
+    /// members of a mirror pair are in sync, the one in the odd role is failed and removed, so
+    /// that one copy of each pair is left. Checks first what the takeover needs (near-2, an
+    /// even member count, in sync, nothing running, no spares, every pair with a copy), so a
+    /// refusal changes nothing.
+    async fn drop_mirrors_for_raid0(&self) -> io::Result<()> {
+        let core = self.core();
+        let info = core.info().clone();
+        let why = |w: String| refused(format!("{}: cannot change the level: {w}", self.name()));
+        if info.layout != 0x102 || !info.raid_disks.is_multiple_of(2) {
+            return Err(why(format!(
+                "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {:#x} on {}",
+                info.layout, info.raid_disks
+            )));
+        }
+        if core.personality().reshape().is_some() || !super::is_in_sync(&core) {
+            return Err(why("a reshape or resync is pending; let it finish first".into()));
+        }
+        if core.bitmap.is_some() {
+            return Err(why(crate::format::takeover::NO_BITMAP_IN_RAID0.into()));
+        }
+        let slots = core.slots();
+        if !slots.recovering().is_empty() || !slots.spares().is_empty() {
+            return Err(why(
+                "a recovery is running or spares are present; let it finish and remove the spares first".into()
+            ));
+        }
+        let pairs = info.raid_disks as usize / 2;
+        if let Some(k) = (0..pairs).find(|k| slots.in_sync(2 * k).is_none() && slots.in_sync(2 * k + 1).is_none()) {
+            return Err(why(format!("mirror pair {k} has no in-sync member")));
+        }
+        let second: Vec<String> = (0..pairs)
+            .filter(|k| slots.in_sync(2 * k).is_some())
+            .filter_map(|k| slots.in_sync(2 * k + 1).map(|m| m.name().to_string()))
+            .collect();
+        for m in second {
+            tracing::info!(array = self.name(), member = m.as_str(), "raid10 -> raid0: removing the second copy");
+            self.fail_member(&m).await?;
+            self.remove_member(&m).await?;
+        }
+        Ok(())
     }
 
     async fn plan_from(

@@ -5,6 +5,10 @@
 //!  raid0, n members, 1 zone  -> raid4 / raid5 parity-last, n + 1 members
 //!                                                                 (parity on the new last role,
 //!                                                                  empty until a spare recovers it)
+//!  raid0, n members, 1 zone  -> raid10 near-2, 2n members       (old role i becomes 2i; the odd
+//!                                                                  roles empty until spares recover
+//!                                                                  them)
+//!  raid10 near-2, 2n members, one of each pair left -> raid0, n members (role 2i or 2i+1 -> i)
 //!  raid1, 2 members          -> raid5 left-symmetric, 2 members  (a 2-member raid5 is a mirror)
 //!  raid5, 2 members          -> raid1                            (any layout and chunk)
 //!  raid4                     -> raid5 parity-last                (the same blocks)
@@ -25,6 +29,8 @@
 //! level. Nothing moved, so assembly takes such a member into the new level
 //! ([`is_takeover_of`]) instead of leaving it out as a geometry mismatch.
 
+#[cfg(test)]
+use super::superblock::ROLE_FAULTY;
 use super::superblock::{ROLE_MAX, ROLE_SPARE, Superblock, feature};
 use crate::layout::Level;
 use crate::layout::names::algorithm as alg;
@@ -40,6 +46,35 @@ pub enum LayoutChoice {
     Algorithm(u32),
 }
 
+/// How the roles move in a takeover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleMap {
+    /// Roles stay; those past the new member count become spares.
+    Keep,
+    /// raid0 -> raid10 near-2: role i becomes 2i.
+    Double,
+    /// raid10 near-2 -> raid0: role 2i or 2i + 1 becomes i.
+    Halve,
+}
+
+impl RoleMap {
+    /// The new role of `role` (a role below `raid_disks` of the old geometry).
+    fn map(self, role: u16, new_disks: u32) -> u16 {
+        match self {
+            RoleMap::Keep if u32::from(role) >= new_disks => ROLE_SPARE,
+            RoleMap::Keep => role,
+            RoleMap::Double => role * 2,
+            RoleMap::Halve => role / 2,
+        }
+    }
+}
+
+/// Why raid10 -> raid0 refuses an array with a bitmap.
+pub const NO_BITMAP_IN_RAID0: &str = "raid0 has no write-intent bitmap: remove it first (grow --bitmap none)";
+
+/// md's raid10 near-2 layout (near_copies 2, far_copies 1).
+const RAID10_N2: u32 = 0x102;
+
 /// The geometry after a takeover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Takeover {
@@ -49,6 +84,7 @@ pub struct Takeover {
     pub raid_disks: u32,
     /// `size`: the used sectors per member.
     pub size_sectors: u64,
+    pub roles: RoleMap,
 }
 
 /// raid5 algorithm -> its raid6 "-6" form (Q fixed on the last member), or None.
@@ -78,12 +114,12 @@ fn mirror_chunk_sectors(array_sectors: u64) -> Option<u32> {
     (chunk >= 8).then_some(chunk)
 }
 
-/// raid45_takeover_raid0: one zone (the members' data, rounded down to the chunk, all the same
-/// size), a chunk raid5 accepts; the per-member size.
+/// raid45_takeover_raid0 / raid10_takeover_raid0: one zone (the members' data, rounded down
+/// to the chunk, all the same size), a chunk the new level accepts; the per-member size.
 fn raid0_zone_sectors(chunk_sectors: u32, data_sizes: &[u64]) -> Result<u64, String> {
     if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() {
         return Err(format!(
-            "raid4/5 need a power-of-two chunk of at least 4 KiB, the raid0 has {} KiB",
+            "the new level needs a power-of-two chunk of at least 4 KiB, the raid0 has {} KiB",
             chunk_sectors / 2
         ));
     }
@@ -110,6 +146,7 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
         chunk_sectors,
         raid_disks,
         size_sectors: size,
+        roles: RoleMap::Keep,
     };
     let fixed = |want: u32, name: &str| match layout {
         LayoutChoice::Default | LayoutChoice::Preserve => Ok(()),
@@ -129,6 +166,41 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
             }
             let size_sectors = raid0_zone_sectors(sb.chunk_sectors, data_sizes)?;
             Ok(Takeover { size_sectors, ..t(to, alg::PARITY_N, sb.chunk_sectors, n + 1) })
+        }
+        (Level::Raid0, Level::Raid10) => {
+            fixed(RAID10_N2, "n2")?;
+            if 2 * n > crate::format::create::MAX_DEVICES {
+                return Err(format!("{n} members are too many to mirror"));
+            }
+            let size_sectors = raid0_zone_sectors(sb.chunk_sectors, data_sizes)?;
+            Ok(Takeover { size_sectors, roles: RoleMap::Double, ..t(to, RAID10_N2, sb.chunk_sectors, 2 * n) })
+        }
+        (Level::Raid10, Level::Raid0) => {
+            if sb.layout != RAID10_N2 || !n.is_multiple_of(2) {
+                return Err(format!(
+                    "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {:#x} on {n}",
+                    sb.layout
+                ));
+            }
+            if !matches!(layout, LayoutChoice::Default) {
+                return Err("raid10 -> raid0 takes no layout".into());
+            }
+            if sb.feature_map & feature::BITMAP_OFFSET != 0 {
+                return Err(NO_BITMAP_IN_RAID0.into());
+            }
+            let mut per_pair = vec![0u32; n as usize / 2];
+            for &r in sb.dev_roles.iter().filter(|r| **r < ROLE_MAX && u32::from(**r) < n) {
+                per_pair[usize::from(r) / 2] += 1;
+            }
+            if let Some(k) = per_pair.iter().position(|c| *c != 1) {
+                return Err(format!(
+                    "every mirror pair must be down to one member (pair {k}, roles {} and {}, has {})",
+                    2 * k,
+                    2 * k + 1,
+                    per_pair[k]
+                ));
+            }
+            Ok(Takeover { roles: RoleMap::Halve, ..t(to, 0, sb.chunk_sectors, n / 2) })
         }
         (Level::Raid1, Level::Raid5) => {
             if n != 2 {
@@ -198,22 +270,23 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
     }
 }
 
-/// `sb` after the takeover: the new geometry, and every role past the new member count a spare.
+/// `sb` after the takeover: the new geometry, and its roles moved by the takeover's map.
 pub fn apply(sb: &mut Superblock, t: &Takeover) {
     sb.level = t.level.md_level();
     sb.layout = t.layout;
     sb.chunk_sectors = t.chunk_sectors;
-    sb.raid_disks = t.raid_disks;
     sb.size_sectors = t.size_sectors;
     sb.new_level = sb.level;
     sb.new_layout = sb.layout;
     sb.new_chunk_sectors = sb.chunk_sectors;
     sb.delta_disks = 0;
+    let old_disks = sb.raid_disks;
     for r in &mut sb.dev_roles {
-        if *r < ROLE_MAX && u32::from(*r) >= t.raid_disks {
-            *r = ROLE_SPARE;
+        if *r < ROLE_MAX && u32::from(*r) < old_disks {
+            *r = t.roles.map(*r, t.raid_disks);
         }
     }
+    sb.raid_disks = t.raid_disks;
 }
 
 /// Whether `fresh` is `old` after one takeover round (one event later, nothing else changed):
@@ -369,6 +442,34 @@ mod tests {
         let mut all = vec![m[0].clone(), fresh.clone()];
         assert_eq!(adopt(&mut all), vec![0]);
         assert_eq!((all[0].level, all[0].size_sectors, all[0].raid_disks), (5, t.size_sectors, 4));
+    }
+
+    #[test]
+    fn raid0_mirrors_into_raid10_near2_and_back() {
+        let m = sbs(Level::Raid0, 2);
+        let data: Vec<u64> = m.iter().map(|sb| sb.data_size_sectors).collect();
+        let t = plan(&m[1], Level::Raid10, LayoutChoice::Default, &data).unwrap();
+        assert_eq!((t.layout, t.raid_disks, t.roles), (RAID10_N2, 4, RoleMap::Double));
+        let mut r10 = m[1].clone();
+        apply(&mut r10, &t);
+        assert_eq!(&r10.dev_roles[..2], &[0, 2], "old role i becomes 2i");
+        r10.events += 1;
+        assert!(is_takeover_of(&m[0], &r10));
+        // Back: both copies of pair 0 present is refused; one of each pair left maps 2i+1 -> i.
+        let mut both = r10.clone();
+        both.dev_roles.extend([1, 3]);
+        let e = plan(&both, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err();
+        assert!(e.contains("pair 0"), "{e}");
+        let mut halves = r10.clone();
+        halves.dev_roles = vec![ROLE_FAULTY, 2, 1, ROLE_FAULTY];
+        let back = plan(&halves, Level::Raid0, LayoutChoice::Default, &[]).unwrap();
+        assert_eq!((back.raid_disks, back.roles), (2, RoleMap::Halve));
+        let mut r0 = halves.clone();
+        apply(&mut r0, &back);
+        assert_eq!(r0.dev_roles, vec![ROLE_FAULTY, 1, 0, ROLE_FAULTY]);
+        let mut with_bitmap = halves.clone();
+        with_bitmap.feature_map |= feature::BITMAP_OFFSET;
+        assert_eq!(plan(&with_bitmap, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err(), NO_BITMAP_IN_RAID0);
     }
 
     #[test]

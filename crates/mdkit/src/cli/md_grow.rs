@@ -10,8 +10,9 @@
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
 //! added members in the background (`array/reshape.rs`). `--level`: raid1 (2 mirrors) <-> raid5,
-//! single-zone raid0 -> raid4/raid5 parity-last (`--add` the parity member), raid4 <-> raid5
-//! parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
+//! single-zone raid0 -> raid4/raid5 parity-last (`--add` the parity member), raid0 <-> raid10
+//! near-2 (`--add` the second copies; back, the second copies are failed and removed first),
+//! raid4 <-> raid5 parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
 //! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`). Other
 //! restripes (raid0/10, fewer members), `--chunk` and `--layout` alone are refused as not
 //! implemented yet.
@@ -50,7 +51,8 @@ pub struct GrowArgs {
     #[arg(long)]
     pub assume_clean: bool,
     /// With --raid-devices: devices to add; raid1 recovers them into the new mirrors, raid4/5/6
-    /// restripes onto them. With --level: the device that recovers Q (raid6) or parity (from raid0).
+    /// restripes onto them. With --level: the devices that recover Q (raid6), parity or the second
+    /// copies (from raid0).
     #[arg(long, short = 'a', value_name = "MEMBER")]
     pub add: Vec<String>,
     /// Not implemented yet (restriping).
@@ -61,8 +63,8 @@ pub struct GrowArgs {
     #[arg(long, short = 'p')]
     pub layout: Option<String>,
     /// The new level, where md changes it without moving data: raid1 (2 mirrors) <-> raid5,
-    /// raid0 -> raid4/raid5 (parity-last, --add the parity member), raid4 <-> raid5
-    /// (parity-last), raid5 -> raid6 (--layout preserve, --add the Q member), raid6 with Q on
+    /// raid0 -> raid4/raid5 (parity-last, --add the parity member), raid0 <-> raid10 (near-2,
+    /// --add the second copies; back: they are removed), raid4 <-> raid5 (parity-last), raid5 -> raid6 (--layout preserve, --add the Q member), raid6 with Q on
     /// the last member -> raid5.
     #[arg(long, short = 'l')]
     pub level: Option<String>,
