@@ -126,17 +126,27 @@ async fn grow(a: &Array, change: Change, spare: &SimMember, extra: &SimMember) {
 }
 
 /// Points after each completed member write in `[from, to]`, thinned to about `max`, plus
-/// `random` uniform points.
+/// after every superblock write (1.2: the 4 KiB at byte 4096; every metadata round, where
+/// members disagree until the round ends), plus `random` uniform points.
 fn cut_points(group: &CrashGroup, from: u64, to: u64, max: usize, random: usize, rng: &mut Rng) -> Vec<u64> {
-    let done: Vec<u64> = group
-        .events()
-        .iter()
-        .filter(|e| matches!(e.kind, CrashEventKind::WriteCompleted { .. }))
-        .map(|e| e.index + 1)
-        .filter(|p| (from..=to).contains(p))
-        .collect();
+    let events = group.events();
+    let issued_at: std::collections::HashMap<u64, CrashEventKind> = events.iter().map(|e| (e.index, e.kind)).collect();
+    let superblock = |issued: u64| {
+        matches!(issued_at.get(&issued), Some(CrashEventKind::WriteIssued { offset_bytes: 4096, len_bytes: 4096, .. }))
+    };
+    let mut done = Vec::new();
+    let mut rounds = Vec::new();
+    for e in events.iter().filter(|e| (from..=to).contains(&(e.index + 1))) {
+        if let CrashEventKind::WriteCompleted { issued } = e.kind {
+            done.push(e.index + 1);
+            if superblock(issued) {
+                rounds.push(e.index + 1);
+            }
+        }
+    }
     let stride = (done.len() / max.max(1)).max(1);
     let mut points: Vec<u64> = done.into_iter().step_by(stride).collect();
+    points.extend(rounds);
     points.extend((0..random).map(|_| from + rng.below(to - from + 1)));
     points.push(to);
     points
@@ -226,6 +236,7 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
     let to = group.now().0;
     drop(a);
     let sample = cut_points(&group, from, to, points, points / 4, &mut rng);
+    eprintln!("{name} {change:?}: {} cut points in {from}..{to}", sample.len());
     for (k, p) in sample.into_iter().enumerate() {
         let policy = CrashPolicy::ALL[k % CrashPolicy::ALL.len()];
         let ms = image_members(&names, group.image_at(CrashPoint(p), &mut rng, policy).unwrap());

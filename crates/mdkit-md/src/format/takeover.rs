@@ -302,7 +302,11 @@ pub fn is_takeover_of(old: &Superblock, fresh: &Superblock) -> bool {
         return false;
     }
     let Some(to) = Level::from_md_level(fresh.level) else { return false };
-    let choice = if to == Level::Raid1 { LayoutChoice::Default } else { LayoutChoice::Algorithm(fresh.layout) };
+    // raid1 has no layout, and raid10 -> raid0 takes none.
+    let choice = match to {
+        Level::Raid1 | Level::Raid0 => LayoutChoice::Default,
+        _ => LayoutChoice::Algorithm(fresh.layout),
+    };
     let Ok(mut t) = plan(old, to, choice, &[old.data_size_sectors]) else { return false };
     if old.level == 0 {
         // One member's data cannot show the zone; it must hold the size the takeover gave.
@@ -313,11 +317,8 @@ pub fn is_takeover_of(old: &Superblock, fresh: &Superblock) -> bool {
     }
     let mut expect = old.clone();
     apply(&mut expect, &t);
-    let role = old.raw_role();
-    let role_kept = fresh
-        .dev_roles
-        .get(old.dev_number as usize)
-        .is_some_and(|r| *r == role || (*r == ROLE_SPARE && role < ROLE_MAX && u32::from(role) >= t.raid_disks));
+    // Its own role where the takeover's map puts it.
+    let role_kept = fresh.dev_roles.get(old.dev_number as usize) == expect.dev_roles.get(old.dev_number as usize);
     (expect.level, expect.layout, expect.chunk_sectors, expect.raid_disks, expect.size_sectors)
         == (fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks, fresh.size_sectors)
         && role_kept
@@ -467,6 +468,10 @@ mod tests {
         let mut r0 = halves.clone();
         apply(&mut r0, &back);
         assert_eq!(r0.dev_roles, vec![ROLE_FAULTY, 1, 0, ROLE_FAULTY]);
+        r0.events += 1;
+        let mut old = halves.clone();
+        old.dev_number = 1;
+        assert!(is_takeover_of(&old, &r0), "a raid10 member one round behind joins the raid0");
         let mut with_bitmap = halves.clone();
         with_bitmap.feature_map |= feature::BITMAP_OFFSET;
         assert_eq!(plan(&with_bitmap, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err(), NO_BITMAP_IN_RAID0);
