@@ -264,13 +264,6 @@ impl SyncState {
         }
     }
 
-    /// Holds the reshape engine to `sync_speed_max` after it moved `member_sectors` per member.
-    pub(crate) async fn throttle_reshape(&self, member_sectors: u64) {
-        let kib = member_sectors / 2;
-        let max = self.speed_max_kib().max(1);
-        tokio::time::sleep(Duration::from_micros(kib.saturating_mul(1_000_000) / max)).await;
-    }
-
     /// Waits until the engine has nothing to do (or is frozen).
     pub async fn wait_idle(&self) {
         loop {
@@ -505,15 +498,16 @@ fn note_mismatches(core: &ArrayCore, sectors: u64, ranges: Vec<Range<u64>>) {
     }
 }
 
-/// Progress, speed and throttling.
-struct Pacer {
+/// Progress, speed and throttling: md's rule for every sync action, the reshape included
+/// (md_do_sync serves both).
+pub(crate) struct Pacer {
     window_start: Instant,
     window_pos: u64,
     last_user_requests: u64,
 }
 
 impl Pacer {
-    fn new(core: &ArrayCore, pos: u64) -> Pacer {
+    pub(crate) fn new(core: &ArrayCore, pos: u64) -> Pacer {
         Pacer { window_start: Instant::now(), window_pos: pos, last_user_requests: core.user_requests() }
     }
 
@@ -542,6 +536,13 @@ impl Pacer {
             self.window_start = Instant::now();
             self.window_pos = pos;
         }
+    }
+
+    /// [`Pacer::pace`] for the reshape engine, which no sync request interrupts: `pos` counts
+    /// the sectors it moved per member.
+    pub(crate) async fn pace_reshape(&mut self, core: &ArrayCore, pos: u64) {
+        let generation = core.sync.interrupt_gen.load(Ordering::Acquire);
+        self.pace(core, pos, generation).await;
     }
 }
 
