@@ -25,6 +25,7 @@ use mdkit_md::layout::Level;
 
 use crate::array_util::{MIB, check, fast_sync};
 use crate::common;
+use common::lab::detail_field as after;
 
 const PATTERN_BYTES: u64 = 8 * MIB;
 const HIGH: u64 = 96 * MIB;
@@ -76,10 +77,6 @@ async fn mdkit_assembles(paths: &[std::path::PathBuf], pattern: &[u8], kernel_ki
     assert_eq!(a.read_vec(HIGH, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
-}
-
-fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim)
 }
 
 #[test]

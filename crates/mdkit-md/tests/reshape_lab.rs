@@ -25,6 +25,7 @@ use mdkit_md::layout::Level;
 
 use crate::array_util::{MIB, check, fast_sync, opts};
 use crate::common;
+use common::lab::detail_field as after;
 
 const PATTERN_BYTES: u64 = 8 * MIB;
 
@@ -82,10 +83,6 @@ async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]
     assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
-}
-
-fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim)
 }
 
 /// The guest's half for one case: disks `d` (mdkit's five, then the kernel's five) from

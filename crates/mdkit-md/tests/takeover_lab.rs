@@ -34,6 +34,7 @@ use mdkit_md::layout::Level;
 
 use crate::array_util::{MIB, check, fast_sync, opts};
 use crate::common;
+use common::lab::detail_field as after;
 
 const PATTERN_BYTES: u64 = 8 * MIB;
 const HIGH: u64 = 40 * MIB;
@@ -112,10 +113,6 @@ async fn mdkit_finishes_kernel_recovery(paths: &[std::path::PathBuf], pattern: &
     a.stop().await.unwrap();
 }
 
-fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim)
-}
-
 /// Guest disks: vda-vdb mdkit's mirror, vdc-vdf mdkit's raid5 + Q, vdg-vdh the kernel's
 /// mirror, vdi-vdl the kernel's raid5 + spare, vdm-vdp mdkit's raid0 + parity, vdq-vdt the
 /// kernel's raid0 + spare, vdu the dump disk.
@@ -123,22 +120,27 @@ const SCRIPT: &str = r#"
 set -u
 pat=/lab/files/pat
 dump() { dd if=$1 of=/dev/vdu bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }
-mdadm --assemble /dev/md0 /dev/vda /dev/vdb 2>&1 || echo assemble_failed=1
-echo "=== detail0"; mdadm --detail /dev/md0
+# assemble N DEVS...: mdkit's array as mdN, writable (a stopped recovery resumes), waited for
+assemble() {
+    md=/dev/md$1; shift
+    mdadm --assemble $md "$@" 2>&1 || echo assemble_failed=1
+    mdadm --readwrite $md 2>&1
+    sleep 1; mdadm --wait $md; sleep 1; mdadm --wait $md
+    echo "=== detail${md#/dev/md}"; mdadm --detail $md
+}
+# check_and_stop N: the kernel's check of mdN, its mismatch count, then stop
+check_and_stop() {
+    echo check > /sys/block/md$1/md/sync_action; sleep 1; mdadm --wait /dev/md$1
+    echo "=== mismatch$1"; cat /sys/block/md$1/md/mismatch_cnt
+    mdadm --stop /dev/md$1 2>&1
+}
+assemble 0 /dev/vda /dev/vdb
 dump /dev/md0 0 0
-echo check > /sys/block/md0/md/sync_action; sleep 1; mdadm --wait /dev/md0
-echo "=== mismatch0"; cat /sys/block/md0/md/mismatch_cnt
-mdadm --stop /dev/md0 2>&1
-mdadm --assemble /dev/md1 /dev/vdc /dev/vdd /dev/vde /dev/vdf 2>&1 || echo assemble_failed=1
-mdadm --readwrite /dev/md1 2>&1
-echo "=== mdstat1"; cat /proc/mdstat
-sleep 1; mdadm --wait /dev/md1; sleep 1; mdadm --wait /dev/md1
-echo "=== detail1"; mdadm --detail /dev/md1
+check_and_stop 0
+assemble 1 /dev/vdc /dev/vdd /dev/vde /dev/vdf
 dump /dev/md1 0 8
 dump /dev/md1 40 16
-echo check > /sys/block/md1/md/sync_action; sleep 1; mdadm --wait /dev/md1
-echo "=== mismatch1"; cat /sys/block/md1/md/mismatch_cnt
-mdadm --stop /dev/md1 2>&1
+check_and_stop 1
 mdadm --create /dev/md2 --run --metadata=1.2 --level=1 --raid-devices=2 --assume-clean --bitmap=none /dev/vdg /dev/vdh 2>&1
 dd if=$pat of=/dev/md2 bs=1M oflag=direct status=none
 mdadm --grow /dev/md2 --level=5 2>&1
@@ -153,15 +155,10 @@ mdadm --grow /dev/md3 --level=6 --raid-devices=4 --layout=preserve 2>&1
 sleep 3
 echo "=== recovery3"; cat /sys/block/md3/md/sync_action /proc/mdstat; mdadm --detail /dev/md3
 mdadm --stop /dev/md3 2>&1
-mdadm --assemble /dev/md4 /dev/vdm /dev/vdn /dev/vdo /dev/vdp 2>&1 || echo assemble_failed=1
-mdadm --readwrite /dev/md4 2>&1
-sleep 1; mdadm --wait /dev/md4; sleep 1; mdadm --wait /dev/md4
-echo "=== detail4"; mdadm --detail /dev/md4
+assemble 4 /dev/vdm /dev/vdn /dev/vdo /dev/vdp
 dump /dev/md4 0 24
 dump /dev/md4 40 32
-echo check > /sys/block/md4/md/sync_action; sleep 1; mdadm --wait /dev/md4
-echo "=== mismatch4"; cat /sys/block/md4/md/mismatch_cnt
-mdadm --stop /dev/md4 2>&1
+check_and_stop 4
 mdadm --create /dev/md5 --run --metadata=1.2 --level=0 --chunk=64 --raid-devices=3 /dev/vdq /dev/vdr /dev/vds 2>&1
 dd if=$pat of=/dev/md5 bs=1M oflag=direct status=none
 dd if=$pat of=/dev/md5 bs=1M seek=40 oflag=direct status=none

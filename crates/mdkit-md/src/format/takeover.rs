@@ -270,23 +270,22 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
     }
 }
 
+/// The geometry fields a takeover writes (`new_*` equal to them: no reshape follows).
+fn set_geometry(sb: &mut Superblock, level: i32, layout: u32, chunk_sectors: u32, raid_disks: u32, size_sectors: u64) {
+    (sb.level, sb.layout, sb.chunk_sectors, sb.raid_disks, sb.size_sectors) =
+        (level, layout, chunk_sectors, raid_disks, size_sectors);
+    (sb.new_level, sb.new_layout, sb.new_chunk_sectors, sb.delta_disks) = (level, layout, chunk_sectors, 0);
+}
+
 /// `sb` after the takeover: the new geometry, and its roles moved by the takeover's map.
 pub fn apply(sb: &mut Superblock, t: &Takeover) {
-    sb.level = t.level.md_level();
-    sb.layout = t.layout;
-    sb.chunk_sectors = t.chunk_sectors;
-    sb.size_sectors = t.size_sectors;
-    sb.new_level = sb.level;
-    sb.new_layout = sb.layout;
-    sb.new_chunk_sectors = sb.chunk_sectors;
-    sb.delta_disks = 0;
     let old_disks = sb.raid_disks;
     for r in &mut sb.dev_roles {
         if *r < ROLE_MAX && u32::from(*r) < old_disks {
             *r = t.roles.map(*r, t.raid_disks);
         }
     }
-    sb.raid_disks = t.raid_disks;
+    set_geometry(sb, t.level.md_level(), t.layout, t.chunk_sectors, t.raid_disks, t.size_sectors);
 }
 
 /// Whether `fresh` is `old` after one takeover round (one event later, nothing else changed):
@@ -335,15 +334,7 @@ pub fn adopt(sbs: &mut [Superblock]) -> Vec<usize> {
         if !is_takeover_of(sb, &fresh) {
             continue;
         }
-        sb.level = fresh.level;
-        sb.layout = fresh.layout;
-        sb.chunk_sectors = fresh.chunk_sectors;
-        sb.raid_disks = fresh.raid_disks;
-        sb.size_sectors = fresh.size_sectors;
-        sb.new_level = fresh.level;
-        sb.new_layout = fresh.layout;
-        sb.new_chunk_sectors = fresh.chunk_sectors;
-        sb.delta_disks = 0;
+        set_geometry(sb, fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks, fresh.size_sectors);
         sb.dev_roles = fresh.dev_roles.clone();
         adopted.push(i);
     }

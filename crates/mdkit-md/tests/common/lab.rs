@@ -221,9 +221,6 @@ impl GuestPartitions {
     }
 }
 
-/// Guest script text that runs each `(name, body)` as a shell function, two at a time (one
-/// case's waits, for a resync or a check, overlap the other's work), each writing to its own
-/// log, then prints the logs in the given order so every case's `=== ` section stays whole. Bodies must not share devices or md numbers.
 /// `len` bytes at `offset` of a dump disk: lab scripts copy what the guest reads there (direct
 /// I/O `dd`) and the host compares, since hashing inside a TCG guest costs more than the copy.
 pub fn read_dump(dump: &Path, offset: u64, len: usize) -> Vec<u8> {
@@ -234,6 +231,16 @@ pub fn read_dump(dump: &Path, offset: u64, len: usize) -> Vec<u8> {
     bytes
 }
 
+/// The value after `key` on the first line of `text` that starts with it once indented:
+/// `mdadm --detail`'s `   Raid Level : raid5` lines (`detail_field(text, "Raid Level :")`).
+pub fn detail_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim)
+}
+
+/// Guest script text that runs each `(name, body)` as a shell function, two at a time (one
+/// case's waits, for a resync or a check, overlap the other's work), each writing to its own
+/// log, then prints the logs in the given order so every case's `=== ` section stays whole.
+/// Bodies must not share devices or md numbers.
 pub fn two_at_a_time(cases: &[(String, String)]) -> String {
     let mut s = String::new();
     for (name, body) in cases {
