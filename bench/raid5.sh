@@ -44,12 +44,7 @@ BENCH=target/release/examples/raid5_bench
 max_members=0
 for lm in $LEVELS; do n=${lm#*:}; [ "$n" -gt "$max_members" ] && max_members=$n; done
 for i in $(seq 0 $((max_members - 1))); do
-    f=$WORKDIR/raid5-bench-m$i.img
-    if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" != $((MEMBER_MIB << 20)) ]; then
-        log "writing member file $f ($MEMBER_MIB MiB, once: no holes, no unwritten extents)"
-        rm -f "$f"
-        dd if=/dev/zero of="$f" bs=1M count="$MEMBER_MIB" oflag=direct status=none
-    fi
+    written_file "$WORKDIR/raid5-bench-m$i.img" "$MEMBER_MIB"
 done
 
 # ceiling N BS -> "iops=..." of 50/50 random read/write over the first N member files

@@ -38,12 +38,7 @@ case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem 
 
 cargo build --release -p mdkit-md --example reshape_bench >&2
 for i in $(seq 0 "$MEMBERS"); do
-    f=$WORKDIR/reshape-bench-m$i.img
-    if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" != $((MEMBER_MIB << 20)) ]; then
-        log "writing member file $f ($MEMBER_MIB MiB, once: no holes, no unwritten extents)"
-        rm -f "$f"
-        dd if=/dev/zero of="$f" bs=1M count="$MEMBER_MIB" oflag=direct status=none
-    fi
+    written_file "$WORKDIR/reshape-bench-m$i.img" "$MEMBER_MIB"
 done
 out=$(target/release/examples/reshape_bench --dir "$WORKDIR" --level "$LEVEL" --members "$MEMBERS" \
       --member-mib "$MEMBER_MIB" --chunk-kib "$CHUNK_KIB" --qd "$QD" --secs "$SECS")

@@ -69,3 +69,14 @@ ensure_cargo_fuzz() {
     log "installing cargo-fuzz"
     cargo install --locked cargo-fuzz
 }
+
+# Benchmarks: FILE of MIB MiB written once with zeroes (no holes, no unwritten extents, so the
+# first measurement does not pay for allocation); kept when it already has that size.
+written_file() {
+    local f=$1 mib=$2
+    if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" != $((mib << 20)) ]; then
+        log "writing member file $f ($mib MiB, once: no holes, no unwritten extents)"
+        rm -f "$f"
+        dd if=/dev/zero of="$f" bs=1M count="$mib" oflag=direct status=none
+    fi
+}
