@@ -52,7 +52,7 @@ pub enum Command {
     /// Add, fail, remove, re-add or replace an md array member.
     Manage(md::ManageArgs),
     /// Grow an md array: size after the members grew, bitmap, write-behind, raid1 mirrors,
-    /// raid4/5/6 restripe onto more members (like mdadm --grow).
+    /// raid4/5/6 restripe onto more members, level changes that move no data (like mdadm --grow).
     Grow(md_grow::GrowArgs),
     /// Read or set md attributes (sysfs names: sync_action, sync_speed_max, mismatch_cnt, ...).
     Attr(md::AttrArgs),
