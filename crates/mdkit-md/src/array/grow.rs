@@ -97,20 +97,26 @@ pub(super) async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -
     Ok(Some(area))
 }
 
-/// md refuses a takeover while a sync runs; mdkit also wants every role in sync, except a
-/// raid6 whose only missing role is Q's (the one raid5 drops).
-fn takeover_state(core: &ArrayCore, to: crate::layout::Level) -> Result<(), String> {
-    use crate::layout::Level;
+/// md refuses a takeover while a sync runs (reshape, recovery or a pending resync).
+fn no_sync_running(core: &ArrayCore) -> Result<(), String> {
     if core.personality().reshape().is_some() {
         return Err("a reshape is running".into());
     }
-    let slots = core.slots();
-    if !slots.recovering().is_empty() {
+    if !core.slots().recovering().is_empty() {
         return Err("a recovery is running; let it finish first".into());
     }
     if !super::is_in_sync(core) {
         return Err("a resync is pending; let it finish first".into());
     }
+    Ok(())
+}
+
+/// [`no_sync_running`], and every role in sync, except a raid6 whose only missing role is Q's
+/// (the one raid5 drops) and a raid10 down to one copy of each pair (raid0).
+fn takeover_state(core: &ArrayCore, to: crate::layout::Level) -> Result<(), String> {
+    use crate::layout::Level;
+    no_sync_running(core)?;
+    let slots = core.slots();
     let info = core.info();
     let n = info.raid_disks as usize;
     let missing: Vec<usize> = (0..n).filter(|r| slots.in_sync(*r).is_none()).collect();
@@ -207,23 +213,12 @@ impl Array {
         let core = self.core();
         let info = core.info().clone();
         let why = |w: String| refused(format!("{}: cannot change the level: {w}", self.name()));
-        if info.layout != 0x102 || !info.raid_disks.is_multiple_of(2) {
-            return Err(why(format!(
-                "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {:#x} on {}",
-                info.layout, info.raid_disks
-            )));
-        }
-        if core.personality().reshape().is_some() || !super::is_in_sync(&core) {
-            return Err(why("a reshape or resync is pending; let it finish first".into()));
-        }
-        if core.bitmap.is_some() {
-            return Err(why(crate::format::takeover::NO_BITMAP_IN_RAID0.into()));
-        }
+        crate::format::takeover::raid10_to_raid0_shape(info.layout, info.raid_disks, core.bitmap.is_some())
+            .map_err(why)?;
+        no_sync_running(&core).map_err(why)?;
         let slots = core.slots();
-        if !slots.recovering().is_empty() || !slots.spares().is_empty() {
-            return Err(why(
-                "a recovery is running or spares are present; let it finish and remove the spares first".into()
-            ));
+        if !slots.spares().is_empty() {
+            return Err(why("raid0 has no spares; remove the spares first".into()));
         }
         let pairs = info.raid_disks as usize / 2;
         if let Some(k) = (0..pairs).find(|k| slots.in_sync(2 * k).is_none() && slots.in_sync(2 * k + 1).is_none()) {

@@ -449,9 +449,9 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
     let mut last = Instant::now();
     let (mut from, mut since) = (r.progress.load(Ordering::Acquire), Instant::now());
     // As md's resync: up to sync_speed_min always, above it only while no requests arrive,
-    // never above sync_speed_max (per member sectors moved).
-    let mut moved = 0u64;
-    let mut pacer = super::sync::Pacer::new(core, moved);
+    // never above sync_speed_max (on the per-member position).
+    let per_member = |p: u64| p / r.state.data_disks().1;
+    let mut pacer = super::sync::Pacer::new(core, per_member(r.progress.load(Ordering::Acquire)));
     loop {
         let p = r.progress.load(Ordering::Acquire);
         if core.is_shutting_down() || core.sync.is_frozen() || core.needs_check().is_some() {
@@ -482,8 +482,7 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
             }
         };
         r.move_window(core, p, w).await?;
-        moved += w / r.state.data_disks().1;
-        pacer.pace_reshape(core, moved).await;
+        pacer.pace_reshape(core, per_member(r.progress.load(Ordering::Acquire))).await;
         r.note_speed(from, since);
         if r.want_checkpoint.load(Ordering::Acquire) || last.elapsed() >= CHECKPOINT_INTERVAL {
             r.checkpoint(core, "reshape checkpoint").await?;

@@ -20,10 +20,11 @@
 //! ```
 //! Kernel rules kept: raid45_takeover_raid0's single zone (every member's data rounded down to
 //! the chunk the same: the raid0 then holds exactly the data blocks of a parity-last raid4
-//! whose parity member is missing) and size (that rounded size); raid5_takeover_raid1's chunk (64 KiB, halved until it divides the array,
-//! at least 4 KiB); raid6_takeover's 3..=253 members; the "-6" layout numbers (raid5 0..=4 →
-//! 16..=20, parity-last stays 5). Every member's superblock gets the new level, layout, chunk,
-//! member count and roles; the events, bitmap and data are untouched (the writer bumps events).
+//! whose parity member is missing) and size (that rounded size); raid5_takeover_raid1's chunk
+//! (64 KiB, halved until it divides the array, at least 4 KiB); raid6_takeover's 3..=253
+//! members; the "-6" layout numbers (raid5 0..=4 → 16..=20, parity-last stays 5). Every
+//! member's superblock gets the new level, layout, chunk, member count and roles; the events,
+//! bitmap and data are untouched (the writer bumps events).
 //!
 //! A cut while the superblocks are written leaves some members one event behind at the old
 //! level. Nothing moved, so assembly takes such a member into the new level
@@ -33,6 +34,7 @@
 use super::superblock::ROLE_FAULTY;
 use super::superblock::{ROLE_MAX, ROLE_SPARE, Superblock, feature};
 use crate::layout::Level;
+use crate::layout::names::RAID10_DEFAULT_LAYOUT;
 use crate::layout::names::algorithm as alg;
 
 /// The layout asked for with the level (`--layout`).
@@ -69,11 +71,23 @@ impl RoleMap {
     }
 }
 
-/// Why raid10 -> raid0 refuses an array with a bitmap.
-pub const NO_BITMAP_IN_RAID0: &str = "raid0 has no write-intent bitmap: remove it first (grow --bitmap none)";
+/// md's raid10 near-2 layout (near_copies 2, far_copies 1): mdadm's default.
+const RAID10_N2: u32 = RAID10_DEFAULT_LAYOUT;
 
-/// md's raid10 near-2 layout (near_copies 2, far_copies 1).
-const RAID10_N2: u32 = 0x102;
+/// What raid10 -> raid0 needs of the array's shape (raid0_takeover_raid10): near-2, an even
+/// member count, and no bitmap (raid0 has none). The runtime checks it before it removes the
+/// second copies, [`plan`] again on the superblocks.
+pub fn raid10_to_raid0_shape(layout: u32, raid_disks: u32, has_bitmap: bool) -> Result<(), String> {
+    if layout != RAID10_N2 || !raid_disks.is_multiple_of(2) {
+        return Err(format!(
+            "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {layout:#x} on {raid_disks}"
+        ));
+    }
+    if has_bitmap {
+        return Err("raid0 has no write-intent bitmap: remove it first (grow --bitmap none)".into());
+    }
+    Ok(())
+}
 
 /// The geometry after a takeover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,17 +190,9 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
             Ok(Takeover { size_sectors, roles: RoleMap::Double, ..t(to, RAID10_N2, sb.chunk_sectors, 2 * n) })
         }
         (Level::Raid10, Level::Raid0) => {
-            if sb.layout != RAID10_N2 || !n.is_multiple_of(2) {
-                return Err(format!(
-                    "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {:#x} on {n}",
-                    sb.layout
-                ));
-            }
+            raid10_to_raid0_shape(sb.layout, n, sb.feature_map & feature::BITMAP_OFFSET != 0)?;
             if !matches!(layout, LayoutChoice::Default) {
                 return Err("raid10 -> raid0 takes no layout".into());
-            }
-            if sb.feature_map & feature::BITMAP_OFFSET != 0 {
-                return Err(NO_BITMAP_IN_RAID0.into());
             }
             let mut per_pair = vec![0u32; n as usize / 2];
             for &r in sb.dev_roles.iter().filter(|r| **r < ROLE_MAX && u32::from(**r) < n) {
@@ -465,7 +471,8 @@ mod tests {
         assert!(is_takeover_of(&old, &r0), "a raid10 member one round behind joins the raid0");
         let mut with_bitmap = halves.clone();
         with_bitmap.feature_map |= feature::BITMAP_OFFSET;
-        assert_eq!(plan(&with_bitmap, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err(), NO_BITMAP_IN_RAID0);
+        let e = plan(&with_bitmap, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err();
+        assert!(e.contains("raid0 has no write-intent bitmap"), "{e}");
     }
 
     #[test]

@@ -64,8 +64,9 @@ pub struct GrowArgs {
     pub layout: Option<String>,
     /// The new level, where md changes it without moving data: raid1 (2 mirrors) <-> raid5,
     /// raid0 -> raid4/raid5 (parity-last, --add the parity member), raid0 <-> raid10 (near-2,
-    /// --add the second copies; back: they are removed), raid4 <-> raid5 (parity-last), raid5 -> raid6 (--layout preserve, --add the Q member), raid6 with Q on
-    /// the last member -> raid5.
+    /// --add the second copies; back: they are removed), raid4 <-> raid5 (parity-last),
+    /// raid5 -> raid6 (--layout preserve, --add the Q member), raid6 with Q on the last
+    /// member -> raid5.
     #[arg(long, short = 'l')]
     pub level: Option<String>,
     #[command(flatten)]
