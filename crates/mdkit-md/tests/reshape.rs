@@ -1,6 +1,8 @@
-//! raid5/6 restripe to more members (`grow --raid-devices`, issue 17): raid5 4 -> 5 and 3 -> 5,
-//! raid6 4 -> 5 and 4 -> 6 under concurrent writes (every write reads back, check finds 0 mismatches, the array grows), a
-//! reshape stopped half-way resumes from the superblocks' reshape_position, an unreadable range
+//! raid5/6 restripes (issue 17) under concurrent writes (every write reads back, check finds 0
+//! mismatches): to more members (`grow --raid-devices`: raid5 4 -> 5 and 3 -> 5, raid6 4 -> 5
+//! and 4 -> 6; the array grows) and over the same members (`grow --chunk` / `--layout`: raid5
+//! chunk 64 -> 128 KiB, chunk and layout at once, raid6 Q-last -> rotating Q); a reshape
+//! stopped half-way resumes from the superblocks' reshape_position, an unreadable range
 //! mid-reshape is recorded where it was read, refusals (no room to move the data offset, a
 //! degraded array) change nothing.
 
@@ -99,6 +101,96 @@ async fn raid6_4_to_5_under_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid6_4_to_6_under_writes() {
     grow_under_writes("reshape6-46", Level::Raid6, 4, 6).await;
+}
+
+/// A restripe over the same members (`grow --chunk` / `--layout`) while a writer writes: the
+/// size stays, every write reads back, check finds 0 mismatches, the superblocks carry the new
+/// chunk and layout with the data offset moved down by the larger chunk, and the array
+/// assembles again from them.
+async fn restripe_under_writes(name: &str, level: Level, n: usize, layout: Option<u32>, change: GrowChange) {
+    let mut rng = Rng::new(seed(name, 59));
+    let ms = mem_members(&format!("{name}-"), n, 16 * MIB);
+    let a = Arc::new(create_array(&ms, opts(level, n as u32, Some(64), layout, true, true)).await);
+    let mut m = Model::new(a.size_bytes());
+    fill(&*a, &mut m, &mut rng).await;
+    let (before, old) = (a.size_bytes(), read_superblock(&ms[0].dev).await.unwrap());
+    let GrowChange::Restripe { layout: to_layout, chunk_sectors: to_chunk } = change else { panic!("{change:?}") };
+    let want = (to_layout.unwrap_or(old.layout), to_chunk.unwrap_or(old.chunk_sectors));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    tokio::task::yield_now().await;
+    let r = a.grow(change, vec![]).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(r.summary.contains("reshape"), "{}", r.summary);
+    a.wait_reshape().await.unwrap();
+    stop.store(true, Ordering::Release);
+    let (m, writes) = w.await.unwrap();
+    eprintln!("{name}: {writes} writes during the restripe ({})", r.summary);
+    assert_eq!(a.size_bytes(), before, "a restripe over the same members keeps the size");
+    assert_eq!((a.info().layout, a.info().chunk_sectors), want);
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0, "{name}: check after the restripe");
+    a.stop().await.unwrap();
+    let sb = read_superblock(&ms[0].dev).await.unwrap();
+    assert_eq!(sb.feature_map & feature::RESHAPE_ACTIVE, 0);
+    assert_eq!((sb.layout, sb.chunk_sectors, sb.raid_disks), (want.0, want.1, n as u32));
+    let moved = u64::from(old.chunk_sectors.max(want.1));
+    assert_eq!(sb.data_offset_sectors, old.data_offset_sectors - moved, "the data moved down by the larger chunk");
+    let b = assemble_array(&ms).await;
+    verify_all(&b, &m).await;
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_chunk_64_to_128_under_writes() {
+    restripe_under_writes(
+        "chunk64-128",
+        Level::Raid5,
+        4,
+        None,
+        GrowChange::Restripe { layout: None, chunk_sectors: Some(256) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_chunk_64_to_32_and_layout_under_writes() {
+    // left-symmetric -> right-asymmetric (md layout 1) and 32 KiB chunks in one restripe.
+    let change = GrowChange::Restripe { layout: Some(1), chunk_sectors: Some(64) };
+    restripe_under_writes("chunk64-32", Level::Raid5, 3, None, change).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_layout_6_to_rotating_q_under_writes() {
+    // left-symmetric-6 (Q on the last member, md layout 18), what raid5 -> raid6 with
+    // --layout preserve leaves, to left-symmetric (Q rotating, layout 2): mdadm's second step.
+    let change = GrowChange::Restripe { layout: Some(2), chunk_sectors: None };
+    restripe_under_writes("raid6-q", Level::Raid6, 5, Some(18), change).await;
+}
+
+/// Restripes the engine cannot make are refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restripe_refusals_change_nothing() {
+    let ms = mem_members("rsref-", 4, 16 * MIB);
+    let a = create_array(&ms, opts(Level::Raid5, 4, Some(64), None, true, true)).await;
+    let refused = |change| {
+        let a = &a;
+        async move { a.grow(change, vec![]).await.unwrap_err().to_string() }
+    };
+    let e = refused(GrowChange::Restripe { layout: None, chunk_sectors: Some(128) }).await;
+    assert!(e.contains("already these"), "{e}");
+    let e = refused(GrowChange::Restripe { layout: None, chunk_sectors: Some(96) }).await;
+    assert!(e.contains("power of 2"), "{e}");
+    let e = refused(GrowChange::Restripe { layout: Some(42), chunk_sectors: None }).await;
+    assert!(e.contains("algorithm 42"), "{e}");
+    // 15 MiB per member is no multiple of 2 MiB (mdadm refuses too: --size first).
+    let e = refused(GrowChange::Restripe { layout: None, chunk_sectors: Some(4096) }).await;
+    assert!(e.contains("not a multiple of the new chunk (2048 KiB)"), "{e}");
+    // 1 MiB chunks: the data would move down 1 MiB; mdkit's arrays leave less before it.
+    let e = refused(GrowChange::Restripe { layout: None, chunk_sectors: Some(2048) }).await;
+    assert!(e.contains("free sectors before its data"), "{e}");
+    a.stop().await.unwrap();
+    let sb = read_superblock(&ms[0].dev).await.unwrap();
+    assert_eq!((sb.chunk_sectors, sb.layout, sb.feature_map & feature::RESHAPE_ACTIVE), (128, 2, 0));
 }
 
 /// Stopped half-way (slow `sync_speed_max`), the array assembles from the recorded

@@ -1,5 +1,6 @@
-//! Power cuts during a raid5 4 -> 5 and a raid6 4 -> 5 reshape (crash-recording members, one power domain) with
-//! writes and flushes in flight. Cut points: member flush completions and superblock writes
+//! Power cuts during restripes (crash-recording members, one power domain) with writes and
+//! flushes in flight: raid5 and raid6 4 -> 5 members, raid5 chunk 32 -> 64 KiB and raid6
+//! Q-last -> rotating Q over the same members. Cut points: member flush completions and superblock writes
 //! (checkpoints) from the moment the reshape is recorded until after it finished, plus random
 //! points between; every way the volatile writes may have landed (all, none, random subsets,
 //! torn sectors). For each: the members as found assemble, the reshape resumes and finishes,
@@ -80,20 +81,51 @@ fn interesting_points(group: &CrashGroup, from: u64, to: u64) -> Vec<u64> {
         .collect()
 }
 
-async fn reshape_crash_case(name: &str, level: Level, max_points: usize, random_points: usize) {
+/// One restripe to cut: the array made (level, layout; 4 members, 32 KiB chunks) and the grow.
+struct Kind {
+    level: Level,
+    layout: Option<u32>,
+    change: GrowChange,
+}
+
+const GROW_RAID5: Kind = Kind { level: Level::Raid5, layout: None, change: GrowChange::RaidDevices(5) };
+const GROW_RAID6: Kind = Kind { level: Level::Raid6, layout: None, change: GrowChange::RaidDevices(5) };
+const CHUNK_RAID5: Kind =
+    Kind { level: Level::Raid5, layout: None, change: GrowChange::Restripe { layout: None, chunk_sectors: Some(128) } };
+/// left-symmetric-6 (what raid5 -> raid6 --layout preserve leaves) -> left-symmetric.
+const ROTATE_Q_RAID6: Kind = Kind {
+    level: Level::Raid6,
+    layout: Some(18),
+    change: GrowChange::Restripe { layout: Some(2), chunk_sectors: None },
+};
+
+impl Kind {
+    /// Members after the restripe, and (layout, chunk sectors) given the array's before.
+    fn after(&self, layout: u32, chunk: u32) -> (u32, u32, u32) {
+        match self.change {
+            GrowChange::RaidDevices(n) => (n, layout, chunk),
+            GrowChange::Restripe { layout: l, chunk_sectors: c } => (4, l.unwrap_or(layout), c.unwrap_or(chunk)),
+            _ => unreachable!("not a restripe"),
+        }
+    }
+}
+
+async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_points: usize) {
     let s = seed(name, 53);
     let mut rng = Rng::new(s);
     let group = CrashGroup::with_options(CrashOptions::default());
-    let members = crash_members(&group, &format!("{name}-"), 5, 4 * MIB);
+    let (total, _, _) = kind.after(0, 0);
+    let members = crash_members(&group, &format!("{name}-"), total as usize, 4 * MIB);
     let sims: Vec<SimMember> = members.iter().map(|(m, _)| m.clone()).collect();
     let names: Vec<String> = sims.iter().map(|m| m.name.clone()).collect();
-    let a = create_array(&sims[..4], opts(level, 4, Some(32), None, false, true)).await;
+    let a = create_array(&sims[..4], opts(kind.level, 4, Some(32), kind.layout, false, true)).await;
+    let want = kind.after(a.info().layout, a.info().chunk_sectors);
     a.set_attribute("safe_mode_delay", "0.02").unwrap();
     let mut before = Model::new(a.size_bytes());
     fill(&a, &mut before, &mut rng).await;
     a.flush().await.unwrap();
     a.set_attribute("sync_speed_max", "3000").unwrap();
-    a.grow(GrowChange::RaidDevices(5), member_devs(&sims[4..])).await.unwrap();
+    a.grow(kind.change, member_devs(&sims[4..])).await.unwrap();
     let started_at = group.now().0;
     let mut used = vec![false; (before.data.len() / 4096) as usize];
     let (written, flushes) = workload(&a, &group, &mut rng, &mut used).await;
@@ -121,7 +153,7 @@ async fn reshape_crash_case(name: &str, level: Level, max_points: usize, random_
         }
         fast_sync(&b);
         b.wait_reshape().await.unwrap_or_else(|e| panic!("{ctx}: reshape did not finish: {e}"));
-        assert_eq!(b.info().raid_disks, 5, "{ctx}");
+        assert_eq!((b.info().raid_disks, b.info().layout, b.info().chunk_sectors), want, "{ctx}");
         fast_sync(&b);
         b.wait_sync_idle().await;
         let got = b.read_vec(0, before.data.len()).await.unwrap();
@@ -149,26 +181,49 @@ async fn reshape_crash_case(name: &str, level: Level, max_points: usize, random_
     let _ = Arc::strong_count(&members[0].1);
 }
 
+// Cut points per kind in the default suite: 300 of the flush and superblock-write completions
+// (evenly spread) and 100 random ones; the soak variants take every one and 200 random.
+const POINTS: usize = 300;
+const RANDOM_POINTS: usize = 100;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_reshape_crash_points() {
-    reshape_crash_case("reshape-crash", Level::Raid5, 24, 8).await;
+    reshape_crash_case("reshape-crash", GROW_RAID5, POINTS, RANDOM_POINTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid6_reshape_crash_points() {
-    reshape_crash_case("reshape6-crash", Level::Raid6, 24, 8).await;
+    reshape_crash_case("reshape6-crash", GROW_RAID6, POINTS, RANDOM_POINTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_chunk_restripe_crash_points() {
+    reshape_crash_case("chunk5-crash", CHUNK_RAID5, POINTS, RANDOM_POINTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_rotate_q_restripe_crash_points() {
+    reshape_crash_case("rotq6-crash", ROTATE_Q_RAID6, POINTS, RANDOM_POINTS).await;
 }
 
 /// Every flush and superblock write, and many random points (scripts/soak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/soak runs it"]
 async fn raid5_reshape_crash_points_full() {
-    reshape_crash_case("reshape-crash-full", Level::Raid5, usize::MAX, 200).await;
+    reshape_crash_case("reshape-crash-full", GROW_RAID5, usize::MAX, 200).await;
 }
 
 /// The same for raid6 (scripts/soak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/soak runs it"]
 async fn raid6_reshape_crash_points_full() {
-    reshape_crash_case("reshape6-crash-full", Level::Raid6, usize::MAX, 200).await;
+    reshape_crash_case("reshape6-crash-full", GROW_RAID6, usize::MAX, 200).await;
+}
+
+/// The same for the restripes over the same members (scripts/soak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/soak runs it"]
+async fn restripe_crash_points_full() {
+    reshape_crash_case("chunk5-crash-full", CHUNK_RAID5, usize::MAX, 200).await;
+    reshape_crash_case("rotq6-crash-full", ROTATE_Q_RAID6, usize::MAX, 200).await;
 }

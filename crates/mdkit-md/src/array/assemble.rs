@@ -69,6 +69,21 @@ fn adopt_takeover(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
     adopted.iter().map(|&i| found[i].0.name.clone()).collect()
 }
 
+/// [`crate::format::reshape::adopt_unfinished`] over the members found; the names of those adopted.
+fn adopt_unfinished_reshape(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+    let mut sbs: Vec<Superblock> = found.iter().map(|(_, sb)| sb.clone()).collect();
+    let adopted = crate::format::reshape::adopt_unfinished(&mut sbs);
+    for &i in &adopted {
+        tracing::warn!(
+            member = found[i].0.name.as_str(),
+            events = found[i].1.events,
+            "member missed the superblock write that finished the reshape (everything had moved): it takes the new geometry"
+        );
+        found[i].1 = sbs[i].clone();
+    }
+    adopted.iter().map(|&i| found[i].0.name.clone()).collect()
+}
+
 /// A member device handed to assembly or creation: a name for messages (its path) and the device.
 #[derive(Clone)]
 pub struct MemberDev {
@@ -389,6 +404,8 @@ pub async fn assemble_with(
     let adopted = super::grow_reshape::adopt_unstarted_reshape(&mut mine);
     // A cut during a level change (takeover): members that missed only that round take the new level.
     let took_over = adopt_takeover(&mut mine);
+    // A cut while a restripe over the same members finished: members that missed only that round finish it.
+    let finished = adopt_unfinished_reshape(&mut mine);
     for (md, sb) in others {
         refused.push(Refusal {
             member: md.name.clone(),
@@ -637,6 +654,12 @@ pub async fn assemble_with(
         notes.push(format!(
             "member(s) {} missed the superblock write that started the reshape (nothing had moved): taken into it",
             adopted.join(", ")
+        ));
+    }
+    if !finished.is_empty() {
+        notes.push(format!(
+            "member(s) {} missed the superblock write that finished the reshape (everything had moved): taken into the new geometry",
+            finished.join(", ")
         ));
     }
     if !took_over.is_empty() {

@@ -22,12 +22,14 @@ use mdkit_io::{BlockDeviceExt, WriteFlags};
 
 use super::assemble::{AssembleOptions, Assembled, MemberDev, assemble, read_superblock};
 use super::core::ArrayCore;
+use super::grow_reshape::RestripeTarget;
 use super::member::Member;
 use super::{Array, Live};
 use crate::format::METADATA_BLOCK_BYTES;
 use crate::format::bitmap::BitmapSuper;
 use crate::format::grow::{GrowChange, GrowPlan, PlanMember, plan};
 use crate::format::superblock::Superblock;
+use crate::layout::Level;
 
 /// What a grow did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,8 +115,7 @@ fn no_sync_running(core: &ArrayCore) -> Result<(), String> {
 
 /// [`no_sync_running`], and every role in sync, except a raid6 whose only missing role is Q's
 /// (the one raid5 drops) and a raid10 down to one copy of each pair (raid0).
-fn takeover_state(core: &ArrayCore, to: crate::layout::Level) -> Result<(), String> {
-    use crate::layout::Level;
+fn takeover_state(core: &ArrayCore, to: Level) -> Result<(), String> {
     no_sync_running(core)?;
     let slots = core.slots();
     let info = core.info();
@@ -146,10 +147,23 @@ impl Array {
         if let GrowChange::RaidDevices(n) = change
             && super::grow_reshape::is_restripe(info.level, info.raid_disks, n)
         {
-            return self.start_reshape(n, add).await;
+            let to = RestripeTarget { raid_disks: n, layout: info.layout, chunk_sectors: info.chunk_sectors };
+            return self.start_reshape(to, add).await;
         }
-        if let GrowChange::Level { level: crate::layout::Level::Raid0, .. } = change
-            && info.level == crate::layout::Level::Raid10
+        if let GrowChange::Restripe { layout, chunk_sectors } = change {
+            if !matches!(info.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+                let why = "--chunk / --layout restripe raid4/5/6 only (raid0 and raid10 are not implemented yet)";
+                return Err(refused(format!("{}: {why}, not {}", self.name(), info.level.name())));
+            }
+            let to = RestripeTarget {
+                raid_disks: info.raid_disks,
+                layout: layout.unwrap_or(info.layout),
+                chunk_sectors: chunk_sectors.unwrap_or(info.chunk_sectors),
+            };
+            return self.start_reshape(to, add).await;
+        }
+        if let GrowChange::Level { level: Level::Raid0, .. } = change
+            && info.level == Level::Raid10
         {
             self.drop_mirrors_for_raid0().await?;
         }

@@ -1,4 +1,5 @@
-//! Starting a raid4/5/6 restripe to more members (`grow --raid-devices N --add DEV...`), as
+//! Starting a raid4/5/6 restripe forwards: to more members (`grow --raid-devices N --add
+//! DEV...`) or over the same members to a new chunk or layout (`grow --chunk` / `--layout`), as
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
 //! old data members, so the new geometry's writes always trail the old geometry's reads.
@@ -23,7 +24,7 @@ use mdkit_io::{BlockDeviceExt, WriteFlags};
 use super::assemble::{AssembleOptions, MemberDev, assemble, read_superblock};
 use super::grow::{GrowReport, Settings, member_err, read_bitmap_area, refused};
 use super::member::Member;
-use super::{Array, SlotTable};
+use super::{Array, ArrayInfo, SlotTable};
 use crate::format::superblock::{MetadataVersion, Superblock, feature};
 use crate::layout::Level;
 
@@ -31,10 +32,21 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// mdadm's `min_offset_change` for a forward restripe: LCM(old, new stripe data) / old data
-/// members (sectors; a multiple of the chunk, so 4 KiB aligned).
-pub fn min_offset_change_sectors(chunk_sectors: u64, old_data: u64, new_data: u64) -> u64 {
-    chunk_sectors * new_data / gcd(old_data, new_data)
+/// What a restripe moves the array to: its member count, layout and chunk afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestripeTarget {
+    pub raid_disks: u32,
+    pub layout: u32,
+    pub chunk_sectors: u32,
+}
+
+/// mdadm's `min_offset_change` for a forward restripe (Grow.c compute_backup_blocks): the LCM
+/// of the old and new stripes' data sectors / old data members (sectors; a multiple of both
+/// chunks, so 4 KiB aligned and at least the larger chunk, as raid5_run needs for a restripe
+/// over the same members).
+pub fn min_offset_change_sectors(old_chunk: u64, new_chunk: u64, old_data: u64, new_data: u64) -> u64 {
+    let (a, b) = (old_chunk * old_data, new_chunk * new_data);
+    a / gcd(a, b) * b / old_data
 }
 
 /// The first sector the data may start at on a 1.1/1.2 member: past the superblock block, the
@@ -47,14 +59,14 @@ fn metadata_end_sectors(sb: &Superblock, bitmap_bytes: u64) -> u64 {
 }
 
 /// The reshape's superblock fields on an old member.
-fn mark_reshaping(sb: &mut Superblock, new_disks: u32, move_sectors: u64) {
+fn mark_reshaping(sb: &mut Superblock, to: RestripeTarget, move_sectors: u64) {
     sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
     sb.feature_map &= !feature::RESHAPE_BACKWARDS;
-    sb.delta_disks = new_disks as i32 - sb.raid_disks as i32;
-    sb.raid_disks = new_disks;
+    sb.delta_disks = to.raid_disks as i32 - sb.raid_disks as i32;
+    sb.raid_disks = to.raid_disks;
     sb.new_level = sb.level;
-    sb.new_layout = sb.layout;
-    sb.new_chunk_sectors = sb.chunk_sectors;
+    sb.new_layout = to.layout;
+    sb.new_chunk_sectors = to.chunk_sectors;
     sb.new_offset_sectors = -(move_sectors as i32);
     sb.reshape_position_sectors = 0;
 }
@@ -71,8 +83,9 @@ pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> 
             && sb.feature_map & feature::NEW_OFFSET != 0
             && sb.feature_map & feature::RESHAPE_BACKWARDS == 0
             && sb.reshape_position_sectors == 0
-            && sb.delta_disks > 0
-            && (sb.new_level, sb.new_layout, sb.new_chunk_sectors) == (sb.level, sb.layout, sb.chunk_sectors)
+            && sb.new_level == sb.level
+            && (sb.delta_disks > 0
+                || (sb.delta_disks == 0 && (sb.new_layout, sb.new_chunk_sectors) != (sb.layout, sb.chunk_sectors)))
     };
     let Some(r) = found.iter().map(|(_, sb)| sb).filter(|sb| reshaping(sb)).max_by_key(|sb| sb.events).cloned() else {
         return Vec::new();
@@ -98,21 +111,68 @@ pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> 
             events = sb.events,
             "member missed the superblock write that started the reshape (nothing has moved yet): it joins the reshape"
         );
-        mark_reshaping(sb, r.raid_disks, move_sectors);
+        let to = RestripeTarget { raid_disks: r.raid_disks, layout: r.new_layout, chunk_sectors: r.new_chunk_sectors };
+        mark_reshaping(sb, to, move_sectors);
         sb.dev_roles = r.dev_roles.clone();
         adopted.push(md.name.clone());
     }
     adopted
 }
 
+/// What a restripe changes, for messages: "4 -> 5 members", "chunk 64 -> 128 KiB", ...
+fn describe(info: &ArrayInfo, to: RestripeTarget) -> String {
+    let mut parts = Vec::new();
+    if to.raid_disks != info.raid_disks {
+        parts.push(format!("{} -> {} members", info.raid_disks, to.raid_disks));
+    }
+    if to.chunk_sectors != info.chunk_sectors {
+        parts.push(format!("chunk {} -> {} KiB", info.chunk_sectors / 2, to.chunk_sectors / 2));
+    }
+    if to.layout != info.layout {
+        let name = |l: u32| crate::layout::names::format_layout(info.level, l);
+        parts.push(format!("layout {} -> {}", name(info.layout), name(to.layout)));
+    }
+    if parts.is_empty() { "nothing to change".into() } else { parts.join(", ") }
+}
+
+/// Refuses a target the forward restripe cannot reach (before anything is written).
+fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<(), String> {
+    if to.raid_disks < info.raid_disks {
+        return Err("fewer members needs a backwards reshape, which mdkit does not implement yet".into());
+    }
+    if to == (RestripeTarget { raid_disks: info.raid_disks, layout: info.layout, chunk_sectors: info.chunk_sectors }) {
+        return Err("the member count, chunk and layout are already these".into());
+    }
+    if info.level == Level::Raid4 && to.layout != info.layout {
+        return Err("raid4 has one layout (parity on the last member)".into());
+    }
+    crate::layout::ParityGeometry::new(info.level, to.raid_disks, to.layout, to.chunk_sectors)
+        .map_err(|e| e.to_string())?;
+    let chunk = u64::from(to.chunk_sectors);
+    if !info.member_size_sectors.is_multiple_of(chunk) {
+        return Err(format!(
+            "the used size per member ({} KiB) is not a multiple of the new chunk ({} KiB): grow --size to a multiple first",
+            info.member_size_sectors / 2,
+            chunk / 2
+        ));
+    }
+    let k = (to.raid_disks - info.raid_disks) as usize;
+    if added != k {
+        return Err(format!("give exactly {k} new device(s) with --add, not {added}"));
+    }
+    Ok(())
+}
+
 impl Array {
-    /// `grow --raid-devices N` on raid4/5/6: see the module documentation.
-    pub(super) async fn start_reshape(&self, new_disks: u32, add: Vec<MemberDev>) -> io::Result<GrowReport> {
+    /// A forward restripe on raid4/5/6 (`grow --raid-devices N`, `--chunk`, `--layout`): see
+    /// the module documentation.
+    pub(super) async fn start_reshape(&self, to: RestripeTarget, add: Vec<MemberDev>) -> io::Result<GrowReport> {
         let pause = self.pause.pause().await;
         let core = self.core();
         let info = core.info().clone();
         let name = self.name();
-        let refuse = |why: String| refused(format!("{name}: cannot reshape to {new_disks} members: {why}"));
+        let what = describe(&info, to);
+        let refuse = |why: String| refused(format!("{name}: cannot reshape ({what}): {why}"));
         if core.personality().reshape().is_some() {
             return Err(refuse("a reshape is already running".into()));
         }
@@ -128,13 +188,11 @@ impl Array {
         if info.metadata == MetadataVersion::V1_0 {
             return Err(refuse("metadata 1.0 has no room before the data to move it (a backup file would be needed, which mdkit does not implement)".into()));
         }
-        let k = new_disks - info.raid_disks;
-        if add.len() != k as usize {
-            return Err(refuse(format!("give exactly {k} new device(s) with --add, not {}", add.len())));
-        }
+        check_target(&info, to, add.len()).map_err(refuse)?;
         let parity = u64::from(info.level.max_degraded());
-        let (od, nd) = (u64::from(info.raid_disks) - parity, u64::from(new_disks) - parity);
-        let move_sectors = min_offset_change_sectors(u64::from(info.chunk_sectors), od, nd);
+        let (od, nd) = (u64::from(info.raid_disks) - parity, u64::from(to.raid_disks) - parity);
+        let (oc, nc) = (u64::from(info.chunk_sectors), u64::from(to.chunk_sectors));
+        let move_sectors = min_offset_change_sectors(oc, nc, od, nd);
         let slots = core.slots();
         let old: Vec<Arc<Member>> = (0..info.raid_disks as usize).filter_map(|r| slots.working(r).cloned()).collect();
         let bitmap_area = match old.first() {
@@ -154,11 +212,11 @@ impl Array {
                 )));
             }
         }
-        let new_sbs = self.new_reshape_members(&slots, &add, new_disks, move_sectors)?;
+        let new_sbs = self.new_reshape_members(&slots, &add, to, move_sectors)?;
         let before = self.size_bytes();
         let settings = Settings::of(&core);
         self.stop().await?;
-        let written = self.write_reshape_start(&old, &add, new_sbs, bitmap_area, new_disks, move_sectors).await;
+        let written = self.write_reshape_start(&old, &add, new_sbs, bitmap_area, to, move_sectors).await;
         let mut devs: Vec<MemberDev> =
             slots.working_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
         devs.extend(add.iter().cloned());
@@ -178,10 +236,7 @@ impl Array {
         }
         drop(pause);
         written?;
-        let summary = format!(
-            "reshape {} -> {new_disks} members started (data offset moves down {move_sectors} sectors)",
-            info.raid_disks
-        );
+        let summary = format!("reshape {what} started (data offset moves down {move_sectors} sectors)");
         tracing::info!(array = name, "{summary}");
         Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
     }
@@ -193,7 +248,7 @@ impl Array {
         &self,
         slots: &SlotTable,
         add: &[MemberDev],
-        new_disks: u32,
+        to: RestripeTarget,
         move_sectors: u64,
     ) -> io::Result<Vec<Superblock>> {
         let first_number = slots.all_members().iter().map(|m| m.dev_number + 1).max().unwrap_or(0);
@@ -205,7 +260,7 @@ impl Array {
                 return Err(refused(format!("{}: {}: no room to move the data offset down", self.name(), dev.name)));
             }
             sb.dev_number = dev_number;
-            mark_reshaping(&mut sb, new_disks, move_sectors);
+            mark_reshaping(&mut sb, to, move_sectors);
             out.push(sb);
         }
         Ok(out)
@@ -219,7 +274,7 @@ impl Array {
         add: &[MemberDev],
         mut new_sbs: Vec<Superblock>,
         bitmap_area: Option<Vec<u8>>,
-        new_disks: u32,
+        to: RestripeTarget,
         move_sectors: u64,
     ) -> io::Result<()> {
         let name = self.name();
@@ -248,7 +303,7 @@ impl Array {
             writes.push((dev.clone(), sb.clone()));
         }
         for (m, mut sb) in old.iter().zip(old_sbs) {
-            mark_reshaping(&mut sb, new_disks, move_sectors);
+            mark_reshaping(&mut sb, to, move_sectors);
             writes.push((MemberDev::new(m.name(), m.device().clone()), sb));
         }
         for (dev, mut sb) in writes {
@@ -325,10 +380,15 @@ mod tests {
     #[test]
     fn offset_change_matches_mdadm() {
         // 4 -> 5 raid5, 64 KiB chunk: LCM(3, 4) chunks = 12 chunks / 3 = 4 chunks.
-        assert_eq!(min_offset_change_sectors(128, 3, 4), 512);
+        assert_eq!(min_offset_change_sectors(128, 128, 3, 4), 512);
         // 3 -> 5 raid5: LCM(2, 4) = 4 chunks / 2 = 2 chunks.
-        assert_eq!(min_offset_change_sectors(128, 2, 4), 256);
+        assert_eq!(min_offset_change_sectors(128, 128, 2, 4), 256);
         // 4 -> 5 raid6 (2 -> 3 data members): LCM(2, 3) = 6 chunks / 2 = 3 chunks.
-        assert_eq!(min_offset_change_sectors(128, 2, 3), 384);
+        assert_eq!(min_offset_change_sectors(128, 128, 2, 3), 384);
+        // Same members, 64 -> 128 KiB chunk (and back): one larger chunk, what raid5_run needs.
+        assert_eq!(min_offset_change_sectors(128, 256, 3, 3), 256);
+        assert_eq!(min_offset_change_sectors(256, 128, 3, 3), 256);
+        // Same members and chunk, another layout: one chunk.
+        assert_eq!(min_offset_change_sectors(128, 128, 4, 4), 128);
     }
 }

@@ -1,4 +1,5 @@
-//! raid4/5/6 restriping to more members (`grow --raid-devices`), kernel-compatible: the
+//! raid4/5/6 restriping forwards, to more members (`grow --raid-devices`) or to a new chunk or
+//! layout over the same members (`grow --chunk` / `--layout`), kernel-compatible: the
 //! [`Reshape`] personality serves an array whose superblocks say RESHAPE_ACTIVE, and the
 //! engine ([`run`]) moves it window by window from the old to the new geometry.
 //!
@@ -11,9 +12,11 @@
 //!  writes: new                   writes wait for the next checkpoint
 //! ```
 //!
-//! Like raid5.c reshape_request (forward, delta_disks > 0): the new geometry starts
-//! `|new_offset|` sectors lower on every member (mdadm ≥ 3.3 without a backup file), so its
-//! writes trail the old geometry's reads. A window is written only when its new-geometry end
+//! Like raid5.c reshape_request (forward: delta_disks > 0, or delta_disks == 0 with the data
+//! moving down): the new geometry starts `|new_offset|` sectors lower on every member (mdadm ≥
+//! 3.3 without a backup file), so its writes trail the old geometry's reads. Over the same
+//! members old and new addresses coincide, so the move is at least the larger chunk (raid5_run's
+//! rule for a restripe that is "not really in-place"). A window is written only when its new-geometry end
 //! stays below where the old copy of the last recorded position (`safe`, what every superblock's
 //! `reshape_position` says) begins; otherwise the engine first flushes the members and records
 //! `reshape_position = progress` in every superblock (the kernel's checkpoint rule). After a
@@ -42,7 +45,7 @@ use super::personality::{Personality, SyncMode, SyncOutcome};
 use super::raid5::{Base, Raid5};
 use super::slots::SlotTable;
 use crate::format::reshape::ReshapeState;
-use crate::format::superblock::{Superblock, feature};
+use crate::format::superblock::Superblock;
 use crate::layout::{Level, ParityGeometry};
 
 /// Largest window moved at once (array sectors, before rounding to whole new stripes).
@@ -83,19 +86,18 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
     if !matches!(st.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
         return Err(invalid(format!("{name}: a reshape of {} is not supported yet", st.level.name())));
     }
-    if st.new_raid_disks <= st.old_raid_disks || st.backwards {
+    if st.new_raid_disks < st.old_raid_disks || st.backwards || st.new_offset_sectors > 0 {
         let what = format!("{} -> {} members", st.old_raid_disks, st.new_raid_disks);
-        return Err(invalid(format!("{name}: only a forward reshape to more members is supported, not {what}")));
+        let why = "only a forward reshape (data offset moving down) to as many or more members is supported";
+        return Err(invalid(format!("{name}: {why}, not a backwards one ({what})")));
     }
-    if st.old_layout != st.new_layout || st.old_chunk_sectors != st.new_chunk_sectors {
-        return Err(invalid(format!("{name}: a reshape changing layout or chunk is not supported yet")));
-    }
-    let geo = |disks: u32| {
-        ParityGeometry::new(st.level, disks, st.old_layout, st.old_chunk_sectors).map_err(|e| invalid(e.to_string()))
+    let geo = |disks: u32, layout: u32, chunk: u32| {
+        ParityGeometry::new(st.level, disks, layout, chunk).map_err(|e| invalid(e.to_string()))
     };
-    let mut old = Raid5::new(name, geo(st.old_raid_disks)?, sb.size_sectors)?;
+    let mut old = Raid5::new(name, geo(st.old_raid_disks, st.old_layout, st.old_chunk_sectors)?, sb.size_sectors)?;
     old.base = Base::ReshapeOld;
-    let mut new = Raid5::new(name, geo(st.new_raid_disks)?, sb.size_sectors)?;
+    let new_geo = geo(st.new_raid_disks, st.new_layout, st.new_chunk_sectors)?;
+    let mut new = Raid5::new(name, new_geo, sb.size_sectors)?;
     new.base = Base::ReshapeNew;
     let old_array_sectors = old.array_sectors();
     let new_array_sectors = new.array_sectors();
@@ -325,9 +327,9 @@ impl Reshape {
     /// record `safe`: its member end stays at or below where the old stripe holding `safe`
     /// starts (plus the offset room).
     fn fits(&self, end: u64, safe: u64, room: u64) -> bool {
-        let c = u64::from(self.state.new_chunk_sectors);
+        let (old_c, new_c) = (u64::from(self.state.old_chunk_sectors), u64::from(self.state.new_chunk_sectors));
         let (old_d, new_d) = self.state.data_disks();
-        end / new_d <= safe / (c * old_d) * c + room
+        end.div_ceil(new_c * new_d) * new_c <= safe / (old_c * old_d) * old_c + room
     }
 
     /// The window to move at `p`: whole new stripes, as many as fit (at least one), or `None`
@@ -383,17 +385,7 @@ impl Reshape {
         core.flush_members().await?;
         for m in core.slots().all_members() {
             let mut sb = m.superblock();
-            if let Some(new) = sb.new_data_offset_sectors() {
-                let old = sb.data_offset_sectors;
-                sb.data_size_sectors = (sb.data_size_sectors + old).saturating_sub(new);
-                sb.data_offset_sectors = new;
-            }
-            sb.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS);
-            sb.layout = self.state.new_layout;
-            sb.chunk_sectors = self.state.new_chunk_sectors;
-            sb.delta_disks = 0;
-            sb.new_offset_sectors = 0;
-            sb.reshape_position_sectors = self.new_array_sectors;
+            crate::format::reshape::finish_superblock(&mut sb, self.new_array_sectors);
             m.store_superblock(sb);
         }
         core.update_superblocks("reshape finished").await?;

@@ -52,6 +52,12 @@ pub enum GrowChange {
         level: Level,
         layout: LayoutChoice,
     },
+    /// `--chunk` and/or `--layout` alone on raid4/5/6: a restripe over the same members
+    /// (`array/reshape.rs`); `None` keeps the current value.
+    Restripe {
+        layout: Option<u32>,
+        chunk_sectors: Option<u32>,
+    },
 }
 
 /// A member as the plan sees it: its superblock and device size.
@@ -104,6 +110,9 @@ pub fn plan(
         GrowChange::Bitmap(b) => plan_bitmap(name, level, members, b),
         GrowChange::RaidDevices(n) => plan_raid_devices(name, level, members, n),
         GrowChange::Level { level: to, layout } => plan_level(name, members, bitmap_area, to, layout),
+        GrowChange::Restripe { .. } => {
+            refuse(format!("{name}: --chunk / --layout restripe {} in the background, not here", level.name()))
+        }
     }
 }
 

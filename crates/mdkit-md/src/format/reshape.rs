@@ -160,6 +160,54 @@ impl ReshapeState {
     }
 }
 
+/// md_finish_reshape on one superblock: the new geometry (data offset, layout, chunk) becomes
+/// the geometry, the reshape fields are cleared, `reshape_position` says `end_sectors`.
+pub fn finish_superblock(sb: &mut Superblock, end_sectors: u64) {
+    if let Some(new) = sb.new_data_offset_sectors() {
+        let old = sb.data_offset_sectors;
+        sb.data_size_sectors = (sb.data_size_sectors + old).saturating_sub(new);
+        sb.data_offset_sectors = new;
+    }
+    sb.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS);
+    sb.layout = sb.new_layout;
+    sb.chunk_sectors = sb.new_chunk_sectors;
+    sb.delta_disks = 0;
+    sb.new_offset_sectors = 0;
+    sb.reshape_position_sectors = end_sectors;
+}
+
+/// Assembly's rule for a cut in the superblock round that finishes a restripe over the same
+/// members: every moved stripe was flushed before that round's first write, so a member still
+/// recording the reshape, exactly one event behind a finished member whose geometry is this
+/// reshape's new one (level, member count, layout, chunk, size, creation time; the same role),
+/// holds the new geometry on disk. It gets the finished fields in memory, as if the write had
+/// landed; otherwise its old chunk or layout would leave it out of the array. (With more
+/// members the geometries agree and such a member is simply one event behind.) Returns the
+/// indexes adopted.
+pub fn adopt_unfinished(sbs: &mut [Superblock]) -> Vec<usize> {
+    let finished = |sb: &Superblock| sb.feature_map & feature::RESHAPE_ACTIVE == 0;
+    let Some(f) = sbs.iter().filter(|sb| finished(sb)).max_by_key(|sb| sb.events).cloned() else {
+        return Vec::new();
+    };
+    let mut adopted = Vec::new();
+    for (i, sb) in sbs.iter_mut().enumerate() {
+        let missed_only_the_finish = sb.feature_map & feature::RESHAPE_ACTIVE != 0
+            && sb.delta_disks == 0
+            && sb.events.checked_add(1) == Some(f.events)
+            && (sb.level, sb.new_level, sb.raid_disks, sb.size_sectors, sb.ctime)
+                == (f.level, f.level, f.raid_disks, f.size_sectors, f.ctime)
+            && (sb.new_layout, sb.new_chunk_sectors) == (f.layout, f.chunk_sectors)
+            && (sb.layout, sb.chunk_sectors) != (f.layout, f.chunk_sectors)
+            && f.dev_roles.get(sb.dev_number as usize).copied() == Some(sb.raw_role())
+            && ReshapeState::from_superblock(sb).is_ok_and(|st| st.is_some_and(|st| !st.backwards));
+        if missed_only_the_finish {
+            finish_superblock(sb, f.reshape_position_sectors);
+            adopted.push(i);
+        }
+    }
+    adopted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +263,41 @@ mod tests {
             let bytes = sb.encode_unchecked();
             let err = Superblock::decode(&bytes, sb.super_offset_sectors).unwrap_err().to_string();
             assert!(err.contains(name) || err.contains("overlaps") || err.contains("level"), "{name}: {err}");
+        }
+    }
+
+    /// A chunk restripe over the same 5 members, and the same superblock once finished.
+    fn restriping_and_finished() -> (Superblock, Superblock) {
+        let mut sb = reshaping();
+        sb.delta_disks = 0;
+        sb.new_chunk_sectors = sb.chunk_sectors * 2;
+        sb.new_offset_sectors = -(sb.new_chunk_sectors as i32);
+        sb.reshape_position_sectors = 0;
+        let mut done = sb.clone();
+        finish_superblock(&mut done, 4096);
+        done.events += 1;
+        (sb, done)
+    }
+
+    #[test]
+    fn a_member_that_missed_the_finish_takes_the_new_geometry() {
+        let (sb, done) = restriping_and_finished();
+        assert_eq!((done.chunk_sectors, done.feature_map & feature::RESHAPE_ACTIVE), (sb.new_chunk_sectors, 0));
+        assert_eq!(done.data_offset_sectors, sb.data_offset_sectors - u64::from(sb.new_chunk_sectors));
+        let mut sbs = vec![done.clone(), sb.clone()];
+        assert_eq!(adopt_unfinished(&mut sbs), vec![1]);
+        let mut want = done.clone();
+        want.events = sb.events;
+        assert_eq!(sbs[1], want, "as if the finishing write had landed");
+        // Two events behind, another chunk, another array's creation time: left as they are.
+        type Edit = fn(&mut Superblock);
+        let edits: [Edit; 3] = [|s| s.events -= 1, |s| s.new_chunk_sectors *= 2, |s| s.ctime += 1];
+        for edit in edits {
+            let mut other = sb.clone();
+            edit(&mut other);
+            let mut sbs = vec![done.clone(), other.clone()];
+            assert!(adopt_unfinished(&mut sbs).is_empty());
+            assert_eq!(sbs[1], other);
         }
     }
 

@@ -177,7 +177,7 @@ pub(crate) fn absolute_members(members: &[String]) -> Result<Vec<String>> {
 }
 
 /// `--chunk`: a plain number is KiB (mdadm), or a size with a unit.
-fn parse_chunk_kib(s: &str) -> Result<u32> {
+pub(super) fn parse_chunk_kib(s: &str) -> Result<u32> {
     let bytes = if s.chars().all(|c| c.is_ascii_digit()) {
         s.parse::<u64>().map_err(|_| anyhow!("--chunk {s:?}"))? * 1024
     } else {

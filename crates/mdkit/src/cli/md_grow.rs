@@ -7,15 +7,17 @@
 //! mdkit grow NAME --write-behind N                     raid1 with a bitmap (also with --bitmap internal)
 //! mdkit grow NAME --level L [--layout preserve|NAME] [--add MEMBER]
 //!                                                      the level changes md makes without moving data
+//! mdkit grow NAME [--chunk K] [--layout NAME]          raid4/5/6: restripe over the same members
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
 //! added members in the background (`array/reshape.rs`). `--level`: raid1 (2 mirrors) <-> raid5,
 //! single-zone raid0 -> raid4/raid5 parity-last (`--add` the parity member), raid0 <-> raid10
 //! near-2 (`--add` the second copies; back, the second copies are failed and removed first),
 //! raid4 <-> raid5 parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
-//! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`). Other
-//! restripes (raid0/10, fewer members), `--chunk` and `--layout` alone are refused as not
-//! implemented yet.
+//! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`).
+//! `--chunk` and/or `--layout` without `--level` restripe raid4/5/6 in the background over the
+//! same members, moving the data offset down by the larger chunk. Other restripes (raid0/10,
+//! fewer members) are refused as not implemented yet.
 
 use std::process::ExitCode;
 
@@ -24,7 +26,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::ControlArgs;
-use super::md::{absolute_members, detail_text};
+use super::md::{absolute_members, detail_text, parse_chunk_kib};
 use crate::config::parse_size;
 
 #[derive(Args, Debug)]
@@ -55,11 +57,11 @@ pub struct GrowArgs {
     /// copies (from raid0).
     #[arg(long, short = 'a', value_name = "MEMBER")]
     pub add: Vec<String>,
-    /// Not implemented yet (restriping).
+    /// raid4/5/6: restripe to this chunk (plain number: KiB), alone or with --layout.
     #[arg(long, short = 'c')]
     pub chunk: Option<String>,
     /// With --level: `preserve` (raid5 -> raid6 keeps the raid5 layout, Q on the new last
-    /// member) or the new level's layout name. Alone: not implemented yet (restriping).
+    /// member) or the new level's layout name. Without --level: raid5/6 restripe to this layout.
     #[arg(long, short = 'p')]
     pub layout: Option<String>,
     /// The new level, where md changes it without moving data: raid1 (2 mirrors) <-> raid5,
@@ -91,11 +93,12 @@ pub fn grow(a: GrowArgs) -> Result<ExitCode> {
     let bitmap_chunk =
         a.bitmap_chunk.as_deref().map(parse_size).transpose().map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
     let add = absolute_members(&a.add)?;
+    let chunk_kib = a.chunk.as_deref().map(parse_chunk_kib).transpose()?;
     let d = a.control.client()?.call(
         "md.grow",
         json!({ "name": a.name, "size": size, "raid_devices": a.raid_devices, "bitmap": a.bitmap,
                 "bitmap_chunk_bytes": bitmap_chunk, "write_behind": a.write_behind, "assume_clean": a.assume_clean, "add": add,
-                "chunk": a.chunk, "layout": a.layout, "level": a.level }),
+                "chunk_kib": chunk_kib, "layout": a.layout, "level": a.level }),
     )?;
     println!("mdkit: grow {}: {}", a.name, d["grow"].as_str().unwrap_or("done"));
     for o in d["external_origins"].as_array().into_iter().flatten() {

@@ -1,8 +1,8 @@
 //! `md.grow` (mdadm --grow): name, size ("max" or bytes per member), raid_devices, bitmap
 //! ("internal" | "none"), bitmap_chunk_bytes, write_behind (alone or with bitmap "internal"),
 //! assume_clean, add (member specs), level (with layout: "preserve" or a layout name; the
-//! takeovers md makes without moving data), and chunk / layout alone (refused: restriping is
-//! not implemented yet). One change per call, as mdadm does.
+//! takeovers md makes without moving data), and chunk_kib and/or layout alone (a raid4/5/6
+//! restripe over the same members). One change per call, as mdadm does.
 
 use std::sync::Arc;
 
@@ -31,25 +31,42 @@ struct GrowArgs {
     assume_clean: bool,
     #[serde(default)]
     add: Vec<String>,
-    chunk: Option<String>,
+    chunk_kib: Option<u32>,
     layout: Option<String>,
     level: Option<String>,
 }
 
+/// `--chunk` and/or `--layout` alone: a restripe (the library refuses levels it cannot do).
+fn restripe_change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
+    let chunk_sectors = a
+        .chunk_kib
+        .map(|k| k.checked_mul(2).ok_or_else(|| anyhow!("{}: --chunk {k} KiB is too large", a.name)))
+        .transpose()?;
+    let layout = match a.layout.as_deref() {
+        None => None,
+        Some(name) => {
+            let l = parse_level(level).map_err(|e| anyhow!("{}: {e}", a.name))?;
+            Some(parse_layout(l, name).map_err(|e| anyhow!("{}: --layout: {e}", a.name))?)
+        }
+    };
+    Ok(GrowChange::Restripe { layout, chunk_sectors })
+}
+
 /// The one change asked for.
 fn change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
-    if a.chunk.is_some() {
-        bail!("{}: grow --chunk on {level} is not implemented yet", a.name);
-    }
-    if a.layout.is_some() && a.level.is_none() {
-        bail!("{}: grow --layout on {level} is not implemented yet (it goes with --level only)", a.name);
-    }
-    let asked = [a.size.is_some(), a.raid_devices.is_some(), a.bitmap.is_some(), a.level.is_some()]
+    let restripe = a.chunk_kib.is_some() || (a.layout.is_some() && a.level.is_none());
+    let asked = [a.size.is_some(), a.raid_devices.is_some(), a.bitmap.is_some(), a.level.is_some(), restripe]
         .iter()
         .filter(|x| **x)
         .count();
     if asked != 1 {
-        bail!("{}: give one of --size, --raid-devices, --bitmap, --level (mdadm changes one thing per --grow)", a.name);
+        bail!(
+            "{}: give one of --size, --raid-devices, --bitmap, --level, --chunk/--layout (mdadm changes one thing per --grow)",
+            a.name
+        );
+    }
+    if restripe {
+        return restripe_change(a, level);
     }
     if let Some(l) = &a.level {
         let to = parse_level(l).map_err(|e| anyhow!("{}: --level: {e}", a.name))?;
