@@ -1,15 +1,16 @@
-//! raid5 and raid6 4 -> 5 reshapes across mdkit and the Linux kernel (lab: Debian kernel + mdadm
-//! under qemu), both ways, one boot:
+//! Restripes across mdkit and the Linux kernel (lab: Debian kernel + mdadm under qemu), both
+//! ways, one boot per test: raid5 and raid6 4 -> 5 members; raid5 chunk 64 -> 128 KiB and raid6
+//! left-symmetric-6 (Q on the last member) -> left-symmetric over the same four members.
 //!
 //! 1. mdkit -> kernel: mdkit creates the array on four 64 MiB files (64 KiB chunks), writes a
-//!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts `grow
-//!    --raid-devices 5 --add` throttled by `sync_speed_max` and stops the array mid-way. The
-//!    kernel assembles it, finishes the reshape (`mdadm --wait`), shows 5 devices and the grown
-//!    size, both patterns read back and its check finds 0 mismatches.
+//!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts the `grow`
+//!    throttled by `sync_speed_max` and stops the array mid-way. The kernel assembles it,
+//!    finishes the reshape (`mdadm --wait`), shows the new member count, chunk and layout,
+//!    both patterns read back and its check finds 0 mismatches.
 //! 2. kernel -> mdkit: the kernel creates the same array, writes the patterns, starts `mdadm
-//!    --grow --raid-devices=5 --add` throttled by sync_speed_max and is stopped mid-way; mdkit
-//!    assembles it (reshape in progress), finishes the reshape, the patterns read back and
-//!    mdkit's check finds 0 mismatches.
+//!    --grow` throttled by sync_speed_max and is stopped mid-way; mdkit assembles it (reshape
+//!    in progress), finishes the reshape, the patterns read back and mdkit's check finds 0
+//!    mismatches.
 //!
 //! What the kernel reads is copied to a dump disk and compared on the host. Skips loudly
 //! (SKIP: ...) when the lab cannot be built or booted.
@@ -29,15 +30,67 @@ use common::lab::detail_field as after;
 
 const PATTERN_BYTES: u64 = 8 * MIB;
 
-/// One level's case: the second pattern's offset lies inside the 4-member array.
+/// One restripe: the array both sides create on four members (the second pattern's offset lies
+/// inside it), mdkit's grow and mdadm's, and what `mdadm --detail` shows afterwards.
 #[derive(Clone, Copy)]
 struct Case {
     level: Level,
+    /// mdkit's create layout and mdadm's `--layout=` (empty: the default).
+    layout: Option<(u32, &'static str)>,
     high_bytes: u64,
+    change: GrowChange,
+    /// `mdadm --grow` arguments; `{spare}` is the fifth member when the restripe adds one.
+    mdadm_grow: &'static str,
+    /// (Raid Devices, Chunk Size, Layout) in `mdadm --detail` afterwards.
+    detail: (&'static str, &'static str, &'static str),
 }
 
-const CASES: [Case; 2] =
-    [Case { level: Level::Raid5, high_bytes: 160 * MIB }, Case { level: Level::Raid6, high_bytes: 96 * MIB }];
+impl Case {
+    fn members(&self) -> usize {
+        match self.change {
+            GrowChange::RaidDevices(n) => n as usize,
+            _ => 4,
+        }
+    }
+}
+
+const GROW_CASES: [Case; 2] = [
+    Case {
+        level: Level::Raid5,
+        layout: None,
+        high_bytes: 160 * MIB,
+        change: GrowChange::RaidDevices(5),
+        mdadm_grow: "--raid-devices=5 --add {spare}",
+        detail: ("5", "64K", "left-symmetric"),
+    },
+    Case {
+        level: Level::Raid6,
+        layout: None,
+        high_bytes: 96 * MIB,
+        change: GrowChange::RaidDevices(5),
+        mdadm_grow: "--raid-devices=5 --add {spare}",
+        detail: ("5", "64K", "left-symmetric"),
+    },
+];
+
+const RESTRIPE_CASES: [Case; 2] = [
+    Case {
+        level: Level::Raid5,
+        layout: None,
+        high_bytes: 160 * MIB,
+        change: GrowChange::Restripe { layout: None, chunk_sectors: Some(256) },
+        mdadm_grow: "--chunk=128",
+        detail: ("4", "128K", "left-symmetric"),
+    },
+    Case {
+        level: Level::Raid6,
+        layout: Some((18, "left-symmetric-6")),
+        high_bytes: 96 * MIB,
+        change: GrowChange::Restripe { layout: Some(2), chunk_sectors: None },
+        mdadm_grow: "--layout=left-symmetric",
+        detail: ("4", "64K", "left-symmetric"),
+    },
+];
 
 fn member(path: &std::path::Path) -> MemberDev {
     let dev: DeviceRef = Arc::new(FileDevice::open(path, FileOptions::default()).unwrap());
@@ -46,12 +99,12 @@ fn member(path: &std::path::Path) -> MemberDev {
 
 /// mdkit's half of 1: returns the reshape position recorded at the stop.
 async fn mdkit_starts(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
-    let o = opts(case.level, 4, Some(64), None, false, true);
+    let o = opts(case.level, 4, Some(64), case.layout.map(|l| l.0), false, true);
     let a = create(paths[..4].iter().map(|p| member(p)).collect(), o).await.unwrap().array;
     a.write_slice(0, pattern, WriteFlags::FUA).await.unwrap();
     a.write_slice(case.high_bytes, pattern, WriteFlags::FUA).await.unwrap();
     a.set_attribute("sync_speed_max", "4000").unwrap();
-    a.grow(GrowChange::RaidDevices(5), vec![member(&paths[4])]).await.unwrap();
+    a.grow(case.change, paths[4..].iter().map(|p| member(p)).collect()).await.unwrap();
     // Stop once a checkpoint is on disk: throttled, the rest takes most of a minute.
     for waited in 0.. {
         if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
@@ -78,19 +131,29 @@ async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]
     assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     fast_sync(&a);
     a.wait_reshape().await.unwrap();
-    assert_eq!(a.info().raid_disks, 5);
+    assert_eq!(a.info().raid_disks, case.members() as u32);
+    let (layout, chunk) = (a.info().layout, a.info().chunk_sectors);
+    match case.change {
+        GrowChange::Restripe { layout: l, chunk_sectors: c } => {
+            assert_eq!((layout, chunk), (l.unwrap_or(layout), c.unwrap_or(chunk)), "the new geometry");
+        }
+        _ => assert_eq!(chunk, 128),
+    }
     assert_eq!(a.read_vec(0, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(check(&a).await, 0);
     a.stop().await.unwrap();
 }
 
-/// The guest's half for one case: disks `d` (mdkit's five, then the kernel's five) from
+/// The guest's half for one case: disks (mdkit's n, then the kernel's n) from
 /// `/dev/vd{first}`, md device numbers `2k` and `2k + 1`, dump disk offset `slot` (MiB).
 fn guest_case(k: usize, case: Case, first: u8, dump_slot_mib: u64) -> String {
+    let n = case.members() as u8;
     let dev = |i: u8| format!("/dev/vd{}", (first + i) as char);
-    let mine: Vec<String> = (0..5).map(dev).collect();
-    let theirs: Vec<String> = (5..10).map(dev).collect();
+    let mine: Vec<String> = (0..n).map(dev).collect();
+    let theirs: Vec<String> = (n..2 * n).map(dev).collect();
+    let layout = case.layout.map_or(String::new(), |l| format!("--layout={}", l.1));
+    let grow = case.mdadm_grow.replace("{spare}", theirs.get(4).map_or("", String::as_str));
     let (m0, m1) = (2 * k, 2 * k + 1);
     let level = case.level.md_level();
     let high_mib = case.high_bytes / MIB;
@@ -106,18 +169,19 @@ dump /dev/md{m0} {high_mib} {d_high}
 echo check > /sys/block/md{m0}/md/sync_action; sleep 1; mdadm --wait /dev/md{m0}
 echo "=== mismatch{k}"; cat /sys/block/md{m0}/md/mismatch_cnt
 mdadm --stop /dev/md{m0} 2>&1
-mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} --chunk=64 --raid-devices=4 --assume-clean --bitmap=none {theirs4} 2>&1
+mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} {layout} --chunk=64 --raid-devices=4 --assume-clean --bitmap=none {theirs4} 2>&1
 dd if=$pat of=/dev/md{m1} bs=1M oflag=direct status=none
 dd if=$pat of=/dev/md{m1} bs=1M seek={high_mib} oflag=direct status=none
 echo 3000 > /sys/block/md{m1}/md/sync_speed_max
-mdadm --grow /dev/md{m1} --raid-devices=5 --add {spare} 2>&1
-sleep 3
+mdadm --grow /dev/md{m1} {grow} 2>&1
+# Until the kernel records a checkpoint: with room to spare below the data it takes one only
+# every 10 s (raid5.c reshape_request), so a restripe over the same members needs a while.
+for i in $(seq 1 60); do [ "$(cat /sys/block/md{m1}/md/reshape_position)" != 0 ] && break; sleep 0.5; done
 echo "=== reshape{k}"; cat /sys/block/md{m1}/md/sync_action /sys/block/md{m1}/md/reshape_position
 mdadm --stop /dev/md{m1} 2>&1
 "#,
         mine = mine.join(" "),
         theirs4 = theirs[..4].join(" "),
-        spare = theirs[4],
         d_low = dump_slot_mib,
         d_high = dump_slot_mib + 8,
     )
@@ -128,10 +192,10 @@ fn dumped(dump: &std::path::Path, slot_mib: u64) -> Vec<u8> {
     common::lab::read_dump(dump, slot_mib * MIB, PATTERN_BYTES as usize)
 }
 
-#[test]
-fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
-    let lab = crate::lab_or_skip!("reshape_lab");
-    let dir = lab.scratch_dir("reshape");
+/// Both ways for each case, one boot.
+fn cross(name: &str, cases: &[Case]) {
+    let lab = crate::lab_or_skip!(name);
+    let dir = lab.scratch_dir(name);
     let mut pattern = vec![0u8; PATTERN_BYTES as usize];
     Rng::new(0x7265).fill(&mut pattern);
     let pat_path = dir.path().join("pat");
@@ -140,27 +204,31 @@ fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
     let mut disks = Vec::new();
     let mut theirs = Vec::new();
     let mut script = String::from(
-        "set -u\npat=/lab/files/pat\ndump() { dd if=$1 of=/dev/vdu bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }\n",
+        "set -u\npat=/lab/files/pat\ndump() { dd if=$1 of=$dumpdev bs=1M skip=$2 seek=$3 count=8 iflag=direct oflag=direct status=none || echo dump_failed=1; }\n",
     );
-    for (k, case) in CASES.iter().enumerate() {
-        let name = case.level.name();
-        let mine: Vec<_> = (0..5).map(|i| dir.path().join(format!("{name}-a{i}.img"))).collect();
-        let them: Vec<_> = (0..5).map(|i| dir.path().join(format!("{name}-b{i}.img"))).collect();
+    let mut body = String::new();
+    for (k, case) in cases.iter().enumerate() {
+        let tag = format!("{}-{k}", case.level.name());
+        let n = case.members();
+        let mine: Vec<_> = (0..n).map(|i| dir.path().join(format!("{tag}-a{i}.img"))).collect();
+        let them: Vec<_> = (0..n).map(|i| dir.path().join(format!("{tag}-b{i}.img"))).collect();
         for p in mine.iter().chain(&them) {
             std::fs::File::create(p).unwrap().set_len(64 * MIB).unwrap();
         }
         let stopped_at = rt.block_on(mdkit_starts(*case, &mine, &pattern));
-        eprintln!("{name}: mdkit stopped its reshape at array sector {stopped_at}");
+        eprintln!("{tag}: mdkit stopped its reshape at array sector {stopped_at}");
         assert!(stopped_at > 0);
-        script += &guest_case(k, *case, b'a' + (10 * k) as u8, 16 * k as u64);
+        body += &guest_case(k, *case, b'a' + disks.len() as u8, 16 * k as u64);
         disks.extend(mine.into_iter().chain(them.iter().cloned()));
         theirs.push(them);
     }
+    script += &format!("dumpdev=/dev/vd{}\n", (b'a' + disks.len() as u8) as char);
+    script += &body;
     script += "echo \"=== end\"\n";
     let dump_path = dir.path().join("dump.img");
-    std::fs::File::create(&dump_path).unwrap().set_len(16 * CASES.len() as u64 * MIB).unwrap();
+    std::fs::File::create(&dump_path).unwrap().set_len(16 * cases.len() as u64 * MIB).unwrap();
     disks.push(dump_path.clone());
-    assert_eq!(disks.len(), 21, "vda..vdt are the members, vdu the dump disk");
+    assert!(disks.len() <= 28, "qemu's pc machine takes 28 virtio disks");
     let mut opts = RunOptions::with_disks(disks);
     opts.files.push(pat_path);
     let run = lab.run(&opts, &script).unwrap_or_else(|e| panic!("lab: {e}"));
@@ -168,11 +236,13 @@ fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
     assert_eq!(run.exit_code, 0, "{}", run.output);
     assert!(!run.output.contains("assemble_failed") && !run.output.contains("dump_failed"), "{}", run.output);
     let section = |n: &str| run.section(n).unwrap_or_else(|| panic!("no section {n}:\n{}", run.output));
-    for (k, case) in CASES.iter().enumerate() {
+    for (k, case) in cases.iter().enumerate() {
         let name = case.level.name();
         let detail = section(&format!("detail{k}"));
         assert_eq!(after(&detail, "Raid Level :"), Some(name), "{detail}");
-        assert_eq!(after(&detail, "Raid Devices :"), Some("5"), "{detail}");
+        assert_eq!(after(&detail, "Raid Devices :"), Some(case.detail.0), "{detail}");
+        assert_eq!(after(&detail, "Chunk Size :"), Some(case.detail.1), "{detail}");
+        assert_eq!(after(&detail, "Layout :"), Some(case.detail.2), "{detail}");
         assert!(!detail.contains("Reshape Status"), "{name}: the kernel finished the reshape: {detail}");
         assert!(dumped(&dump_path, 16 * k as u64) == pattern, "{name}: the kernel reads the pattern at 0");
         assert!(dumped(&dump_path, 16 * k as u64 + 8) == pattern, "{name}: the kernel reads the high pattern");
@@ -180,7 +250,17 @@ fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
         let reshape = section(&format!("reshape{k}"));
         assert!(reshape.contains("reshape"), "{name}: the kernel was reshaping when stopped: {reshape}");
     }
-    for (case, them) in CASES.iter().zip(&theirs) {
+    for (case, them) in cases.iter().zip(&theirs) {
         rt.block_on(mdkit_finishes(*case, them, &pattern));
     }
+}
+
+#[test]
+fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
+    cross("reshape_lab", &GROW_CASES);
+}
+
+#[test]
+fn chunk_and_layout_restripes_cross_between_mdkit_and_the_kernel() {
+    cross("restripe_lab", &RESTRIPE_CASES);
 }
