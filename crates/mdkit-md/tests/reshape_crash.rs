@@ -1,6 +1,6 @@
 //! Power cuts during restripes (crash-recording members, one power domain) with writes and
-//! flushes in flight: raid5 and raid6 4 -> 5 members, raid5 chunk 32 -> 64 KiB and raid6
-//! Q-last -> rotating Q over the same members. Cut points: member flush completions and superblock writes
+//! flushes in flight: raid5, raid6 and raid10 (near-2) 4 -> 5 members, raid5 chunk 32 -> 64
+//! KiB and raid6 Q-last -> rotating Q over the same members. Cut points: member flush completions and superblock writes
 //! (checkpoints) from the moment the reshape is recorded until after it finished, plus random
 //! points between; every way the volatile writes may have landed (all, none, random subsets,
 //! torn sectors). For each: the members as found assemble, the reshape resumes and finishes,
@@ -90,6 +90,7 @@ struct Kind {
 
 const GROW_RAID5: Kind = Kind { level: Level::Raid5, layout: None, change: GrowChange::RaidDevices(5) };
 const GROW_RAID6: Kind = Kind { level: Level::Raid6, layout: None, change: GrowChange::RaidDevices(5) };
+const GROW_RAID10: Kind = Kind { level: Level::Raid10, layout: None, change: GrowChange::RaidDevices(5) };
 const CHUNK_RAID5: Kind =
     Kind { level: Level::Raid5, layout: None, change: GrowChange::Restripe { layout: None, chunk_sectors: Some(128) } };
 /// left-symmetric-6 (what raid5 -> raid6 --layout preserve leaves) -> left-symmetric.
@@ -197,6 +198,11 @@ async fn raid6_reshape_crash_points() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid10_reshape_crash_points() {
+    reshape_crash_case("reshape10-crash", GROW_RAID10, POINTS, RANDOM_POINTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid5_chunk_restripe_crash_points() {
     reshape_crash_case("chunk5-crash", CHUNK_RAID5, POINTS, RANDOM_POINTS).await;
 }
@@ -224,6 +230,7 @@ async fn raid6_reshape_crash_points_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/soak runs it"]
 async fn restripe_crash_points_full() {
+    reshape_crash_case("reshape10-crash-full", GROW_RAID10, usize::MAX, 200).await;
     reshape_crash_case("chunk5-crash-full", CHUNK_RAID5, usize::MAX, 200).await;
     reshape_crash_case("rotq6-crash-full", ROTATE_Q_RAID6, usize::MAX, 200).await;
 }

@@ -1,6 +1,7 @@
 //! Restripes across mdkit and the Linux kernel (lab: Debian kernel + mdadm under qemu), both
 //! ways, one boot per test: raid5 and raid6 4 -> 5 members; raid5 chunk 64 -> 128 KiB and raid6
-//! left-symmetric-6 (Q on the last member) -> left-symmetric over the same four members.
+//! left-symmetric-6 (Q on the last member) -> left-symmetric over the same four members, and
+//! raid10 near-2 4 -> 5 members.
 //!
 //! 1. mdkit -> kernel: mdkit creates the array on four 64 MiB files (64 KiB chunks), writes a
 //!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts the `grow`
@@ -73,7 +74,7 @@ const GROW_CASES: [Case; 2] = [
     },
 ];
 
-const RESTRIPE_CASES: [Case; 2] = [
+const RESTRIPE_CASES: [Case; 3] = [
     Case {
         level: Level::Raid5,
         layout: None,
@@ -89,6 +90,14 @@ const RESTRIPE_CASES: [Case; 2] = [
         change: GrowChange::Restripe { layout: Some(2), chunk_sectors: None },
         mdadm_grow: "--layout=left-symmetric",
         detail: ("4", "64K", "left-symmetric"),
+    },
+    Case {
+        level: Level::Raid10,
+        layout: Some((0x102, "n2")),
+        high_bytes: 96 * MIB,
+        change: GrowChange::RaidDevices(5),
+        mdadm_grow: "--raid-devices=5 --add {spare}",
+        detail: ("5", "64K", "near=2"),
     },
 ];
 
@@ -146,10 +155,10 @@ async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]
 }
 
 /// The guest's half for one case: disks (mdkit's n, then the kernel's n) from
-/// `/dev/vd{first}`, md device numbers `2k` and `2k + 1`, dump disk offset `slot` (MiB).
-fn guest_case(k: usize, case: Case, first: u8, dump_slot_mib: u64) -> String {
-    let n = case.members() as u8;
-    let dev = |i: u8| format!("/dev/vd{}", (first + i) as char);
+/// disk index `first`, md device numbers `2k` and `2k + 1`, dump disk offset `slot` (MiB).
+fn guest_case(k: usize, case: Case, first: usize, dump_slot_mib: u64) -> String {
+    let n = case.members();
+    let dev = |i: usize| common::lab::vd(first + i);
     let mine: Vec<String> = (0..n).map(dev).collect();
     let theirs: Vec<String> = (n..2 * n).map(dev).collect();
     let layout = case.layout.map_or(String::new(), |l| format!("--layout={}", l.1));
@@ -218,11 +227,11 @@ fn cross(name: &str, cases: &[Case]) {
         let stopped_at = rt.block_on(mdkit_starts(*case, &mine, &pattern));
         eprintln!("{tag}: mdkit stopped its reshape at array sector {stopped_at}");
         assert!(stopped_at > 0);
-        body += &guest_case(k, *case, b'a' + disks.len() as u8, 16 * k as u64);
+        body += &guest_case(k, *case, disks.len(), 16 * k as u64);
         disks.extend(mine.into_iter().chain(them.iter().cloned()));
         theirs.push(them);
     }
-    script += &format!("dumpdev=/dev/vd{}\n", (b'a' + disks.len() as u8) as char);
+    script += &format!("dumpdev={}\n", common::lab::vd(disks.len()));
     script += &body;
     script += "echo \"=== end\"\n";
     let dump_path = dir.path().join("dump.img");

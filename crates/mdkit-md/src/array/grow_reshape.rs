@@ -1,5 +1,6 @@
 //! Starting a raid4/5/6 restripe forwards: to more members (`grow --raid-devices N --add
-//! DEV...`) or over the same members to a new chunk or layout (`grow --chunk` / `--layout`), as
+//! DEV...`) or over the same members to a new chunk or layout (`grow --chunk` / `--layout`);
+//! raid10 near layouts to more members (the data moves down one chunk; no bitmap yet), as
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
 //! old data members, so the new geometry's writes always trail the old geometry's reads.
@@ -135,6 +136,18 @@ fn describe(info: &ArrayInfo, to: RestripeTarget) -> String {
     if parts.is_empty() { "nothing to change".into() } else { parts.join(", ") }
 }
 
+/// How far every member's data moves down: mdadm's min_offset_change (raid10: the larger chunk
+/// times the far copies, 1 for the near layouts mdkit reshapes).
+fn move_sectors(info: &ArrayInfo, to: RestripeTarget) -> u64 {
+    let (oc, nc) = (u64::from(info.chunk_sectors), u64::from(to.chunk_sectors));
+    if info.level == Level::Raid10 {
+        return oc.max(nc);
+    }
+    let parity = u64::from(info.level.max_degraded());
+    let (od, nd) = (u64::from(info.raid_disks) - parity, u64::from(to.raid_disks) - parity);
+    min_offset_change_sectors(oc, nc, od, nd)
+}
+
 /// Refuses a target the forward restripe cannot reach (before anything is written).
 fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<(), String> {
     if to.raid_disks < info.raid_disks {
@@ -146,8 +159,16 @@ fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<()
     if info.level == Level::Raid4 && to.layout != info.layout {
         return Err("raid4 has one layout (parity on the last member)".into());
     }
-    crate::layout::ParityGeometry::new(info.level, to.raid_disks, to.layout, to.chunk_sectors)
-        .map_err(|e| e.to_string())?;
+    if info.level == Level::Raid10 {
+        let g = crate::layout::Raid10Geometry::new(to.raid_disks, to.layout, to.chunk_sectors, 0)
+            .map_err(|e| e.to_string())?;
+        if g.far_copies() != 1 || (to.layout, to.chunk_sectors) != (info.layout, info.chunk_sectors) {
+            return Err("raid10 restripes only to more members, near layouts, same layout and chunk".into());
+        }
+    } else {
+        crate::layout::ParityGeometry::new(info.level, to.raid_disks, to.layout, to.chunk_sectors)
+            .map_err(|e| e.to_string())?;
+    }
     let chunk = u64::from(to.chunk_sectors);
     if !info.member_size_sectors.is_multiple_of(chunk) {
         return Err(format!(
@@ -189,16 +210,17 @@ impl Array {
             return Err(refuse("metadata 1.0 has no room before the data to move it (a backup file would be needed, which mdkit does not implement)".into()));
         }
         check_target(&info, to, add.len()).map_err(refuse)?;
-        let parity = u64::from(info.level.max_degraded());
-        let (od, nd) = (u64::from(info.raid_disks) - parity, u64::from(to.raid_disks) - parity);
-        let (oc, nc) = (u64::from(info.chunk_sectors), u64::from(to.chunk_sectors));
-        let move_sectors = min_offset_change_sectors(oc, nc, od, nd);
+        let move_sectors = move_sectors(&info, to);
         let slots = core.slots();
         let old: Vec<Arc<Member>> = (0..info.raid_disks as usize).filter_map(|r| slots.working(r).cloned()).collect();
         let bitmap_area = match old.first() {
             Some(m) => read_bitmap_area(name, m, &m.superblock()).await?,
             None => None,
         };
+        if info.level == Level::Raid10 && bitmap_area.is_some() {
+            // The kernel resizes a raid10 bitmap to the new array at the start; mdkit does not yet.
+            return Err(refuse("a raid10 reshape with a write-intent bitmap is not implemented yet: grow --bitmap none first, add it back afterwards".into()));
+        }
         let bitmap_bytes = bitmap_area.as_ref().map_or(0, |a| a.len() as u64);
         for m in &old {
             let sb = m.superblock();
@@ -368,9 +390,9 @@ impl Array {
     }
 }
 
-/// Whether `grow --raid-devices n` restripes (raid4/5/6 to more members).
+/// Whether `grow --raid-devices n` restripes (raid4/5/6 and raid10 to more members).
 pub fn is_restripe(level: Level, raid_disks: u32, n: u32) -> bool {
-    matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) && n > raid_disks
+    matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10) && n > raid_disks
 }
 
 #[cfg(test)]

@@ -76,6 +76,29 @@ pub struct Member {
     bad_blocks: BadBlockList,
 }
 
+/// Where member sector 0 of a geometry lies within a member's data area (a reshape runs two
+/// geometries, the old one and the new one, at different data offsets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Base {
+    /// At the member's data offset (no reshape).
+    DataOffset,
+    /// At the old geometry's start ([`Member::old_base_sectors`]).
+    ReshapeOld,
+    /// At the new geometry's start ([`Member::new_base_sectors`]).
+    ReshapeNew,
+}
+
+impl Base {
+    /// Sectors from the start of `m`'s data area to this geometry's member sector 0.
+    pub fn of(self, m: &Member) -> u64 {
+        match self {
+            Base::DataOffset => 0,
+            Base::ReshapeOld => m.old_base_sectors,
+            Base::ReshapeNew => m.new_base_sectors,
+        }
+    }
+}
+
 impl Member {
     /// A member described by its superblock. State flags start empty (the assembler sets them).
     pub fn new(name: impl Into<String>, dev: DeviceRef, sb: Superblock) -> Member {

@@ -13,7 +13,7 @@ use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, jo
 
 use super::core::ArrayCore;
 use super::io::join_all;
-use super::member::{Member, flag};
+use super::member::{Base, Member, flag};
 use super::mirror;
 use super::personality::{Personality, SyncMode, SyncOutcome};
 use super::raid0::chunk_pieces;
@@ -25,18 +25,33 @@ pub struct Raid10 {
     geo: Raid10Geometry,
     raid_disks: usize,
     chunk_sectors: u64,
+    /// Which geometry's start member sectors count from (a reshape runs two of them).
+    pub(crate) base: Base,
 }
 
 impl Raid10 {
     pub fn new(geo: Raid10Geometry, raid_disks: u32) -> Raid10 {
         let chunk_sectors = geo.chunk_sectors();
-        Raid10 { geo, raid_disks: raid_disks as usize, chunk_sectors }
+        Raid10 { geo, raid_disks: raid_disks as usize, chunk_sectors, base: Base::DataOffset }
     }
 
+    pub fn geometry(&self) -> &Raid10Geometry {
+        &self.geo
+    }
+
+    /// The copies of `sector`, as sectors of each member's data area.
     fn copies(&self, a: &ArrayCore, sector: u64) -> io::Result<Vec<MemberSector>> {
-        self.geo
+        let mut copies = self
+            .geo
             .map(sector)
-            .ok_or_else(|| io::Error::other(format!("{}: array sector {sector} does not map", a.name())))
+            .ok_or_else(|| io::Error::other(format!("{}: array sector {sector} does not map", a.name())))?;
+        if self.base != Base::DataOffset {
+            let slots = a.slots();
+            for c in &mut copies {
+                c.sector += slots.slot(c.member).and_then(|s| s.member.as_ref()).map_or(0, |m| self.base.of(m));
+            }
+        }
+        Ok(copies)
     }
 
     /// Rebuilds one chunk piece `[dev_sector, dev_sector+n)` of `target` (holding `role`).

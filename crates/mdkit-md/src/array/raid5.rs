@@ -81,7 +81,7 @@ use self::stripe::StripeShape;
 use super::core::ArrayCore;
 use super::errors::{MdError, MdErrorKind};
 use super::io::join_all;
-use super::member::Member;
+use super::member::{Base, Member};
 use super::personality::{Personality, SyncMode, SyncOutcome};
 use super::raid0::chunk_pieces;
 use super::slots::SlotTable;
@@ -254,17 +254,6 @@ pub struct Raid5 {
     pub(crate) base: Base,
 }
 
-/// Where member sector 0 of a [`Raid5`] lies within a member's data area.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Base {
-    /// At the member's data offset (no reshape).
-    DataOffset,
-    /// At the old geometry's start ([`Member::old_base_sectors`]).
-    ReshapeOld,
-    /// At the new geometry's start ([`Member::new_base_sectors`]).
-    ReshapeNew,
-}
-
 impl Raid5 {
     pub fn new(name: &str, geo: ParityGeometry, size_sectors: u64) -> io::Result<Raid5> {
         let n = geo.raid_disks();
@@ -301,11 +290,7 @@ impl Raid5 {
 
     /// Member sector `sector` of this geometry as a sector of `m`'s data area.
     pub(crate) fn at(&self, m: &Member, sector: u64) -> u64 {
-        match self.base {
-            Base::DataOffset => sector,
-            Base::ReshapeOld => sector + m.old_base_sectors,
-            Base::ReshapeNew => sector + m.new_base_sectors,
-        }
+        sector + self.base.of(m)
     }
 
     fn max_degraded(&self) -> usize {

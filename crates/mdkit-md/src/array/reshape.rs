@@ -1,5 +1,6 @@
 //! raid4/5/6 restriping forwards, to more members (`grow --raid-devices`) or to a new chunk or
-//! layout over the same members (`grow --chunk` / `--layout`), kernel-compatible: the
+//! layout over the same members (`grow --chunk` / `--layout`), and raid10 near layouts to more
+//! members, kernel-compatible: the
 //! [`Reshape`] personality serves an array whose superblocks say RESHAPE_ACTIVE, and the
 //! engine ([`run`]) moves it window by window from the old to the new geometry.
 //!
@@ -26,7 +27,8 @@
 //! `safe`); the engine takes that checkpoint as soon as one waits.
 //!
 //! Windows are whole new-geometry stripes, written as full stripes (parity from the data
-//! alone); new stripes past the old array end are zero-filled. At the end the superblocks get
+//! alone), or for raid10 whole chunks written to every copy (raid10.c reshape_request; its
+//! offset move is one chunk); new stripes past the old array end are zero-filled. At the end the superblocks get
 //! the new geometry (data_offset = new, data_size grown by the move, RESHAPE_ACTIVE cleared,
 //! md_finish_reshape) and [`super::Array::wait_reshape`] assembles the array again at its new
 //! size. Resync/check wait until the reshape is done (the kernel refuses both meanwhile).
@@ -41,12 +43,14 @@ use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, jo
 use tokio::sync::{Notify, RwLock};
 
 use super::core::ArrayCore;
+use super::member::Base;
 use super::personality::{Personality, SyncMode, SyncOutcome};
-use super::raid5::{Base, Raid5};
+use super::raid5::Raid5;
+use super::raid10::Raid10;
 use super::slots::SlotTable;
 use crate::format::reshape::ReshapeState;
 use crate::format::superblock::Superblock;
-use crate::layout::{Level, ParityGeometry};
+use crate::layout::{Level, ParityGeometry, Raid10Geometry};
 
 /// Largest window moved at once (array sectors, before rounding to whole new stripes).
 const MAX_WINDOW_SECTORS: u64 = 8192;
@@ -57,15 +61,23 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// The personality of a raid4/5/6 array in the middle of a reshape (see the module docs).
+/// The personality of a raid4/5/6 or raid10 array in the middle of a reshape (see the module
+/// docs).
 pub struct Reshape {
     name: String,
     state: ReshapeState,
-    old: Raid5,
-    new: Raid5,
+    old: Box<dyn Personality>,
+    new: Box<dyn Personality>,
+    /// Where array sectors lie on the members in each geometry (the engine's safety rule).
+    old_rows: Rows,
+    new_rows: Rows,
+    /// Windows are multiples of this (array sectors): whole new stripes for parity, one
+    /// (larger) chunk for raid10 as raid10.c reshape_request copies.
+    unit_sectors: u64,
     old_array_sectors: u64,
     new_array_sectors: u64,
-    member_size_sectors: u64,
+    /// The sync domain (bitmap): per-member sectors for parity, the new array for raid10.
+    sync_domain_sectors: u64,
     /// Below this array sector the new geometry holds the data (in memory).
     progress: AtomicU64,
     /// What every superblock's `reshape_position` says.
@@ -81,9 +93,69 @@ pub struct Reshape {
     speed_kib: AtomicU64,
 }
 
+/// Where array sectors lie on the members of one geometry, row by row (a row: one chunk on
+/// every member).
+#[derive(Clone, Copy, Debug)]
+enum Rows {
+    Parity {
+        chunk: u64,
+        data_disks: u64,
+    },
+    /// raid10 near copies (no far copies).
+    Near {
+        chunk: u64,
+        disks: u64,
+        copies: u64,
+    },
+}
+
+impl Rows {
+    /// The first member sector of the row holding array sector `x`.
+    fn start_of(self, x: u64) -> u64 {
+        match self {
+            Rows::Parity { chunk, data_disks } => x / (chunk * data_disks) * chunk,
+            Rows::Near { chunk, disks, copies } => x / chunk * copies / disks * chunk,
+        }
+    }
+
+    /// The member sector just past every row array sectors `[0, end)` touch.
+    fn end_of(self, end: u64) -> u64 {
+        match self {
+            Rows::Parity { chunk, data_disks } => end.div_ceil(chunk * data_disks) * chunk,
+            Rows::Near { .. } if end == 0 => 0,
+            Rows::Near { chunk, disks, copies } => ((end.div_ceil(chunk) * copies - 1) / disks + 1) * chunk,
+        }
+    }
+}
+
+/// One geometry of a reshape, its member sectors counted from `base`.
+fn geometry(
+    name: &str,
+    sb: &Superblock,
+    st: &ReshapeState,
+    (disks, layout, chunk): (u32, u32, u32),
+    base: Base,
+) -> io::Result<(Box<dyn Personality>, Rows)> {
+    if st.level == Level::Raid10 {
+        let g = Raid10Geometry::new(disks, layout, chunk, sb.size_sectors).map_err(|e| invalid(e.to_string()))?;
+        if g.far_copies() != 1 {
+            return Err(invalid(format!("{name}: a reshape of raid10 far or offset layouts is not supported yet")));
+        }
+        let rows = Rows::Near { chunk: u64::from(chunk), disks: u64::from(disks), copies: u64::from(g.near_copies()) };
+        let mut p = Raid10::new(g, disks);
+        p.base = base;
+        return Ok((Box::new(p), rows));
+    }
+    let g = ParityGeometry::new(st.level, disks, layout, chunk).map_err(|e| invalid(e.to_string()))?;
+    let rows = Rows::Parity { chunk: u64::from(chunk), data_disks: g.data_disks() as u64 };
+    let mut p = Raid5::new(name, g, sb.size_sectors)?;
+    p.base = base;
+    Ok((Box::new(p), rows))
+}
+
 /// Builds the personality for superblock `sb` (RESHAPE_ACTIVE; its state already validated).
 pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dyn Personality>> {
-    if !matches!(st.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+    if !matches!(st.level, Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10) {
         return Err(invalid(format!("{name}: a reshape of {} is not supported yet", st.level.name())));
     }
     if st.new_raid_disks < st.old_raid_disks || st.backwards || st.new_offset_sectors > 0 {
@@ -91,25 +163,27 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
         let why = "only a forward reshape (data offset moving down) to as many or more members is supported";
         return Err(invalid(format!("{name}: {why}, not a backwards one ({what})")));
     }
-    let geo = |disks: u32, layout: u32, chunk: u32| {
-        ParityGeometry::new(st.level, disks, layout, chunk).map_err(|e| invalid(e.to_string()))
+    let old_shape = (st.old_raid_disks, st.old_layout, st.old_chunk_sectors);
+    let (old, old_rows) = geometry(name, sb, &st, old_shape, Base::ReshapeOld)?;
+    let new_shape = (st.new_raid_disks, st.new_layout, st.new_chunk_sectors);
+    let (new, new_rows) = geometry(name, sb, &st, new_shape, Base::ReshapeNew)?;
+    let (old_array_sectors, new_array_sectors) = (old.array_sectors(), new.array_sectors());
+    let (unit_sectors, sync_domain_sectors) = match st.level {
+        Level::Raid10 => (u64::from(st.old_chunk_sectors.max(st.new_chunk_sectors)), new.sync_domain_sectors()),
+        _ => (st.step_sectors(), sb.size_sectors),
     };
-    let mut old = Raid5::new(name, geo(st.old_raid_disks, st.old_layout, st.old_chunk_sectors)?, sb.size_sectors)?;
-    old.base = Base::ReshapeOld;
-    let new_geo = geo(st.new_raid_disks, st.new_layout, st.new_chunk_sectors)?;
-    let mut new = Raid5::new(name, new_geo, sb.size_sectors)?;
-    new.base = Base::ReshapeNew;
-    let old_array_sectors = old.array_sectors();
-    let new_array_sectors = new.array_sectors();
     let position = st.position_sectors.min(new_array_sectors);
     Ok(Arc::new(Reshape {
         name: name.to_string(),
         state: st,
         old,
         new,
+        old_rows,
+        new_rows,
+        unit_sectors,
         old_array_sectors,
         new_array_sectors,
-        member_size_sectors: sb.size_sectors,
+        sync_domain_sectors,
         progress: AtomicU64::new(position),
         safe: AtomicU64::new(position),
         window: RwLock::new(()),
@@ -179,15 +253,15 @@ impl Reshape {
     /// Runs a modifying request on the geometries it touches (new below `progress`).
     async fn modify<'a, F>(&'a self, off: u64, len: u64, f: F) -> io::Result<()>
     where
-        F: Fn(&'a Raid5, u64, u64, u64) -> IoFuture<'a, io::Result<()>>,
+        F: Fn(&'a dyn Personality, u64, u64, u64) -> IoFuture<'a, io::Result<()>>,
     {
         let _g = self.enter_write(off, len).await;
         let (below, above) = Reshape::split(off, len, self.progress.load(Ordering::Acquire));
         if below > 0 {
-            f(&self.new, off, below, 0).await?;
+            f(&*self.new, off, below, 0).await?;
         }
         if above > 0 {
-            f(&self.old, off + below, above, below).await?;
+            f(&*self.old, off + below, above, below).await?;
         }
         Ok(())
     }
@@ -254,7 +328,7 @@ impl Personality for Reshape {
     }
 
     fn sync_domain_sectors(&self) -> u64 {
-        self.member_size_sectors
+        self.sync_domain_sectors
     }
 
     fn sync_range_of(&self, off: u64, len: u64) -> Range<u64> {
@@ -327,20 +401,18 @@ impl Reshape {
     /// record `safe`: its member end stays at or below where the old stripe holding `safe`
     /// starts (plus the offset room).
     fn fits(&self, end: u64, safe: u64, room: u64) -> bool {
-        let (old_c, new_c) = (u64::from(self.state.old_chunk_sectors), u64::from(self.state.new_chunk_sectors));
-        let (old_d, new_d) = self.state.data_disks();
-        end.div_ceil(new_c * new_d) * new_c <= safe / (old_c * old_d) * old_c + room
+        self.new_rows.end_of(end) <= self.old_rows.start_of(safe) + room
     }
 
-    /// The window to move at `p`: whole new stripes, as many as fit (at least one), or `None`
-    /// when not even one fits with `p` recorded.
+    /// The window to move at `p`: whole units (new stripes, raid10 chunks), as many as fit (at
+    /// least one), or `None` when not even one fits with `p` recorded.
     fn window_at(&self, p: u64, safe: u64, room: u64) -> Option<u64> {
-        let stripe = self.state.step_sectors();
-        let max = (MAX_WINDOW_SECTORS / stripe).max(1) * stripe;
+        let unit = self.unit_sectors;
+        let max = (MAX_WINDOW_SECTORS / unit).max(1) * unit;
         let left = self.new_array_sectors - p;
         let mut w = max.min(left);
         while w > 0 && !self.fits(p + w, safe, room) {
-            w -= stripe;
+            w = w.saturating_sub(unit);
         }
         (w > 0).then_some(w)
     }
@@ -400,8 +472,8 @@ impl Reshape {
     /// md's `sync_completed` during a reshape: per-member new-geometry sectors recorded, of
     /// the total.
     pub fn completed(&self) -> (u64, u64) {
-        let new_d = self.state.data_disks().1;
-        (self.position_sectors() / new_d, self.new_array_sectors / new_d)
+        let per_member = |p: u64| self.state.new_member_sectors(p);
+        (per_member(self.position_sectors()), per_member(self.new_array_sectors))
     }
 
     /// The engine's speed in per-member KiB/s and the time left at that speed (`None` before
@@ -414,7 +486,7 @@ impl Reshape {
 
     /// The speed since the engine (re)started at `from` (array sectors), per member.
     fn note_speed(&self, from: u64, since: Instant) {
-        let moved = self.progress.load(Ordering::Acquire).saturating_sub(from) / self.state.data_disks().1;
+        let moved = self.state.new_member_sectors(self.progress.load(Ordering::Acquire).saturating_sub(from));
         let secs = since.elapsed().as_secs_f64().max(1e-3);
         self.speed_kib.store((moved as f64 / 2.0 / secs) as u64, Ordering::Release);
     }
@@ -442,7 +514,7 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
     let (mut from, mut since) = (r.progress.load(Ordering::Acquire), Instant::now());
     // As md's resync: up to sync_speed_min always, above it only while no requests arrive,
     // never above sync_speed_max (on the per-member position).
-    let per_member = |p: u64| p / r.state.data_disks().1;
+    let per_member = |p: u64| r.state.new_member_sectors(p);
     let mut pacer = super::sync::Pacer::new(core, per_member(r.progress.load(Ordering::Acquire)));
     loop {
         let p = r.progress.load(Ordering::Acquire);
@@ -492,6 +564,19 @@ mod tests {
         assert_eq!(eta(4096, 1024), Some(Duration::from_secs(2)), "2 MiB per member at 1 MiB/s");
         assert_eq!(eta(4096, 0), None, "no estimate before a speed");
         assert_eq!(eta(0, 1024), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn rows_of_parity_and_near_geometries() {
+        // raid5, 4 members, 8-sector chunks: 24 array sectors per row.
+        let p = Rows::Parity { chunk: 8, data_disks: 3 };
+        assert_eq!((p.start_of(0), p.start_of(23), p.start_of(24)), (0, 0, 8));
+        assert_eq!((p.end_of(0), p.end_of(1), p.end_of(24), p.end_of(25)), (0, 8, 8, 16));
+        // raid10 near-2 on 5 members: chunk i has copies at slots 2i, 2i + 1 (row = slot / 5).
+        let n = Rows::Near { chunk: 8, disks: 5, copies: 2 };
+        assert_eq!((n.start_of(0), n.start_of(16), n.start_of(24), n.start_of(40)), (0, 0, 8, 16));
+        // Chunk 2 (sectors 16..24) sits in slots 4 and 5: rows 0 and 1.
+        assert_eq!((n.end_of(0), n.end_of(16), n.end_of(17), n.end_of(40)), (0, 8, 16, 16));
     }
 
     #[test]

@@ -117,6 +117,19 @@ impl ReshapeState {
         }
     }
 
+    /// Sectors per member of the new geometry that `array_sectors` from the start occupy
+    /// (md's `sync_completed` units during a reshape; raid10 counts its copies).
+    pub fn new_member_sectors(&self, array_sectors: u64) -> u64 {
+        match self.level {
+            Level::Raid10 => {
+                let near = u128::from(self.new_layout & 0xff).max(1);
+                let n = u128::from(self.new_raid_disks).max(1);
+                (u128::from(array_sectors) * near / n) as u64
+            }
+            _ => array_sectors / self.data_disks().1,
+        }
+    }
+
     /// The reshape step (array sectors) positions are multiples of: max chunk x new data disks.
     pub fn step_sectors(&self) -> u64 {
         u64::from(self.old_chunk_sectors.max(self.new_chunk_sectors)) * self.data_disks().1

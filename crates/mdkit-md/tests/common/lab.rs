@@ -223,6 +223,17 @@ impl GuestPartitions {
 
 /// `len` bytes at `offset` of a dump disk: lab scripts copy what the guest reads there (direct
 /// I/O `dd`) and the host compares, since hashing inside a TCG guest costs more than the copy.
+/// The guest's name of virtio disk `index` (0: `/dev/vda`, 25: `/dev/vdz`, 26: `/dev/vdaa`),
+/// as the kernel's virtblk names them.
+pub fn vd(index: usize) -> String {
+    let letter = |i: usize| char::from(b'a' + (i % 26) as u8);
+    if index < 26 {
+        format!("/dev/vd{}", letter(index))
+    } else {
+        format!("/dev/vd{}{}", letter(index / 26 - 1), letter(index))
+    }
+}
+
 pub fn read_dump(dump: &Path, offset: u64, len: usize) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
     let mut bytes = vec![0u8; len];

@@ -3,7 +3,7 @@
 //! ```text
 //! mdkit grow NAME --size max|SIZE [--assume-clean]     used size per member, after the members grew
 //! mdkit grow NAME --bitmap internal|none [--bitmap-chunk SIZE]
-//! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5/6 restripe to more
+//! mdkit grow NAME --raid-devices N [--add MEMBER]...   raid1 mirrors; raid4/5/6, raid10 near restripe
 //! mdkit grow NAME --write-behind N                     raid1 with a bitmap (also with --bitmap internal)
 //! mdkit grow NAME --level L [--layout preserve|NAME] [--add MEMBER]
 //!                                                      the level changes md makes without moving data
@@ -16,8 +16,9 @@
 //! raid4 <-> raid5 parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
 //! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`).
 //! `--chunk` and/or `--layout` without `--level` restripe raid4/5/6 in the background over the
-//! same members, moving the data offset down by the larger chunk. Other restripes (raid0/10,
-//! fewer members) are refused as not implemented yet.
+//! same members, moving the data offset down by the larger chunk; raid10 near layouts restripe
+//! onto more members. Other restripes (raid0, raid10 far/offset, fewer members) are refused as
+//! not implemented yet.
 
 use std::process::ExitCode;
 
@@ -36,7 +37,8 @@ pub struct GrowArgs {
     /// Used size per member: `max` (everything the members offer) or a size (plain number: KiB).
     #[arg(long, short = 'z')]
     pub size: Option<String>,
-    /// raid1: the number of mirrors; raid4/5/6: restripe onto this many members (with --add).
+    /// raid1: the number of mirrors; raid4/5/6 and raid10 (near): restripe onto this many members
+    /// (with --add).
     #[arg(long, short = 'n')]
     pub raid_devices: Option<u32>,
     /// Add (`internal`) or remove (`none`) the write-intent bitmap.
