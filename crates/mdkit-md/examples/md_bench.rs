@@ -95,6 +95,27 @@ enum Pattern {
 /// once); returns (requests, bytes, seconds).
 async fn run(target: &Target, pat: Pattern, bs: u64, qd: usize, secs: f64, fill_once: bool) -> (u64, u64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
+    let stopper = stop.clone();
+    let timer = tokio::spawn(async move {
+        if !fill_once {
+            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            stopper.store(true, Ordering::Relaxed);
+        }
+    });
+    let r = run_until(target, pat, bs, qd, stop, fill_once).await;
+    timer.abort();
+    r
+}
+
+/// [`run`] until `stop` is set (or the fill is done).
+async fn run_until(
+    target: &Target,
+    pat: Pattern,
+    bs: u64,
+    qd: usize,
+    stop: Arc<AtomicBool>,
+    fill_once: bool,
+) -> (u64, u64, f64) {
     let ops = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
     let devs: Vec<DeviceRef> = match target {
@@ -154,15 +175,55 @@ async fn run(target: &Target, pat: Pattern, bs: u64, qd: usize, secs: f64, fill_
             }
         }));
     }
-    if !fill_once {
-        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-        stop.store(true, Ordering::Relaxed);
-    }
     for t in tasks {
         t.await.expect("worker");
     }
     let el = t0.elapsed().as_secs_f64();
     (ops.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed), el)
+}
+
+/// The device's own ceiling for a rebuild: a raw copy onto `fresh`, every 1 MiB block read
+/// from each of the `sources` files (what a rebuild reads: one copy, or the n - 1 members
+/// parity is computed from) and then written, `qd` blocks in flight. The member files share one
+/// device here, so this, not one file written alone, bounds a rebuild.
+async fn rebuild_ceiling(fresh: DeviceRef, sources: Vec<DeviceRef>, qd: usize) -> (u64, u64, f64) {
+    let size = fresh.topology().size_bytes / MIB * MIB;
+    let cursor = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..qd)
+        .map(|_| {
+            let (fresh, sources, cursor) = (fresh.clone(), sources.clone(), cursor.clone());
+            tokio::spawn(async move {
+                let mut bufs: Vec<Option<IoBuf>> = sources.iter().map(|_| Some(IoBuf::zeroed(MIB as usize))).collect();
+                let mut blocks = 0u64;
+                loop {
+                    let off = cursor.fetch_add(MIB, Ordering::Relaxed);
+                    if off + MIB > size {
+                        return blocks;
+                    }
+                    let reads =
+                        sources.iter().zip(bufs.iter_mut()).map(|(d, b)| d.read(off, b.take().expect("buffer")));
+                    let mut got = Vec::new();
+                    for (b, res) in mdkit_md::array::io::join_all(reads).await {
+                        res.unwrap_or_else(|e| panic!("read: {e}"));
+                        got.push(b);
+                    }
+                    let data = got[0].as_slice().to_vec();
+                    fresh
+                        .write(off, SharedBuf::from_slice(&data), WriteFlags::NONE)
+                        .await
+                        .unwrap_or_else(|e| panic!("write: {e}"));
+                    bufs = got.into_iter().map(Some).collect();
+                    blocks += 1;
+                }
+            })
+        })
+        .collect();
+    let mut blocks = 0;
+    for w in workers {
+        blocks += w.await.expect("worker");
+    }
+    (blocks, blocks * MIB, t0.elapsed().as_secs_f64())
 }
 
 fn report(level: &str, target: &str, test: &str, r: (u64, u64, f64)) {
@@ -212,7 +273,18 @@ async fn bench_level(a: &Args, level: Level) {
     let single = Target::Many(vec![open(&fresh)]);
     report(name, "raw", "seq-write-1m-one-file", run(&single, Pattern::SeqWrite, MIB, 4, a.secs, true).await);
     drop(single);
-    let _ = std::fs::remove_file(&fresh);
+    // The device's ceiling for a rebuild, before and again after it (the A/A control).
+    let ceiling = |test: &'static str| {
+        let sources = if matches!(level, Level::Raid1 | Level::Raid10) { 1 } else { a.members - 1 };
+        let (fresh, from) = (fresh.clone(), paths[..sources].to_vec());
+        async move {
+            make_file(&fresh, a.member_mib);
+            let from: Vec<DeviceRef> = from.iter().map(|p| open(p)).collect();
+            report(name, "raw", test, rebuild_ceiling(open(&fresh), from, 8).await);
+            let _ = std::fs::remove_file(&fresh);
+        }
+    };
+    ceiling("rebuild-ceiling").await;
 
     let members: Vec<MemberDev> =
         paths.iter().enumerate().map(|(i, p)| MemberDev::new(format!("m{i}"), open(p))).collect();
@@ -243,6 +315,7 @@ async fn bench_level(a: &Args, level: Level) {
         let bytes = array.core().slots().in_sync(1).map_or(0, |m| m.data_size_sectors * 512);
         report(name, "mdkit", "rebuild", (1, bytes, secs));
         let _ = std::fs::remove_file(&spare);
+        ceiling("rebuild-ceiling-again").await;
     }
     array.stop().await.unwrap();
     drop(array);
