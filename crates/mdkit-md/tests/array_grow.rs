@@ -288,7 +288,8 @@ async fn level_changes_under_io() {
 }
 
 /// raid0 -> raid4 parity-last with `--add` while a writer writes: the parity member is
-/// recovered, the model reads back, check finds 0; a multi-zone raid0 is refused by name.
+/// recovered, the model reads back, check finds 0; then back to raid0 (the parity member is
+/// failed and removed first); a multi-zone raid0 is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid0_gains_parity_under_io() {
     let ms = mem_members("r0p", 4, 16 * MIB);
@@ -312,7 +313,27 @@ async fn raid0_gains_parity_under_io() {
     assert_eq!(a.core().degraded(), 0, "parity was recovered onto the added member");
     verify_all(&*a, &m).await;
     assert_eq!(check(&a).await, 0);
+    // And back, under writes: the parity member is failed and removed, the rest is the raid0.
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    let to0 = GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default };
+    let r = a.grow(to0, vec![]).await.unwrap();
+    stop.store(true, Ordering::Release);
+    m = w.await.unwrap().0;
+    assert!(r.summary.starts_with("level raid4 -> raid0"), "{}", r.summary);
+    assert_eq!((a.info().level, a.info().raid_disks, a.size_bytes()), (Level::Raid0, 3, size));
+    verify_all(&*a, &m).await;
     a.stop().await.unwrap();
+    drop(a);
+    let again = crate::array_util::assemble_array(&ms[..3]).await;
+    assert_eq!((again.info().level, again.size_bytes()), (Level::Raid0, size));
+    verify_all(&again, &m).await;
+    again.stop().await.unwrap();
+    let (parity, data) = (
+        mdkit_md::array::read_superblock(&ms[3].dev).await.unwrap(),
+        mdkit_md::array::read_superblock(&ms[0].dev).await.unwrap(),
+    );
+    assert!(data.dev_roles[parity.dev_number as usize] >= 3, "the parity member left the array: {:?}", data.dev_roles);
 
     let ms = mem_members("r0z", 3, 16 * MIB);
     let small = mem_members("r0s", 1, 8 * MIB);

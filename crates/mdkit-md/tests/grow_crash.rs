@@ -54,8 +54,9 @@ enum Change {
     MirrorRaid5Mirror,
     /// raid5 -> raid6 with Q on the added member (recovered), then back to raid5.
     Raid5Raid6Raid5,
-    /// raid0 -> raid5 parity-last with parity on the added member (recovered).
-    Raid0Raid5,
+    /// raid0 -> raid5 parity-last with parity on the added member (recovered), then back to
+    /// raid0 (the parity member failed and removed first).
+    Raid0Raid5Raid0,
     /// raid0 -> raid10 near-2 (two added members recovered), then back to raid0 (the second
     /// copies failed and removed first).
     Raid0Raid10Raid0,
@@ -116,10 +117,13 @@ async fn grow(a: &Array, change: Change, spare: &SimMember, extra: &SimMember) {
             assert_eq!((a.info().level, a.core().degraded()), (Level::Raid10, 0));
             a.grow(GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default }, vec![]).await.unwrap();
         }
-        Change::Raid0Raid5 => {
+        Change::Raid0Raid5Raid0 => {
             let to5 = GrowChange::Level { level: Level::Raid5, layout: LayoutChoice::Default };
             a.grow(to5, vec![spare.member_dev()]).await.unwrap();
             assert_eq!((a.info().level, a.info().layout), (Level::Raid5, 5));
+            a.wait_sync_idle().await;
+            assert_eq!(a.core().degraded(), 0);
+            a.grow(GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default }, vec![]).await.unwrap();
         }
     }
     a.wait_sync_idle().await;
@@ -250,15 +254,17 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
         let refused: Vec<String> = assembled.refused.iter().map(|r| r.member.clone()).collect();
         if matches!(
             change,
-            Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5 | Change::Raid0Raid5 | Change::Raid0Raid10Raid0
+            Change::MirrorRaid5Mirror | Change::Raid5Raid6Raid5 | Change::Raid0Raid5Raid0 | Change::Raid0Raid10Raid0
         ) {
             // A level change moves no data: a member that missed its superblock round joins
             // the new level instead of being left out for a rebuild.
             for r in &assembled.refused {
                 let m = ms.iter().find(|m| m.name == r.member).unwrap();
                 let ours = read_superblock(&m.dev).await.is_ok_and(|sb| sb.set_uuid == b.info().uuid);
-                // raid10 -> raid0 fails and removes the second copies (the added members) first.
-                let removed = matches!(change, Change::Raid0Raid10Raid0) && names[n..].contains(&r.member);
+                // raid10 -> raid0 fails and removes the second copies (the added members) first,
+                // raid5 -> raid0 the parity member.
+                let back_to_raid0 = matches!(change, Change::Raid0Raid10Raid0 | Change::Raid0Raid5Raid0);
+                let removed = back_to_raid0 && names[n..].contains(&r.member);
                 let expected = r.reason.contains("stale") || removed;
                 assert!(!ours || expected, "{ctx}: {} left out: {}", r.member, r.reason);
             }
@@ -306,7 +312,7 @@ async fn raid0_raid10_takeover_crash_points() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid0_raid5_takeover_crash_points() {
-    grow_crash_case("gc-r0-r5", Level::Raid0, 3, Change::Raid0Raid5, 60).await;
+    grow_crash_case("gc-r0-r5", Level::Raid0, 3, Change::Raid0Raid5Raid0, 60).await;
 }
 
 /// The eight cases cut after every completed member write, plus 150 random points each
@@ -320,6 +326,6 @@ async fn grow_crash_points_full() {
     grow_crash_case("gc-r1-mirrors-full", Level::Raid1, 2, Change::Mirrors3, 600).await;
     grow_crash_case("gc-r1-r5-full", Level::Raid1, 2, Change::MirrorRaid5Mirror, 600).await;
     grow_crash_case("gc-r5-r6-full", Level::Raid5, 3, Change::Raid5Raid6Raid5, 600).await;
-    grow_crash_case("gc-r0-r5-full", Level::Raid0, 3, Change::Raid0Raid5, 600).await;
+    grow_crash_case("gc-r0-r5-full", Level::Raid0, 3, Change::Raid0Raid5Raid0, 600).await;
     grow_crash_case("gc-r0-r10-full", Level::Raid0, 2, Change::Raid0Raid10Raid0, 600).await;
 }

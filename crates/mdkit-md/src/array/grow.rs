@@ -114,7 +114,8 @@ fn no_sync_running(core: &ArrayCore) -> Result<(), String> {
 }
 
 /// [`no_sync_running`], and every role in sync, except a raid6 whose only missing role is Q's
-/// (the one raid5 drops) and a raid10 down to one copy of each pair (raid0).
+/// (the one raid5 drops), a raid4/5 whose only missing role is parity and a raid10 down to one
+/// copy of each pair (both raid0).
 fn takeover_state(core: &ArrayCore, to: Level) -> Result<(), String> {
     no_sync_running(core)?;
     let slots = core.slots();
@@ -125,10 +126,11 @@ fn takeover_state(core: &ArrayCore, to: Level) -> Result<(), String> {
     let halves = info.level == Level::Raid10
         && to == Level::Raid0
         && (0..n / 2).all(|k| slots.in_sync(2 * k).is_some() != slots.in_sync(2 * k + 1).is_some());
+    let parity_only = matches!(info.level, Level::Raid4 | Level::Raid5) && to == Level::Raid0 && missing == [n - 1];
     if info.level == Level::Raid10 && to == Level::Raid0 && !slots.spares().is_empty() {
         return Err("raid0 has no spares; remove the spares first".into());
     }
-    if !missing.is_empty() && !q_only && !halves {
+    if !missing.is_empty() && !q_only && !parity_only && !halves {
         return Err(format!("the array is degraded (roles {missing:?} missing); let recovery finish first"));
     }
     Ok(())
@@ -162,10 +164,12 @@ impl Array {
             };
             return self.start_reshape(to, add).await;
         }
-        if let GrowChange::Level { level: Level::Raid0, .. } = change
-            && info.level == Level::Raid10
-        {
-            self.drop_mirrors_for_raid0().await?;
+        if let GrowChange::Level { level: Level::Raid0, .. } = change {
+            match info.level {
+                Level::Raid10 => self.drop_mirrors_for_raid0().await?,
+                Level::Raid4 | Level::Raid5 => self.drop_parity_for_raid0().await?,
+                _ => {}
+            }
         }
         let pause = self.pause.pause().await;
         let core = self.core();
@@ -246,6 +250,32 @@ impl Array {
             tracing::info!(array = self.name(), member = m.as_str(), "raid10 -> raid0: removing the second copy");
             self.fail_member(&m).await?;
             self.remove_member(&m).await?;
+        }
+        Ok(())
+    }
+
+    /// raid4/raid5 -> raid0 (mdadm's way): the parity member is failed and removed first,
+    /// leaving the data members as a parity-last raid4 without its parity, what raid0_takeover_raid45
+    /// takes over.
+    async fn drop_parity_for_raid0(&self) -> io::Result<()> {
+        let core = self.core();
+        let info = core.info().clone();
+        let why = |w: String| refused(format!("{}: cannot change the level: {w}", self.name()));
+        crate::format::takeover::parity_last_to_raid0_shape(info.level, info.layout, core.bitmap.is_some())
+            .map_err(why)?;
+        no_sync_running(&core).map_err(why)?;
+        let slots = core.slots();
+        if !slots.spares().is_empty() {
+            return Err(why("raid0 has no spares; remove the spares first".into()));
+        }
+        let parity = info.raid_disks as usize - 1;
+        if let Some(r) = (0..parity).find(|r| slots.in_sync(*r).is_none()) {
+            return Err(why(format!("data role {r} has no in-sync member")));
+        }
+        if let Some(m) = slots.slot(parity).and_then(|s| s.member.clone()) {
+            tracing::info!(array = self.name(), member = m.name(), "raid4/5 -> raid0: removing the parity member");
+            self.fail_member(m.name()).await?;
+            self.remove_member(m.name()).await?;
         }
         Ok(())
     }

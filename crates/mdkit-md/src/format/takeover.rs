@@ -9,6 +9,7 @@
 //!                                                                  roles empty until spares recover
 //!                                                                  them)
 //!  raid10 near-2, 2n members, one of each pair left -> raid0, n members (role 2i or 2i+1 -> i)
+//!  raid4 / raid5 parity-last, n members, parity role empty -> raid0, n - 1 members
 //!  raid1, 2 members          -> raid5 left-symmetric, 2 members  (a 2-member raid5 is a mirror)
 //!  raid5, 2 members          -> raid1                            (any layout and chunk)
 //!  raid4                     -> raid5 parity-last                (the same blocks)
@@ -20,7 +21,8 @@
 //! ```
 //! Kernel rules kept: raid45_takeover_raid0's single zone (every member's data rounded down to
 //! the chunk the same: the raid0 then holds exactly the data blocks of a parity-last raid4
-//! whose parity member is missing) and size (that rounded size); raid5_takeover_raid1's chunk
+//! whose parity member is missing) and size (that rounded size); raid0_takeover_raid45 and
+//! raid0_takeover_raid10 the other way (raid0's data size per member becomes the used size); raid5_takeover_raid1's chunk
 //! (64 KiB, halved until it divides the array, at least 4 KiB); raid6_takeover's 3..=253
 //! members; the "-6" layout numbers (raid5 0..=4 → 16..=20, parity-last stays 5). Every
 //! member's superblock gets the new level, layout, chunk, member count and roles; the events,
@@ -81,6 +83,21 @@ pub fn raid10_to_raid0_shape(layout: u32, raid_disks: u32, has_bitmap: bool) -> 
     if layout != RAID10_N2 || !raid_disks.is_multiple_of(2) {
         return Err(format!(
             "raid10 -> raid0 needs the near-2 layout (n2) on an even number of members, the array has layout {layout:#x} on {raid_disks}"
+        ));
+    }
+    if has_bitmap {
+        return Err("raid0 has no write-intent bitmap: remove it first (grow --bitmap none)".into());
+    }
+    Ok(())
+}
+
+/// What raid4/raid5 -> raid0 needs of the array's shape (raid0_takeover_raid45): parity on the
+/// last member (raid4, or raid5 parity-last) and no bitmap (raid0 has none). The runtime checks
+/// it before it fails and removes the parity member, [`plan`] again on the superblocks.
+pub fn parity_last_to_raid0_shape(level: Level, layout: u32, has_bitmap: bool) -> Result<(), String> {
+    if level == Level::Raid5 && layout != alg::PARITY_N {
+        return Err(format!(
+            "raid5 -> raid0 needs parity on the last member (layout parity-last), the array has layout {layout}; restripe with grow --layout parity-last first"
         ));
     }
     if has_bitmap {
@@ -208,6 +225,20 @@ pub fn plan(sb: &Superblock, to: Level, layout: LayoutChoice, data_sizes: &[u64]
             }
             Ok(Takeover { roles: RoleMap::Halve, ..t(to, 0, sb.chunk_sectors, n / 2) })
         }
+        (Level::Raid4 | Level::Raid5, Level::Raid0) => {
+            parity_last_to_raid0_shape(from, sb.layout, sb.feature_map & feature::BITMAP_OFFSET != 0)?;
+            if !matches!(layout, LayoutChoice::Default) {
+                return Err(format!("{} -> raid0 takes no layout", from.name()));
+            }
+            let held = |r: u32| sb.dev_roles.iter().any(|x| u32::from(*x) == r);
+            if let Some(r) = (0..n - 1).find(|r| !held(*r)) {
+                return Err(format!("data role {r} has no member: raid0 needs every data member"));
+            }
+            if held(n - 1) {
+                return Err(format!("the parity member (role {}) must be failed and removed first", n - 1));
+            }
+            Ok(t(Level::Raid0, 0, sb.chunk_sectors, n - 1))
+        }
         (Level::Raid1, Level::Raid5) => {
             if n != 2 {
                 return Err(format!("raid1 -> raid5 needs exactly 2 mirrors, the array has {n}"));
@@ -292,6 +323,11 @@ pub fn apply(sb: &mut Superblock, t: &Takeover) {
         }
     }
     set_geometry(sb, t.level.md_level(), t.layout, t.chunk_sectors, t.raid_disks, t.size_sectors);
+    if t.level == Level::Raid0 {
+        // raid0 stripes over each member's data size: the kernel's takeovers set it to the
+        // used size (rdev->sectors = dev_sectors), so the zone holds exactly the old data.
+        sb.data_size_sectors = t.size_sectors;
+    }
 }
 
 /// Whether `fresh` is `old` after one takeover round (one event later, nothing else changed):
@@ -416,6 +452,30 @@ mod tests {
         assert_eq!(plan(&r5, Level::Raid4, LayoutChoice::Default, &[]).unwrap().layout, 0);
         let e = plan(&sbs(Level::Raid5, 3)[0], Level::Raid4, LayoutChoice::Default, &[]).unwrap_err();
         assert!(e.contains("parity-last"), "{e}");
+    }
+
+    #[test]
+    fn parity_last_raid_without_its_parity_member_becomes_raid0() {
+        let mut m = sbs(Level::Raid5, 4);
+        let e = plan(&m[0], Level::Raid0, LayoutChoice::Default, &[]).unwrap_err();
+        assert!(e.contains("parity-last"), "{e}");
+        for sb in &mut m {
+            sb.layout = alg::PARITY_N;
+            sb.feature_map &= !feature::BITMAP_OFFSET;
+        }
+        let e = plan(&m[0], Level::Raid0, LayoutChoice::Default, &[]).unwrap_err();
+        assert!(e.contains("parity member (role 3) must be failed and removed first"), "{e}");
+        let parity = m[0].dev_roles.iter().position(|r| *r == 3).unwrap();
+        m[0].dev_roles[parity] = ROLE_FAULTY;
+        let t = plan(&m[0], Level::Raid0, LayoutChoice::Default, &[]).unwrap();
+        assert_eq!((t.level, t.raid_disks, t.chunk_sectors), (Level::Raid0, 3, m[0].chunk_sectors));
+        let mut r0 = m[0].clone();
+        apply(&mut r0, &t);
+        assert_eq!(r0.data_size_sectors, m[0].size_sectors, "raid0 stripes over exactly the used size");
+        let mut with_bitmap = m[0].clone();
+        with_bitmap.feature_map |= feature::BITMAP_OFFSET;
+        let e = plan(&with_bitmap, Level::Raid0, LayoutChoice::Default, &[]).unwrap_err();
+        assert!(e.contains("bitmap"), "{e}");
     }
 
     #[test]

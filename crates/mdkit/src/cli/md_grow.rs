@@ -11,8 +11,9 @@
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
 //! added members in the background (`array/reshape.rs`). `--level`: raid1 (2 mirrors) <-> raid5,
-//! single-zone raid0 -> raid4/raid5 parity-last (`--add` the parity member), raid0 <-> raid10
-//! near-2 (`--add` the second copies; back, the second copies are failed and removed first),
+//! single-zone raid0 <-> raid4/raid5 parity-last (`--add` the parity member; back, it is failed
+//! and removed first), raid0 <-> raid10 near-2 (`--add` the second copies; back, the second
+//! copies are failed and removed first),
 //! raid4 <-> raid5 parity-last, raid5 -> raid6 with Q on a new last member (`--layout preserve`;
 //! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`).
 //! `--chunk` and/or `--layout` without `--level` restripe raid4/5/6 in the background over the
@@ -67,8 +68,9 @@ pub struct GrowArgs {
     #[arg(long, short = 'p')]
     pub layout: Option<String>,
     /// The new level, where md changes it without moving data: raid1 (2 mirrors) <-> raid5,
-    /// raid0 -> raid4/raid5 (parity-last, --add the parity member), raid0 <-> raid10 (near-2,
-    /// --add the second copies; back: they are removed), raid4 <-> raid5 (parity-last),
+    /// raid0 <-> raid4/raid5 (parity-last, --add the parity member; back: it is removed),
+    /// raid0 <-> raid10 (near-2, --add the second copies; back: they are removed), raid4 <->
+    /// raid5 (parity-last),
     /// raid5 -> raid6 (--layout preserve, --add the Q member), raid6 with Q on the last
     /// member -> raid5.
     #[arg(long, short = 'l')]
