@@ -10,7 +10,10 @@
 //!      sync_speed_max, stopped once the member's recovery offset moved). The kernel assembles
 //!      a raid6 left-symmetric-6, finishes the recovery, reads both patterns, check finds 0.
 //!    - a 3-member raid0 with both patterns becomes raid4 (`--add`, parity-last), stopped while
-//!      parity is recovered; the kernel finishes it, reads both patterns, check finds 0.
+//!      parity is recovered; the kernel finishes it, reads both patterns, check finds 0;
+//!    - a 4-member raid4 with both patterns becomes raid0 (`grow --level raid0`: the parity
+//!      member is failed and removed first); the kernel assembles a 3-device raid0 of the same
+//!      size from the data members and reads both patterns.
 //! 2. kernel -> mdkit:
 //!    - the kernel's raid1 with the pattern, `mdadm --grow --level=5`: mdkit assembles a
 //!      2-member raid5 with the kernel's chunk, reads the pattern, check finds 0;
@@ -18,7 +21,9 @@
 //!      --raid-devices=4 --layout=preserve`, stopped mid-recovery: mdkit assembles the raid6,
 //!      finishes the recovery, reads both patterns, check finds 0;
 //!    - the kernel's raid0 with both patterns, `mdadm --grow --level=4` and a spare added,
-//!      stopped mid-recovery: mdkit assembles the raid4, finishes it, patterns, check 0.
+//!      stopped mid-recovery: mdkit assembles the raid4, finishes it, patterns, check 0;
+//!    - the kernel's raid4 with both patterns, `mdadm --grow --level=0`: mdkit assembles a
+//!      3-member raid0 of the same size and reads both patterns.
 //!
 //! What the kernel reads is copied to a dump disk and compared on the host. Skips loudly
 //! (SKIP: ...) when the lab cannot be built or booted.
@@ -81,6 +86,31 @@ async fn mdkit_adds_redundancy(from: Level, to: GrowChange, paths: &[std::path::
     sb.recovery_offset_sectors
 }
 
+/// mdkit's raid4 -> raid0: returns the array size (bytes), the same before and after.
+async fn mdkit_drops_parity(paths: &[std::path::PathBuf], pattern: &[u8]) -> u64 {
+    let o = opts(Level::Raid4, 4, Some(64), None, false, true);
+    let a = create(paths.iter().map(|p| member(p)).collect(), o).await.unwrap().array;
+    a.write_slice(0, pattern, WriteFlags::FUA).await.unwrap();
+    a.write_slice(HIGH, pattern, WriteFlags::FUA).await.unwrap();
+    let size = a.size_bytes();
+    a.grow(GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default }, vec![]).await.unwrap();
+    assert_eq!((a.info().level, a.info().raid_disks, a.size_bytes()), (Level::Raid0, 3, size));
+    a.stop().await.unwrap();
+    size
+}
+
+/// mdkit's half of 2 for the kernel's raid4 -> raid0 (every former member given).
+async fn mdkit_reads_kernel_raid0(paths: &[std::path::PathBuf], pattern: &[u8], kernel_size_bytes: u64) {
+    let devs = paths.iter().map(|p| member(p)).collect();
+    let got = assemble(devs, AssembleOptions { name: "k0".into(), ..Default::default() }).await.unwrap();
+    eprintln!("mdkit assembled the kernel's raid0 from raid4; left out: {:?}", got.refused);
+    let a = got.array;
+    assert_eq!((a.info().level, a.info().raid_disks, a.size_bytes()), (Level::Raid0, 3, kernel_size_bytes));
+    assert_eq!(a.read_vec(0, PATTERN_BYTES as usize).await.unwrap(), pattern);
+    assert_eq!(a.read_vec(HIGH, PATTERN_BYTES as usize).await.unwrap(), pattern);
+    a.stop().await.unwrap();
+}
+
 /// mdkit's half of 2 for the kernel's raid1 -> raid5.
 async fn mdkit_reads_kernel_raid5(paths: &[std::path::PathBuf], pattern: &[u8], kernel_chunk_kib: u32) {
     let devs = paths.iter().map(|p| member(p)).collect();
@@ -115,7 +145,8 @@ async fn mdkit_finishes_kernel_recovery(paths: &[std::path::PathBuf], pattern: &
 
 /// Guest disks: vda-vdb mdkit's mirror, vdc-vdf mdkit's raid5 + Q, vdg-vdh the kernel's
 /// mirror, vdi-vdl the kernel's raid5 + spare, vdm-vdp mdkit's raid0 + parity, vdq-vdt the
-/// kernel's raid0 + spare, vdu the dump disk.
+/// kernel's raid0 + spare, vdu the dump disk, vdv-vdx mdkit's raid0 from raid4 (its data
+/// members), vdy-vdab the kernel's raid4 (28 disks: qemu's pc machine holds no more).
 const SCRIPT: &str = r#"
 set -u
 pat=/lab/files/pat
@@ -168,6 +199,17 @@ mdadm /dev/md5 --add /dev/vdt 2>&1
 sleep 3
 echo "=== recovery5"; cat /sys/block/md5/md/sync_action /proc/mdstat; mdadm --detail /dev/md5
 mdadm --stop /dev/md5 2>&1
+mdadm --assemble /dev/md6 /dev/vdv /dev/vdw /dev/vdx 2>&1 || echo assemble_failed=1
+echo "=== detail6"; mdadm --detail /dev/md6; echo "=== size6"; blockdev --getsize64 /dev/md6
+dump /dev/md6 0 40
+dump /dev/md6 40 48
+mdadm --stop /dev/md6 2>&1
+mdadm --create /dev/md7 --run --metadata=1.2 --level=4 --chunk=64 --raid-devices=4 --assume-clean --bitmap=none /dev/vdy /dev/vdz /dev/vdaa /dev/vdab 2>&1
+dd if=$pat of=/dev/md7 bs=1M oflag=direct status=none
+dd if=$pat of=/dev/md7 bs=1M seek=40 oflag=direct status=none
+mdadm --grow /dev/md7 --level=0 2>&1
+echo "=== detail7"; mdadm --detail /dev/md7; echo "=== size7"; blockdev --getsize64 /dev/md7
+mdadm --stop /dev/md7 2>&1
 echo "=== end"
 "#;
 
@@ -198,8 +240,11 @@ fn level_changes_cross_between_mdkit_and_the_kernel() {
     let to4 = GrowChange::Level { level: Level::Raid4, layout: LayoutChoice::Default };
     let offset = rt.block_on(mdkit_adds_redundancy(Level::Raid0, to4, &my_raid0, &pattern));
     eprintln!("mdkit stopped raid0 -> raid4 with parity recovered up to member sector {offset}");
+    let my_raid4: Vec<_> = ["g0", "g1", "g2", "g3"].map(disk).to_vec();
+    let my_raid0_size = rt.block_on(mdkit_drops_parity(&my_raid4, &pattern));
+    let their_raid4: Vec<_> = ["h0", "h1", "h2", "h3"].map(disk).to_vec();
     let dump_path = dir.path().join("dump.img");
-    std::fs::File::create(&dump_path).unwrap().set_len(40 * MIB).unwrap();
+    std::fs::File::create(&dump_path).unwrap().set_len(56 * MIB).unwrap();
     let disks: Vec<_> = [
         my_mirror,
         my_raid5,
@@ -208,9 +253,11 @@ fn level_changes_cross_between_mdkit_and_the_kernel() {
         my_raid0,
         their_raid0.clone(),
         vec![dump_path.clone()],
+        my_raid4[..3].to_vec(),
+        their_raid4.clone(),
     ]
     .concat();
-    assert_eq!(disks.len(), 21, "vda..vdt are the members, vdu the dump disk");
+    assert_eq!(disks.len(), 28, "vdu is the dump disk, the rest members");
     let mut opts = RunOptions::with_disks(disks);
     opts.files.push(pat_path);
     let run = lab.run(&opts, SCRIPT).unwrap_or_else(|e| panic!("lab: {e}"));
@@ -253,4 +300,14 @@ fn level_changes_cross_between_mdkit_and_the_kernel() {
     let r5 = section("recovery5");
     assert!(r5.contains("recover"), "the kernel was recovering parity when stopped: {r5}");
     rt.block_on(mdkit_finishes_kernel_recovery(&their_raid0, &pattern, (Level::Raid4, 5)));
+
+    let d6 = section("detail6");
+    assert_eq!((after(&d6, "Raid Level :"), after(&d6, "Raid Devices :")), (Some("raid0"), Some("3")), "{d6}");
+    let size6 = section("size6").lines().next().and_then(|l| l.trim().parse::<u64>().ok());
+    assert_eq!(size6, Some(my_raid0_size), "the kernel's raid0 from mdkit's raid4 keeps the size");
+    assert!(dumped(40) == pattern && dumped(48) == pattern, "the kernel reads mdkit's raid0-from-raid4");
+    let d7 = section("detail7");
+    assert_eq!((after(&d7, "Raid Level :"), after(&d7, "Raid Devices :")), (Some("raid0"), Some("3")), "{d7}");
+    let size7 = section("size7").lines().next().and_then(|l| l.trim().parse::<u64>().ok()).unwrap();
+    rt.block_on(mdkit_reads_kernel_raid0(&their_raid4, &pattern, size7));
 }
