@@ -54,34 +54,32 @@ use crate::format::superblock::{
 };
 use crate::layout::{ArrayGeometry, Level};
 
-/// [`crate::format::takeover::adopt`] over the members found; the names of those adopted.
-fn adopt_takeover(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+/// Runs a pure adoption rule (`adopt`: the indexes of the superblocks it rewrote) over the
+/// members found, logs each member it took in (`what` it had missed), and returns their names.
+fn adopt_with(
+    found: &mut [(MemberDev, Superblock)],
+    adopt: fn(&mut [Superblock]) -> Vec<usize>,
+    what: &str,
+) -> Vec<String> {
     let mut sbs: Vec<Superblock> = found.iter().map(|(_, sb)| sb.clone()).collect();
-    let adopted = crate::format::takeover::adopt(&mut sbs);
+    let adopted = adopt(&mut sbs);
     for &i in &adopted {
-        tracing::warn!(
-            member = found[i].0.name.as_str(),
-            events = found[i].1.events,
-            "member missed the superblock write of a level change (nothing has moved yet): it takes the new level"
-        );
+        tracing::warn!(member = found[i].0.name.as_str(), events = found[i].1.events, "member missed {what}");
         found[i].1 = sbs[i].clone();
     }
     adopted.iter().map(|&i| found[i].0.name.clone()).collect()
 }
 
-/// [`crate::format::reshape::adopt_unfinished`] over the members found; the names of those adopted.
+/// [`crate::format::takeover::adopt`] over the members found.
+fn adopt_takeover(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+    let what = "the superblock write of a level change (nothing has moved yet): it takes the new level";
+    adopt_with(found, crate::format::takeover::adopt, what)
+}
+
+/// [`crate::format::reshape::adopt_unfinished`] over the members found.
 fn adopt_unfinished_reshape(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
-    let mut sbs: Vec<Superblock> = found.iter().map(|(_, sb)| sb.clone()).collect();
-    let adopted = crate::format::reshape::adopt_unfinished(&mut sbs);
-    for &i in &adopted {
-        tracing::warn!(
-            member = found[i].0.name.as_str(),
-            events = found[i].1.events,
-            "member missed the superblock write that finished the reshape (everything had moved): it takes the new geometry"
-        );
-        found[i].1 = sbs[i].clone();
-    }
-    adopted.iter().map(|&i| found[i].0.name.clone()).collect()
+    let what = "the superblock write that finished the reshape (everything had moved): it takes the new geometry";
+    adopt_with(found, crate::format::reshape::adopt_unfinished, what)
 }
 
 /// A member device handed to assembly or creation: a name for messages (its path) and the device.

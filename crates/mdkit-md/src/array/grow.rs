@@ -24,7 +24,7 @@ use super::assemble::{AssembleOptions, Assembled, MemberDev, assemble, read_supe
 use super::core::ArrayCore;
 use super::grow_reshape::RestripeTarget;
 use super::member::Member;
-use super::{Array, Live};
+use super::{Array, Live, SlotTable};
 use crate::format::METADATA_BLOCK_BYTES;
 use crate::format::bitmap::BitmapSuper;
 use crate::format::grow::{GrowChange, GrowPlan, PlanMember, plan};
@@ -99,6 +99,29 @@ pub(super) async fn read_bitmap_area(array: &str, m: &Member, sb: &Superblock) -
     Ok(Some(area))
 }
 
+/// raid10 near-2 -> raid0: the in-sync member in the odd role of each pair whose even role is
+/// in sync too; refused when a pair has no in-sync member.
+fn second_copies(slots: &SlotTable, raid_disks: usize) -> Result<Vec<String>, String> {
+    let pairs = raid_disks / 2;
+    if let Some(k) = (0..pairs).find(|k| slots.in_sync(2 * k).is_none() && slots.in_sync(2 * k + 1).is_none()) {
+        return Err(format!("mirror pair {k} has no in-sync member"));
+    }
+    Ok((0..pairs)
+        .filter(|k| slots.in_sync(2 * k).is_some())
+        .filter_map(|k| slots.in_sync(2 * k + 1).map(|m| m.name().to_string()))
+        .collect())
+}
+
+/// raid4 / parity-last raid5 -> raid0: the member in the parity (last) role, if any; refused
+/// when a data role has no in-sync member.
+fn parity_member(slots: &SlotTable, raid_disks: usize) -> Result<Vec<String>, String> {
+    let parity = raid_disks - 1;
+    if let Some(r) = (0..parity).find(|r| slots.in_sync(*r).is_none()) {
+        return Err(format!("data role {r} has no in-sync member"));
+    }
+    Ok(slots.slot(parity).and_then(|s| s.member.as_ref()).map(|m| m.name().to_string()).into_iter().collect())
+}
+
 /// md refuses a takeover while a sync runs (reshape, recovery or a pending resync).
 fn no_sync_running(core: &ArrayCore) -> Result<(), String> {
     if core.personality().reshape().is_some() {
@@ -164,12 +187,10 @@ impl Array {
             };
             return self.start_reshape(to, add).await;
         }
-        if let GrowChange::Level { level: Level::Raid0, .. } = change {
-            match info.level {
-                Level::Raid10 => self.drop_mirrors_for_raid0().await?,
-                Level::Raid4 | Level::Raid5 => self.drop_parity_for_raid0().await?,
-                _ => {}
-            }
+        if let GrowChange::Level { level: Level::Raid0, .. } = change
+            && matches!(info.level, Level::Raid10 | Level::Raid4 | Level::Raid5)
+        {
+            self.drop_members_for_raid0().await?;
         }
         let pause = self.pause.pause().await;
         let core = self.core();
@@ -222,60 +243,36 @@ impl Array {
         Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
     }
 
-    /// raid10 near-2 -> raid0, as mdadm prepares it (remove_disks_for_takeover): where both
-    /// members of a mirror pair are in sync, the one in the odd role is failed and removed, so
-    /// that one copy of each pair is left. Checks first what the takeover needs (near-2, an
-    /// even member count, in sync, nothing running, no spares, every pair with a copy), so a
-    /// refusal changes nothing.
-    async fn drop_mirrors_for_raid0(&self) -> io::Result<()> {
+    /// What a takeover to raid0 needs first, as mdadm prepares it (remove_disks_for_takeover):
+    /// a raid10 near-2 keeps one copy of each mirror pair (where both are in sync, the one in
+    /// the odd role is failed and removed), a raid4 / parity-last raid5 loses its parity
+    /// member. Checks first (the shape, nothing running, no spares, every data block kept), so
+    /// a refusal changes nothing.
+    async fn drop_members_for_raid0(&self) -> io::Result<()> {
         let core = self.core();
         let info = core.info().clone();
         let why = |w: String| refused(format!("{}: cannot change the level: {w}", self.name()));
-        crate::format::takeover::raid10_to_raid0_shape(info.layout, info.raid_disks, core.bitmap.is_some())
-            .map_err(why)?;
+        let has_bitmap = core.bitmap.is_some();
+        match info.level {
+            Level::Raid10 => crate::format::takeover::raid10_to_raid0_shape(info.layout, info.raid_disks, has_bitmap),
+            _ => crate::format::takeover::parity_last_to_raid0_shape(info.level, info.layout, has_bitmap),
+        }
+        .map_err(why)?;
         no_sync_running(&core).map_err(why)?;
         let slots = core.slots();
         if !slots.spares().is_empty() {
             return Err(why("raid0 has no spares; remove the spares first".into()));
         }
-        let pairs = info.raid_disks as usize / 2;
-        if let Some(k) = (0..pairs).find(|k| slots.in_sync(2 * k).is_none() && slots.in_sync(2 * k + 1).is_none()) {
-            return Err(why(format!("mirror pair {k} has no in-sync member")));
+        let n = info.raid_disks as usize;
+        let drop = match info.level {
+            Level::Raid10 => second_copies(&slots, n),
+            _ => parity_member(&slots, n),
         }
-        let second: Vec<String> = (0..pairs)
-            .filter(|k| slots.in_sync(2 * k).is_some())
-            .filter_map(|k| slots.in_sync(2 * k + 1).map(|m| m.name().to_string()))
-            .collect();
-        for m in second {
-            tracing::info!(array = self.name(), member = m.as_str(), "raid10 -> raid0: removing the second copy");
+        .map_err(why)?;
+        for m in drop {
+            tracing::info!(array = self.name(), member = m.as_str(), "removing it before the takeover to raid0");
             self.fail_member(&m).await?;
             self.remove_member(&m).await?;
-        }
-        Ok(())
-    }
-
-    /// raid4/raid5 -> raid0 (mdadm's way): the parity member is failed and removed first,
-    /// leaving the data members as a parity-last raid4 without its parity, what raid0_takeover_raid45
-    /// takes over.
-    async fn drop_parity_for_raid0(&self) -> io::Result<()> {
-        let core = self.core();
-        let info = core.info().clone();
-        let why = |w: String| refused(format!("{}: cannot change the level: {w}", self.name()));
-        crate::format::takeover::parity_last_to_raid0_shape(info.level, info.layout, core.bitmap.is_some())
-            .map_err(why)?;
-        no_sync_running(&core).map_err(why)?;
-        let slots = core.slots();
-        if !slots.spares().is_empty() {
-            return Err(why("raid0 has no spares; remove the spares first".into()));
-        }
-        let parity = info.raid_disks as usize - 1;
-        if let Some(r) = (0..parity).find(|r| slots.in_sync(*r).is_none()) {
-            return Err(why(format!("data role {r} has no in-sync member")));
-        }
-        if let Some(m) = slots.slot(parity).and_then(|s| s.member.clone()) {
-            tracing::info!(array = self.name(), member = m.name(), "raid4/5 -> raid0: removing the parity member");
-            self.fail_member(m.name()).await?;
-            self.remove_member(m.name()).await?;
         }
         Ok(())
     }
