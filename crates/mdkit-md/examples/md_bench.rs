@@ -208,11 +208,11 @@ async fn rebuild_ceiling(fresh: DeviceRef, sources: Vec<DeviceRef>, qd: usize) -
                         res.unwrap_or_else(|e| panic!("read: {e}"));
                         got.push(b);
                     }
-                    let data = got[0].as_slice().to_vec();
-                    fresh
-                        .write(off, SharedBuf::from_slice(&data), WriteFlags::NONE)
-                        .await
-                        .unwrap_or_else(|e| panic!("write: {e}"));
+                    // The first source's block is what gets written (no copy; it comes back
+                    // to be read into once the write is done).
+                    let data = got.swap_remove(0).freeze();
+                    fresh.write(off, data.clone(), WriteFlags::NONE).await.unwrap_or_else(|e| panic!("write: {e}"));
+                    got.insert(0, data.into_mut());
                     bufs = got.into_iter().map(Some).collect();
                     blocks += 1;
                 }

@@ -138,7 +138,8 @@ fn no_sync_running(core: &ArrayCore) -> Result<(), String> {
 
 /// [`no_sync_running`], and every role in sync, except a raid6 whose only missing role is Q's
 /// (the one raid5 drops), a raid4/5 whose only missing role is parity and a raid10 down to one
-/// copy of each pair (both raid0).
+/// copy of each pair (both raid0; [`Array::drop_members_for_raid0`] refuses spares before it
+/// removes anything).
 fn takeover_state(core: &ArrayCore, to: Level) -> Result<(), String> {
     no_sync_running(core)?;
     let slots = core.slots();
@@ -150,9 +151,6 @@ fn takeover_state(core: &ArrayCore, to: Level) -> Result<(), String> {
         && to == Level::Raid0
         && (0..n / 2).all(|k| slots.in_sync(2 * k).is_some() != slots.in_sync(2 * k + 1).is_some());
     let parity_only = matches!(info.level, Level::Raid4 | Level::Raid5) && to == Level::Raid0 && missing == [n - 1];
-    if info.level == Level::Raid10 && to == Level::Raid0 && !slots.spares().is_empty() {
-        return Err("raid0 has no spares; remove the spares first".into());
-    }
     if !missing.is_empty() && !q_only && !parity_only && !halves {
         return Err(format!("the array is degraded (roles {missing:?} missing); let recovery finish first"));
     }

@@ -35,10 +35,6 @@ impl Raid10 {
         Raid10 { geo, raid_disks: raid_disks as usize, chunk_sectors, base: Base::DataOffset }
     }
 
-    pub fn geometry(&self) -> &Raid10Geometry {
-        &self.geo
-    }
-
     /// The copies of `sector`, as sectors of each member's data area.
     fn copies(&self, a: &ArrayCore, sector: u64) -> io::Result<Vec<MemberSector>> {
         let mut copies = self

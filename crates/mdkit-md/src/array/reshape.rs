@@ -110,6 +110,14 @@ enum Rows {
 }
 
 impl Rows {
+    /// Copies of every array sector (parity geometries: 1).
+    fn copies(self) -> u64 {
+        match self {
+            Rows::Parity { .. } => 1,
+            Rows::Near { copies, .. } => copies,
+        }
+    }
+
     /// The first member sector of the row holding array sector `x`.
     fn start_of(self, x: u64) -> u64 {
         match self {
@@ -168,6 +176,16 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
     let new_shape = (st.new_raid_disks, st.new_layout, st.new_chunk_sectors);
     let (new, new_rows) = geometry(name, sb, &st, new_shape, Base::ReshapeNew)?;
     let (old_array_sectors, new_array_sectors) = (old.array_sectors(), new.array_sectors());
+    if new_array_sectors < old_array_sectors || old_rows.copies() != new_rows.copies() {
+        // A forward reshape never drops data or changes the copies (raid5_check_reshape,
+        // raid10_check_reshape); a superblock that says otherwise was not written by md.
+        let why = format!(
+            "the new geometry ({new_array_sectors} sectors, {} copies) would not hold the old one ({old_array_sectors} sectors, {} copies)",
+            new_rows.copies(),
+            old_rows.copies()
+        );
+        return Err(invalid(format!("{name}: reshape state refused: {why}")));
+    }
     let (unit_sectors, sync_domain_sectors) = match st.level {
         Level::Raid10 => (u64::from(st.old_chunk_sectors.max(st.new_chunk_sectors)), new.sync_domain_sectors()),
         _ => (st.step_sectors(), sb.size_sectors),
@@ -564,6 +582,29 @@ mod tests {
         assert_eq!(eta(4096, 1024), Some(Duration::from_secs(2)), "2 MiB per member at 1 MiB/s");
         assert_eq!(eta(4096, 0), None, "no estimate before a speed");
         assert_eq!(eta(0, 1024), Some(Duration::ZERO));
+    }
+
+    /// A crafted reshape state whose new geometry is smaller than the old one (a chunk that does
+    /// not divide the used size) is refused, not run: the array's tail would be dropped.
+    #[test]
+    fn a_reshape_that_would_shrink_the_array_is_refused() {
+        use crate::format::create::{CreateRequest, InitialSync, plan};
+        use crate::format::superblock::feature;
+        let mut req = CreateRequest::new(Level::Raid5, vec![64 * 2048; 4], [0x42; 16], 1_790_000_000);
+        req.sync = InitialSync::AssumeClean;
+        let mut sb = plan(&req).unwrap().members[1].superblock.clone();
+        sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
+        (sb.new_level, sb.new_layout, sb.delta_disks) = (sb.level, sb.layout, 0);
+        sb.new_chunk_sectors = 8192; // 4 MiB: the ~63 MiB used per member is no multiple of it
+        sb.new_offset_sectors = -2048;
+        sb.reshape_position_sectors = 0;
+        let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
+        let e = build("md0", &sb, st).err().expect("refused").to_string();
+        assert!(e.contains("would not hold the old one"), "{e}");
+        sb.new_chunk_sectors = 256;
+        sb.new_offset_sectors = -256;
+        let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
+        assert!(build("md0", &sb, st).is_ok(), "a chunk that divides the used size runs");
     }
 
     #[test]
