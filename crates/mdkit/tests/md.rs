@@ -136,7 +136,8 @@ fn runtime_array_lifecycle_through_the_cli() {
 /// `grow --level` through the CLI: raid5 -> raid6 is refused without `--layout preserve` (and
 /// says why), then takes the added member for Q, which is recovered; the data reads back over
 /// NBD, check finds 0 mismatches, the service restarts into a raid6 with the added member, and
-/// raid6 -> raid5 leaves that member a spare.
+/// raid6 -> raid5 leaves that member a spare; then `grow --chunk` restripes it (bad values
+/// refused first).
 #[test]
 fn level_change_through_the_cli() {
     require_tool("nbdcopy", "libnbd-bin");
@@ -167,6 +168,26 @@ fn level_change_through_the_cli() {
     let spare = d["members"].as_array().unwrap().iter().find(|m| m["name"] == "lv-3.img").cloned();
     assert_eq!(spare.map(|m| m["state"][0].clone()), Some(Value::from("spare")), "{d:#}");
     assert_eq!(nbd_read(&srv, "lv", data.len()), data);
+    // A restripe over the same members (`--chunk`): bad values are refused by name and change
+    // nothing; a good one runs in the background and the array is assembled again with it.
+    for (bad, says) in [("48", "power of 2"), ("abc", "--chunk"), ("0", "whole number of KiB")] {
+        let err = mdkit_err(&srv, &["grow", "lv", "--chunk", bad]);
+        assert!(err.contains(says), "--chunk {bad}: {err}");
+    }
+    let err = mdkit_err(&srv, &["grow", "lv", "--layout", "sideways"]);
+    assert!(err.contains("--layout"), "{err}");
+    let err = mdkit_err(&srv, &["grow", "lv", "--chunk", "128", "--size", "max"]);
+    assert!(err.contains("one of"), "{err}");
+    assert_eq!(detail(&srv, "lv")["chunk_kib"], 64);
+    let out = mdkit_ok(&srv, &["grow", "lv", "--chunk", "128"]);
+    assert!(out.contains("reshape chunk 64 -> 128 KiB started"), "{out}");
+    let t = Instant::now();
+    while detail(&srv, "lv")["chunk_kib"] != 128 || detail(&srv, "lv")["sync"]["action"] != "idle" {
+        assert!(t.elapsed() < Duration::from_secs(120), "the restripe did not finish: {:#}", detail(&srv, "lv"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(nbd_read(&srv, "lv", data.len()), data);
+    assert_eq!(check(&srv, "lv"), 0);
 }
 
 #[test]
