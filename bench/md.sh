@@ -14,6 +14,10 @@
 #   rebuild         a fresh member rebuilt (member bytes / time) vs the device's ceiling for it
 #                   (a fresh file written once while the files a rebuild reads from are read:
 #                   one for raid1/raid10, n - 1 for raid5/6) and vs one fresh file written alone
+#   resync          a full resync of a new array over the same files (member bytes / time) vs
+#                   the device's ceiling for it (raid1: one file read while the others are
+#                   written; raid10 near2: every other file read, the rest written; raid5/6:
+#                   every file read, as the parity the rebuild left is consistent)
 # "ideal" is the ratio a perfect implementation would reach against the raw aggregate (a raid1
 # write goes to every member, raid10 n2 to two, a degraded array reads from one member less),
 # so "of ideal" is comparable with upstream md's published fractions beside it.
@@ -79,16 +83,16 @@ for (level, target, test), kv in sorted(rows.items(), key=lambda x: (x[0][0], x[
         continue
     unit = "iops" if "4k" in test else "mbps"
     val = float(kv[unit])
-    if test == "rebuild":
-        # Against the device's own ceiling for a rebuild first (the fresh file written while
-        # the files a rebuild reads are read, all on this one device), then one file alone.
-        # It is measured before and after the rebuild: their mean is the ceiling, their ratio
-        # the A/A control.
-        c1, c2 = rows.get((level, "raw", "rebuild-ceiling")), rows.get((level, "raw", "rebuild-ceiling-again"))
+    if test in ("rebuild", "resync"):
+        # Against the device's own ceiling for the pass first (the files it reads read and the
+        # files it writes written at once, all on this one device), then one file alone.
+        # The ceiling is measured before and after the pass: their mean is the ceiling, their
+        # ratio the A/A control.
+        c1, c2 = rows.get((level, "raw", f"{test}-ceiling")), rows.get((level, "raw", f"{test}-ceiling-again"))
         if c1 and c2:
             v1, v2 = float(c1["mbps"]), float(c2["mbps"])
             cv = (v1 + v2) / 2
-            print(f"{level:<7} {'rebuild-vs-ceiling':<22} {val:>7.0f} MB/s {cv:>7.0f} MB/s {val / cv:>6.2f} {1.0:>6.2f} {val / cv:>8.2f}  target >= 0.90 of the ceiling (A/A {v2 / v1:.2f})")
+            print(f"{level:<7} {test + '-vs-ceiling':<22} {val:>7.0f} MB/s {cv:>7.0f} MB/s {val / cv:>6.2f} {1.0:>6.2f} {val / cv:>8.2f}  target >= 0.90 of the ceiling (A/A {v2 / v1:.2f})")
         raw = rows.get((level, "raw", "seq-write-1m-one-file"))
         rawv = float(raw["mbps"]) if raw else 0
         idl = 1.0

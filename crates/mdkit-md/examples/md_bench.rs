@@ -10,8 +10,10 @@
 //! - 1 MiB sequential read, 4 KiB random read and 4 KiB random write at QD `qd`
 //!   (raw: the same request stream spread over the four files, i.e. the four disks' aggregate),
 //! - degraded reads (raid1/raid10: one member failed): 1 MiB sequential and 4 KiB random,
-//! - a rebuild onto a fresh member file (MB/s of the member size) vs one raw file written
-//!   sequentially.
+//! - a rebuild onto a fresh member file (MB/s of the member size) vs the device's ceiling for
+//!   the same reads and writes, and vs one raw file written sequentially,
+//! - a full resync (a new array over the same files, no bitmap) vs the device's ceiling for
+//!   what it reads and writes.
 //!
 //! Prints one `result key=value ...` line per measurement; `bench/md.sh` turns them into a
 //! table with ratios and the upstream references.
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 use mdkit_io::{BlockDevice, DeviceRef, DirectMode, FileDevice, FileOptions, IoBuf, Rng, SharedBuf, WriteFlags};
 use mdkit_md::array::{CreateOptions, MemberDev, create};
 use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::format::superblock::MAX_SECTOR;
 use mdkit_md::layout::{Level, parse_level};
 
 const MIB: u64 = 1 << 20;
@@ -182,17 +185,18 @@ async fn run_until(
     (ops.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed), el)
 }
 
-/// The device's own ceiling for a rebuild: a raw copy onto `fresh`, every 1 MiB block read
-/// from each of the `sources` files (what a rebuild reads: one copy, or the n - 1 members
-/// parity is computed from) and then written, `qd` blocks in flight. The member files share one
-/// device here, so this, not one file written alone, bounds a rebuild.
-async fn rebuild_ceiling(fresh: DeviceRef, sources: Vec<DeviceRef>, qd: usize) -> (u64, u64, f64) {
-    let size = fresh.topology().size_bytes / MIB * MIB;
+/// The device's own ceiling for a sync pass: every 1 MiB block read from each of the `sources`
+/// files and then written to each of the `targets`, `qd` blocks in flight. A rebuild reads one
+/// copy (or the n - 1 members parity is computed from) and writes the fresh member; a mirror
+/// resync reads one copy and writes the others; a parity resync reads every member. The member
+/// files share one device here, so this, not one file written alone, bounds a sync pass.
+async fn sync_ceiling(sources: Vec<DeviceRef>, targets: Vec<DeviceRef>, qd: usize) -> (u64, u64, f64) {
+    let size = sources[0].topology().size_bytes / MIB * MIB;
     let cursor = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     let workers: Vec<_> = (0..qd)
         .map(|_| {
-            let (fresh, sources, cursor) = (fresh.clone(), sources.clone(), cursor.clone());
+            let (sources, targets, cursor) = (sources.clone(), targets.clone(), cursor.clone());
             tokio::spawn(async move {
                 let mut bufs: Vec<Option<IoBuf>> = sources.iter().map(|_| Some(IoBuf::zeroed(MIB as usize))).collect();
                 let mut blocks = 0u64;
@@ -209,9 +213,12 @@ async fn rebuild_ceiling(fresh: DeviceRef, sources: Vec<DeviceRef>, qd: usize) -
                         got.push(b);
                     }
                     // The first source's block is what gets written (no copy; it comes back
-                    // to be read into once the write is done).
+                    // to be read into once the writes are done).
                     let data = got.swap_remove(0).freeze();
-                    fresh.write(off, data.clone(), WriteFlags::NONE).await.unwrap_or_else(|e| panic!("write: {e}"));
+                    let writes = targets.iter().map(|t| t.write(off, data.clone(), WriteFlags::NONE));
+                    for res in mdkit_md::array::io::join_all(writes).await {
+                        res.unwrap_or_else(|e| panic!("write: {e}"));
+                    }
                     got.insert(0, data.into_mut());
                     bufs = got.into_iter().map(Some).collect();
                     blocks += 1;
@@ -280,7 +287,7 @@ async fn bench_level(a: &Args, level: Level) {
         async move {
             make_file(&fresh, a.member_mib);
             let from: Vec<DeviceRef> = from.iter().map(|p| open(p)).collect();
-            report(name, "raw", test, rebuild_ceiling(open(&fresh), from, 8).await);
+            report(name, "raw", test, sync_ceiling(from, vec![open(&fresh)], 8).await);
             let _ = std::fs::remove_file(&fresh);
         }
     };
@@ -319,9 +326,53 @@ async fn bench_level(a: &Args, level: Level) {
     }
     array.stop().await.unwrap();
     drop(array);
+    if level != Level::Raid0 {
+        bench_resync(a, level, &paths).await;
+    }
     for p in &paths {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// A full resync over the member files (an array created without --assume-clean and without a
+/// bitmap; raid5 with mdadm's create --force, so it resyncs instead of rebuilding the last
+/// member) vs the device's ceiling for what a resync reads and writes, measured before and after
+/// it (the A/A control). The files hold the consistent array the rebuild left, so a parity
+/// resync only reads, as after an unclean shutdown.
+async fn bench_resync(a: &Args, level: Level, paths: &[String]) {
+    let name = level.name();
+    // A mirror resync reads the first copy and writes the others (raid10 near2: copies on
+    // neighbouring members); a parity resync reads every member and writes nothing that matches.
+    let (sources, targets): (Vec<&String>, Vec<&String>) = match level {
+        Level::Raid1 => (paths[..1].iter().collect(), paths[1..].iter().collect()),
+        Level::Raid10 => (paths.iter().step_by(2).collect(), paths.iter().skip(1).step_by(2).collect()),
+        _ => (paths.iter().collect(), Vec::new()),
+    };
+    let ceiling = |test: &'static str| {
+        let (s, t): (Vec<DeviceRef>, Vec<DeviceRef>) =
+            (sources.iter().map(|p| open(p)).collect(), targets.iter().map(|p| open(p)).collect());
+        async move { report(name, "raw", test, sync_ceiling(s, t, 8).await) }
+    };
+    ceiling("resync-ceiling").await;
+    let members: Vec<MemberDev> =
+        paths.iter().enumerate().map(|(i, p)| MemberDev::new(format!("m{i}"), open(p))).collect();
+    let mut o = CreateOptions::new(format!("bench-resync-{name}"), level, a.members as u32);
+    o.full_resync = true;
+    if level != Level::Raid1 {
+        o.chunk_kib = Some(512);
+    }
+    let t0 = Instant::now();
+    let array = Arc::new(create(members, o).await.unwrap_or_else(|e| panic!("create {name}: {e}")).array);
+    array.set_attribute("sync_speed_max", "100000000").unwrap();
+    array.set_attribute("sync_speed_min", "100000000").unwrap();
+    array.wait_sync_idle().await;
+    let secs = t0.elapsed().as_secs_f64();
+    assert_eq!(array.core().resync_checkpoint(), MAX_SECTOR, "resync did not complete");
+    let bytes = array.core().slots().in_sync(0).map_or(0, |m| m.data_size_sectors * 512);
+    report(name, "mdkit", "resync", (1, bytes, secs));
+    array.stop().await.unwrap();
+    drop(array);
+    ceiling("resync-ceiling-again").await;
 }
 
 fn main() {

@@ -28,6 +28,9 @@ pub struct CreateOptions {
     pub bitmap: BitmapRequest,
     /// `--assume-clean`: no initial resync.
     pub assume_clean: bool,
+    /// `--force` at create for raid4/5 (mdadm's meaning there): a full resync of every member
+    /// instead of building the last member as a spare. Ignored with `assume_clean`.
+    pub full_resync: bool,
     pub metadata: MetadataVersion,
     /// `--size` (KiB per member).
     pub size_kib: Option<u64>,
@@ -48,6 +51,7 @@ impl CreateOptions {
             layout: None,
             bitmap: BitmapRequest::None,
             assume_clean: false,
+            full_resync: false,
             metadata: MetadataVersion::V1_2,
             size_kib: None,
             homehost: None,
@@ -89,7 +93,11 @@ pub async fn write_superblocks(members: &[MemberDev], opts: &CreateOptions) -> i
     req.name = opts.name.clone();
     req.homehost = opts.homehost.clone();
     req.device_uuids = (0..members.len()).map(|_| random_uuid()).collect::<io::Result<_>>()?;
-    req.sync = if opts.assume_clean { InitialSync::AssumeClean } else { InitialSync::MdadmDefault };
+    req.sync = match (opts.assume_clean, opts.full_resync) {
+        (true, _) => InitialSync::AssumeClean,
+        (false, true) => InitialSync::Resync,
+        (false, false) => InitialSync::MdadmDefault,
+    };
     let p = plan(&req).map_err(|e| invalid(format!("{}: cannot create: {e}", opts.name)))?;
     // Refuse levels the runtime cannot run before touching any member.
     let sizes: Vec<u64> =
