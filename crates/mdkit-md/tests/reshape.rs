@@ -36,9 +36,7 @@ async fn filled(ms: &[SimMember], n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc
 }
 
 async fn filled_level(ms: &[SimMember], level: Level, n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
-    // A raid10 reshape refuses a bitmap (the kernel resizes it at the start; mdkit does not yet).
-    let bitmap = level != Level::Raid10;
-    let a = Arc::new(create_array(ms, opts(level, n, Some(chunk_kib), None, bitmap, true)).await);
+    let a = Arc::new(create_array(ms, opts(level, n, Some(chunk_kib), None, true, true)).await);
     let mut m = Model::new(a.size_bytes());
     fill(&*a, &mut m, rng).await;
     (a, m)
@@ -80,6 +78,18 @@ async fn grow_under_writes(name: &str, level: Level, old: usize, new: usize) {
     let sb = read_superblock(&ms[0].dev).await.unwrap();
     assert_eq!(sb.feature_map & feature::RESHAPE_ACTIVE, 0);
     assert_eq!(sb.raid_disks, new as u32);
+    // The bitmap covers the new geometry: raid10's the grown array (resized at the start), the
+    // parity levels' the unchanged member size; every member's copy says so, and its reserved
+    // space ends before the moved data.
+    let want_sync = if level == Level::Raid10 { after / 512 } else { sb.size_sectors };
+    for m in &ms {
+        let sb = read_superblock(&m.dev).await.unwrap();
+        let at = sb.bitmap_sector().expect("internal bitmap");
+        let head = m.dev.read_vec(at * 512, 4096).await.unwrap();
+        let bms = BitmapSuper::decode(&head).unwrap();
+        assert_eq!(bms.sync_size_sectors, want_sync, "{name}: {}: bitmap sync_size", m.name);
+        assert!(at + u64::from(bms.sectors_reserved) <= sb.data_offset_sectors, "{name}: {}: {bms:?}", m.name);
+    }
     let b = assemble_array(&ms).await;
     verify_all(&b, &m).await;
     b.stop().await.unwrap();

@@ -1,6 +1,7 @@
 //! Power cuts during restripes (crash-recording members, one power domain) with writes and
-//! flushes in flight: raid5, raid6 and raid10 (near-2) 4 -> 5 members, raid5 chunk 32 -> 64
-//! KiB and raid6 Q-last -> rotating Q over the same members. Cut points: member flush completions and superblock writes
+//! flushes in flight: raid5, raid6 and raid10 (near-2, with a write-intent bitmap the reshape
+//! resizes) 4 -> 5 members, raid5 chunk 32 -> 64 KiB and raid6 Q-last -> rotating Q over the
+//! same members (with a bitmap). Cut points: member flush completions and superblock writes
 //! (checkpoints) from the moment the reshape is recorded until after it finished, plus random
 //! points between; every way the volatile writes may have landed (all, none, random subsets,
 //! torn sectors). For each: the members as found assemble, the reshape resumes and finishes,
@@ -86,18 +87,25 @@ struct Kind {
     level: Level,
     layout: Option<u32>,
     change: GrowChange,
+    /// An internal write-intent bitmap (raid10's is resized to the new array at the start).
+    bitmap: bool,
 }
 
-const GROW_RAID5: Kind = Kind { level: Level::Raid5, layout: None, change: GrowChange::RaidDevices(5) };
-const GROW_RAID6: Kind = Kind { level: Level::Raid6, layout: None, change: GrowChange::RaidDevices(5) };
-const GROW_RAID10: Kind = Kind { level: Level::Raid10, layout: None, change: GrowChange::RaidDevices(5) };
-const CHUNK_RAID5: Kind =
-    Kind { level: Level::Raid5, layout: None, change: GrowChange::Restripe { layout: None, chunk_sectors: Some(128) } };
+const GROW_RAID5: Kind = Kind { level: Level::Raid5, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
+const GROW_RAID6: Kind = Kind { level: Level::Raid6, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
+const GROW_RAID10: Kind = Kind { level: Level::Raid10, layout: None, change: GrowChange::RaidDevices(5), bitmap: true };
+const CHUNK_RAID5: Kind = Kind {
+    level: Level::Raid5,
+    layout: None,
+    change: GrowChange::Restripe { layout: None, chunk_sectors: Some(128) },
+    bitmap: false,
+};
 /// left-symmetric-6 (what raid5 -> raid6 --layout preserve leaves) -> left-symmetric.
 const ROTATE_Q_RAID6: Kind = Kind {
     level: Level::Raid6,
     layout: Some(18),
     change: GrowChange::Restripe { layout: Some(2), chunk_sectors: None },
+    bitmap: true,
 };
 
 impl Kind {
@@ -119,7 +127,7 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     let members = crash_members(&group, &format!("{name}-"), total as usize, 4 * MIB);
     let sims: Vec<SimMember> = members.iter().map(|(m, _)| m.clone()).collect();
     let names: Vec<String> = sims.iter().map(|m| m.name.clone()).collect();
-    let a = create_array(&sims[..4], opts(kind.level, 4, Some(32), kind.layout, false, true)).await;
+    let a = create_array(&sims[..4], opts(kind.level, 4, Some(32), kind.layout, kind.bitmap, true)).await;
     let want = kind.after(a.info().layout, a.info().chunk_sectors);
     a.set_attribute("safe_mode_delay", "0.02").unwrap();
     let mut before = Model::new(a.size_bytes());

@@ -1,6 +1,7 @@
 //! Starting a raid4/5/6 restripe forwards: to more members (`grow --raid-devices N --add
 //! DEV...`) or over the same members to a new chunk or layout (`grow --chunk` / `--layout`);
-//! raid10 near layouts to more members (the data moves down one chunk; no bitmap yet), as
+//! raid10 near layouts to more members (the data moves down one chunk; the bitmap, which
+//! covers the array, grows with it: [`reshape_bitmap`]), as
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
 //! old data members, so the new geometry's writes always trail the old geometry's reads.
@@ -26,8 +27,10 @@ use super::assemble::{AssembleOptions, MemberDev, assemble, read_superblock};
 use super::grow::{GrowReport, Settings, member_err, read_bitmap_area, refused};
 use super::member::Member;
 use super::{Array, ArrayInfo, SlotTable};
+use crate::format::bitmap::BitmapSuper;
+use crate::format::grow::resize_bitmap;
 use crate::format::superblock::{MetadataVersion, Superblock, feature};
-use crate::layout::Level;
+use crate::layout::{Level, Raid10Geometry};
 
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
@@ -217,10 +220,10 @@ impl Array {
             Some(m) => read_bitmap_area(name, m, &m.superblock()).await?,
             None => None,
         };
-        if info.level == Level::Raid10 && bitmap_area.is_some() {
-            // The kernel resizes a raid10 bitmap to the new array at the start; mdkit does not yet.
-            return Err(refuse("a raid10 reshape with a write-intent bitmap is not implemented yet: grow --bitmap none first, add it back afterwards".into()));
-        }
+        let bitmap_area = match bitmap_area {
+            Some(area) => Some(reshape_bitmap(name, &info, to, &old, move_sectors, area).map_err(refuse)?),
+            None => None,
+        };
         let bitmap_bytes = bitmap_area.as_ref().map_or(0, |a| a.len() as u64);
         for m in &old {
             let sb = m.superblock();
@@ -388,6 +391,48 @@ impl Array {
         drop(pause);
         Ok(())
     }
+}
+
+/// The write-intent bitmap the reshape starts with. Its `sectors_reserved` is capped to the
+/// room left before the moved data on every member (so no later resize claims sectors that
+/// now hold data). A raid10 bitmap covers the array, so it is resized to the new array as the
+/// kernel's raid10_start_reshape does: same chunk if the bits fit the room, else the chunk
+/// doubles until they do (a bit of the doubled chunk is set where either half was). The new
+/// space starts dirty, as md_bitmap_resize marks it: the reshape moves the old array only,
+/// so the copies of the array's new tail hold whatever the members held there until the
+/// bitmap-guided resync after the reshape writes them (raid10_finish_reshape's resync).
+fn reshape_bitmap(
+    name: &str,
+    info: &ArrayInfo,
+    to: RestripeTarget,
+    old: &[Arc<Member>],
+    move_sectors: u64,
+    mut area: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let mut room = u64::from(u32::MAX);
+    for m in old {
+        let sb = m.superblock();
+        let Some(start) = sb.bitmap_sector() else { continue };
+        let mut r = sb.data_offset_sectors.saturating_sub(move_sectors).saturating_sub(start);
+        if let Some(bb) = sb.bblog_sector().filter(|&bb| bb > start) {
+            r = r.min(bb - start);
+        }
+        room = room.min(r);
+    }
+    let mut bms = BitmapSuper::decode(&area).map_err(|e| format!("bitmap: {e}"))?;
+    if bms.sectors_reserved == 0 || u64::from(bms.sectors_reserved) > room {
+        bms.sectors_reserved = room as u32;
+    }
+    bms.write_header(&mut area).map_err(|e| format!("bitmap: {e}"))?;
+    if info.level != Level::Raid10 {
+        return Ok(area);
+    }
+    let sectors = |disks: u32, layout: u32, chunk: u32| {
+        Raid10Geometry::new(disks, layout, chunk, info.member_size_sectors).map(|g| g.array_sectors())
+    };
+    let old_sync = sectors(info.raid_disks, info.layout, info.chunk_sectors).map_err(|e| e.to_string())?;
+    let new_sync = sectors(to.raid_disks, to.layout, to.chunk_sectors).map_err(|e| e.to_string())?;
+    resize_bitmap(name, &area, old_sync, new_sync, true).map_err(|e| e.0)
 }
 
 /// Whether `grow --raid-devices n` restripes (raid4/5/6 and raid10 to more members).

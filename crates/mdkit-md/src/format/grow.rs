@@ -200,7 +200,7 @@ fn sync_domain(level: Level, sb: &Superblock, size_sectors: u64) -> u64 {
 
 /// md_bitmap_resize with chunksize 0: the chunk doubles until the bits fit the bitmap's space;
 /// bits carry over (OR of the old bits a new one covers), new chunks are dirty when `dirty_new`.
-fn resize_bitmap(
+pub(crate) fn resize_bitmap(
     name: &str,
     area: &[u8],
     sync_old: u64,
