@@ -35,9 +35,7 @@ SEQ_QD=${SEQ_QD:-16}
 LEVELS=${LEVELS:-raid0,raid1,raid10,raid5,raid6}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-md}
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 
 cargo build --release -p mdkit-md --example md_bench >&2
 out=$(target/release/examples/md_bench --dir "$WORKDIR" --levels "$LEVELS" --members "$MEMBERS" \

@@ -37,40 +37,17 @@ IDLE_POLL_US=${IDLE_POLL_US:-100}
 cargo build --release -p mdkit >&2
 MDKIT=$PWD/target/release/mdkit
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 FILE=$WORKDIR/bench.img
-want=$(numfmt --from=iec "$SIZE")
-if [ ! -f "$FILE" ] || [ "$(stat -c %s "$FILE")" != "$want" ]; then
-    log "writing $SIZE test file $FILE (once)"
-    rm -f "$FILE"
-    dd if=/dev/zero of="$FILE" bs=1M count=$((want >> 20)) oflag=direct status=none
-fi
+written_file "$FILE" $(($(numfmt --from=iec "$SIZE") >> 20))
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+trap kill_pids EXIT
 
 for port in "$PORT" "$AA_PORT"; do
-    cat > "$WORKDIR/pairs-$port.toml" <<TOML
-data_dir = "$WORKDIR/pairs-$port"
-[nbd]
-listen = ["127.0.0.1:$port"]
-idle_poll_us = $IDLE_POLL_US
-[[volume]]
-name = "bench"
-kind = "file"
-path = "$FILE"
-direct = "require"
-[[export]]
-name = "bench"
-volume = "bench"
-TOML
+    bench_file_config "$WORKDIR/pairs-$port.toml" "$WORKDIR/pairs-$port" "$port" "$IDLE_POLL_US" "$FILE"
     "$MDKIT" serve --config "$WORKDIR/pairs-$port.toml" 2>"$WORKDIR/pairs-$port.log" &
     pids+=($!)
-    for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/bench" >/dev/null 2>&1 && break; sleep 0.1; done
-    nbdinfo --size "nbd://127.0.0.1:$port/bench" >/dev/null
+    wait_export "nbd://127.0.0.1:$port/bench"
 done
 
 # window TARGET INDEX -> appends "INDEX TARGET IOPS MB/s" to the results

@@ -56,35 +56,13 @@ WORKLOADS=${WORKLOADS:-randread 4k 1;randread 4k 32;randwrite 4k 1;randwrite 4k 
 cargo build --release -p mdkit >&2
 MDKIT=$PWD/target/release/mdkit
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 FILE=$WORKDIR/bench.img
-want=$(numfmt --from=iec "$SIZE")
-if [ ! -f "$FILE" ] || [ "$(stat -c %s "$FILE")" != "$want" ]; then
-    log "writing $SIZE test file $FILE (once)"
-    rm -f "$FILE"
-    dd if=/dev/zero of="$FILE" bs=1M count=$((want >> 20)) oflag=direct status=none
-fi
+written_file "$FILE" $(($(numfmt --from=iec "$SIZE") >> 20))
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+trap kill_pids EXIT
 
-cat > "$WORKDIR/mdkit.toml" <<TOML
-data_dir = "$WORKDIR/mdkit"
-[nbd]
-listen = ["127.0.0.1:$MDKIT_PORT"]
-idle_poll_us = $IDLE_POLL_US
-[[volume]]
-name = "bench"
-kind = "file"
-path = "$FILE"
-direct = "require"
-[[export]]
-name = "bench"
-volume = "bench"
-TOML
+bench_file_config "$WORKDIR/mdkit.toml" "$WORKDIR/mdkit" "$MDKIT_PORT" "$IDLE_POLL_US" "$FILE"
 # The same service with a buffered member (page cache, like nbdkit's file plugin): reference
 # row that separates the protocol path from the cost of waiting for the device.
 sed -e "s/$MDKIT_PORT/$MDKIT_BUFFERED_PORT/" -e 's/direct = "require"/direct = "off"/' \
@@ -120,8 +98,7 @@ nbdkit -f -p "$NBDKIT_MEM_PORT" --threads "$NBDKIT_THREADS" memory "$SIZE" 2>"$W
 pids+=($!)
 for uri in "$MDKIT_PORT/bench" "$MDKIT_PORT/mem" "$MDKIT_BUFFERED_PORT/bench" "$MDKIT_WB_PORT/bench" "$NBDKIT_PORT/" \
     "$NBDKIT_CACHED_PORT/" "$NBDKIT_MEM_PORT/" "$MDKIT_AA_PORT/bench" "$MDKIT_AA_PORT/mem"; do
-    for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null 2>&1 && break; sleep 0.1; done
-    nbdinfo --size "nbd://127.0.0.1:$uri" >/dev/null
+    wait_export "nbd://127.0.0.1:$uri"
 done
 
 drop_caches() { sync; [ -w /proc/sys/vm/drop_caches ] && echo 3 > /proc/sys/vm/drop_caches || true; }

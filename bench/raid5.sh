@@ -34,9 +34,7 @@ CEIL_QD=${CEIL_QD:-64}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-raid5}
 LEVELS=${LEVELS:-"5:4 6:6"}
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 
 cargo build --release -p mdkit-md --example raid5_bench >&2
 BENCH=target/release/examples/raid5_bench

@@ -32,9 +32,7 @@ QD=${QD:-32}
 SECS=${SECS:-4}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-reshape}
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 
 cargo build --release -p mdkit-md --example reshape_bench >&2
 for i in $(seq 0 "$MEMBERS"); do

@@ -50,9 +50,7 @@ NBD_REPS=${NBD_REPS:-41}
 PORT=${PORT:-10881}
 WORKDIR=${WORKDIR:-/var/tmp/mdkit-bench-thin}
 
-mkdir -p "$WORKDIR"
-fstype=$(stat -f -c %T "$WORKDIR")
-case $fstype in tmpfs|ramfs) log "$WORKDIR is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+bench_workdir "$WORKDIR"
 
 # Two builds: target flags such as --example select targets in every listed package, so one
 # command with --example would leave the mdkit binary stale.

@@ -70,6 +70,46 @@ ensure_cargo_fuzz() {
     cargo install --locked cargo-fuzz
 }
 
+# Benchmarks: creates DIR and refuses a memory filesystem (tmpfs, ramfs: no device to measure).
+bench_workdir() {
+    local dir=$1 fstype
+    mkdir -p "$dir"
+    fstype=$(stat -f -c %T "$dir")
+    case $fstype in tmpfs|ramfs) log "$dir is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
+}
+
+# Benchmarks: an `mdkit serve` config at OUT with data_dir DATA_DIR, listening on 127.0.0.1:PORT
+# (nbd.idle_poll_us IDLE_POLL_US), serving FILE (O_DIRECT required) as export "bench".
+bench_file_config() {
+    local out=$1 data_dir=$2 port=$3 idle_poll_us=$4 file=$5
+    cat > "$out" <<TOML
+data_dir = "$data_dir"
+[nbd]
+listen = ["127.0.0.1:$port"]
+idle_poll_us = $idle_poll_us
+[[volume]]
+name = "bench"
+kind = "file"
+path = "$file"
+direct = "require"
+[[export]]
+name = "bench"
+volume = "bench"
+TOML
+}
+
+# Benchmarks: waits (up to 10 s) until the NBD export at URI answers, then fails if it does not.
+wait_export() {
+    local uri=$1
+    for _ in $(seq 100); do nbdinfo --size "$uri" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    nbdinfo --size "$uri" >/dev/null
+}
+
+# Benchmarks: background processes whose PIDs the script appends to `pids`, killed when it
+# exits (`trap kill_pids EXIT`).
+pids=()
+kill_pids() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+
 # Benchmarks: FILE of MIB MiB written once with zeroes (no holes, no unwritten extents, so the
 # first measurement does not pay for allocation); kept when it already has that size.
 written_file() {
