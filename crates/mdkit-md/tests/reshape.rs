@@ -48,6 +48,9 @@ async fn grow_under_writes(name: &str, level: Level, old: usize, new: usize) {
     let ms = mem_members(&format!("{name}-"), new, 16 * MIB);
     let (a, m) = filled_level(&ms[..old], level, old as u32, 64, &mut rng).await;
     let before = a.size_bytes();
+    // md lets a sync run above sync_speed_min only while the array is idle; the writer keeps
+    // it busy, so the floor sets the pace (1 MB/s by default: 15 s for these members; 5 MB/s: 3 s).
+    a.set_attribute("sync_speed_min", "5000").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
     tokio::task::yield_now().await;
