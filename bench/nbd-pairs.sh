@@ -34,12 +34,7 @@ PORT=${PORT:-10881}
 AA_PORT=${AA_PORT:-10882}
 IDLE_POLL_US=${IDLE_POLL_US:-100}
 
-cargo build --release -p mdkit >&2
-MDKIT=$PWD/target/release/mdkit
-
-bench_workdir "$WORKDIR"
-FILE=$WORKDIR/bench.img
-written_file "$FILE" $(($(numfmt --from=iec "$SIZE") >> 20))
+bench_mdkit_and_file "$WORKDIR" "$SIZE"
 
 trap kill_pids EXIT
 

@@ -53,12 +53,7 @@ REPS=${REPS:-1}
 IDLE_POLL_US=${IDLE_POLL_US:-100}
 WORKLOADS=${WORKLOADS:-randread 4k 1;randread 4k 32;randwrite 4k 1;randwrite 4k 32;write 1m 8}
 
-cargo build --release -p mdkit >&2
-MDKIT=$PWD/target/release/mdkit
-
-bench_workdir "$WORKDIR"
-FILE=$WORKDIR/bench.img
-written_file "$FILE" $(($(numfmt --from=iec "$SIZE") >> 20))
+bench_mdkit_and_file "$WORKDIR" "$SIZE"
 
 trap kill_pids EXIT
 

@@ -78,6 +78,17 @@ bench_workdir() {
     case $fstype in tmpfs|ramfs) log "$dir is on $fstype; use a real filesystem (WORKDIR=...)"; exit 1 ;; esac
 }
 
+# NBD benchmarks: builds the release mdkit (sets MDKIT), creates the work dir DIR (a real
+# filesystem) and the test file DIR/bench.img of SIZE (sets FILE), written once.
+bench_mdkit_and_file() {
+    local dir=$1 size=$2
+    cargo build --release -p mdkit >&2
+    MDKIT=$PWD/target/release/mdkit
+    bench_workdir "$dir"
+    FILE=$dir/bench.img
+    written_file "$FILE" $(($(numfmt --from=iec "$size") >> 20))
+}
+
 # Benchmarks: an `mdkit serve` config at OUT with data_dir DATA_DIR, listening on 127.0.0.1:PORT
 # (nbd.idle_poll_us IDLE_POLL_US), serving FILE (O_DIRECT required) as export "bench".
 bench_file_config() {
