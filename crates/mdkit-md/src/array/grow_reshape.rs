@@ -28,7 +28,7 @@ use super::grow::{GrowReport, Settings, member_err, read_bitmap_area, refused};
 use super::member::Member;
 use super::{Array, ArrayInfo, SlotTable};
 use crate::format::bitmap::BitmapSuper;
-use crate::format::grow::resize_bitmap;
+use crate::format::grow::{resize_bitmap, room_from};
 use crate::format::superblock::{MetadataVersion, Superblock, feature};
 use crate::layout::{Level, Raid10Geometry};
 
@@ -409,19 +409,19 @@ fn reshape_bitmap(
     move_sectors: u64,
     mut area: Vec<u8>,
 ) -> Result<Vec<u8>, String> {
-    let mut room = u64::from(u32::MAX);
-    for m in old {
-        let sb = m.superblock();
-        let Some(start) = sb.bitmap_sector() else { continue };
-        let mut r = sb.data_offset_sectors.saturating_sub(move_sectors).saturating_sub(start);
-        if let Some(bb) = sb.bblog_sector().filter(|&bb| bb > start) {
-            r = r.min(bb - start);
-        }
-        room = room.min(r);
+    // Every member's room from its bitmap to the moved data (or its bad-block log).
+    let rooms = old.iter().map(|m| {
+        let mut sb = m.superblock();
+        sb.data_offset_sectors = sb.data_offset_sectors.saturating_sub(move_sectors);
+        sb.bitmap_sector().and_then(|start| room_from(&sb, start)).unwrap_or(0)
+    });
+    let room = rooms.min().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
+    if room == 0 {
+        return Err("a member has no room for its bitmap before the moved data".into());
     }
     let mut bms = BitmapSuper::decode(&area).map_err(|e| format!("bitmap: {e}"))?;
-    if bms.sectors_reserved == 0 || u64::from(bms.sectors_reserved) > room {
-        bms.sectors_reserved = room as u32;
+    if bms.sectors_reserved == 0 || bms.sectors_reserved > room {
+        bms.sectors_reserved = room;
     }
     bms.write_header(&mut area).map_err(|e| format!("bitmap: {e}"))?;
     if info.level != Level::Raid10 {

@@ -251,16 +251,15 @@ fn bitmap_room(sb: &Superblock) -> Option<(i64, u64)> {
             let room = end.checked_sub(data_end)?;
             Some((-(i64::try_from(room).ok()?), room))
         }
-        _ => {
-            let start = sb_at + 8;
-            let end = [Some(sb.data_offset_sectors), sb.bblog_sector()]
-                .into_iter()
-                .flatten()
-                .filter(|s| *s >= start)
-                .min()?;
-            Some((8, end - start))
-        }
+        _ => Some((8, room_from(sb, sb_at + 8)?)),
     }
+}
+
+/// On 1.1/1.2 metadata: the sectors from `start` to whatever comes next, the data (at the
+/// superblock's data offset) or the bad-block log.
+pub(crate) fn room_from(sb: &Superblock, start: u64) -> Option<u64> {
+    let end = [Some(sb.data_offset_sectors), sb.bblog_sector()].into_iter().flatten().filter(|s| *s >= start).min()?;
+    Some(end - start)
 }
 
 fn plan_bitmap(name: &str, level: Level, members: &[PlanMember], b: BitmapChange) -> Result<GrowPlan, GrowRefused> {
