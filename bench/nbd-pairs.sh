@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mdkit over NBD vs the raw file, in short alternating windows: for a device whose speed drifts
 # faster than bench/nbd.sh's rounds (on the 2-vCPU VMs the raw file's 4 KiB QD32 rate moved
-# between 32k and 72k IOPS in consecutive 5 s windows), a ratio is only as good as the raw
+# between 32k and 84k IOPS in consecutive 5 s windows), a ratio is only as good as the raw
 # measurement next to it. Not part of the test suite.
 #
 #   bench/nbd-pairs.sh                              # 4 KiB random reads, QD32, one connection
