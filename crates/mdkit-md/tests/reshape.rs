@@ -128,6 +128,81 @@ async fn raid6_4_to_6_under_writes() {
     grow_under_writes("reshape6-46", Level::Raid6, 4, 6).await;
 }
 
+/// A reshape to fewer members while a writer writes: refused until the array is cut to the
+/// smaller size (`--array-size`, which the refusal names), then it runs backwards from the end
+/// of the smaller array with the data moving up; every write reads back, check finds 0
+/// mismatches, the members left over become spares, and the array assembles again (from the
+/// members it keeps, the spares beside them).
+async fn shrink_under_writes(name: &str, level: Level, old: usize, new: usize) {
+    let s = seed(name, 43);
+    let mut rng = Rng::new(s);
+    let ms = mem_members(&format!("{name}-"), old, 16 * MIB);
+    let (a, full) = filled_level(&ms, level, old as u32, 64, &mut rng).await;
+    let dof_before = read_superblock(&ms[0].dev).await.unwrap().data_offset_sectors;
+    let size = cut_for_fewer_members(&a, new as u32).await;
+    assert_eq!(a.size_bytes(), size);
+    let mut m = Model::new(size);
+    m.apply(0, &full.data[..size as usize]);
+    a.set_attribute("sync_speed_min", "5000").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    tokio::task::yield_now().await;
+    let r = a.grow(GrowChange::RaidDevices(new as u32), Vec::new()).await.unwrap();
+    assert!(r.summary.contains("moves up"), "{}", r.summary);
+    assert_eq!(a.size_bytes(), size, "the array keeps the size it was cut to");
+    a.wait_reshape().await.unwrap();
+    stop.store(true, Ordering::Release);
+    let (mut m, writes) = w.await.unwrap();
+    eprintln!("{name}: {writes} writes during the reshape");
+    assert!(writes > 0);
+    assert_eq!((a.info().raid_disks, a.size_bytes()), (new as u32, size));
+    assert_eq!(a.core().slots().spares().len(), old - new, "the members left over are spares");
+    verify_all(&*a, &m).await;
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0, "{name}: check after the reshape");
+    a.stop().await.unwrap();
+    for (i, mb) in ms.iter().enumerate() {
+        let sb = read_superblock(&mb.dev).await.unwrap();
+        assert_eq!((sb.feature_map & feature::RESHAPE_ACTIVE, sb.raid_disks), (0, new as u32), "{}", mb.name);
+        assert!(sb.data_offset_sectors > dof_before, "{}: the data moved up: {sb:?}", mb.name);
+        let spare = sb.raw_role() == mdkit_md::format::superblock::ROLE_SPARE;
+        assert_eq!(spare, i >= new, "{}: role {:#x}", mb.name, sb.raw_role());
+        let at = sb.bitmap_sector().expect("internal bitmap");
+        let head = mb.dev.read_vec(at * 512, 4096).await.unwrap();
+        let bms = BitmapSuper::decode(&head).unwrap();
+        let want = if level == Level::Raid10 { size.div_ceil(512) } else { sb.size_sectors };
+        assert!(bms.sync_size_sectors >= want && bms.sync_size_sectors <= sb.size_sectors * old as u64, "{bms:?}");
+    }
+    let b = assemble_array(&ms).await;
+    assert_eq!((b.info().raid_disks, b.core().slots().spares().len()), (new as u32, old - new));
+    b.set_array_size(Some(size)).unwrap();
+    verify_all(&b, &m).await;
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_5_to_4_under_writes() {
+    shrink_under_writes("shrink54", Level::Raid5, 5, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_5_to_3_under_writes() {
+    shrink_under_writes("shrink53", Level::Raid5, 5, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_5_to_4_under_writes() {
+    shrink_under_writes("shrink6-54", Level::Raid6, 5, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid10_near2_5_to_4_under_writes() {
+    shrink_under_writes("shrink10-54", Level::Raid10, 5, 4).await;
+}
+
 /// A restripe over the same members (`grow --chunk` / `--layout`) while a writer writes: the
 /// size stays, every write reads back, check finds 0 mismatches, the superblocks carry the new
 /// chunk and layout with the data offset moved down by the larger chunk, and the array

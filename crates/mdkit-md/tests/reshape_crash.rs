@@ -1,7 +1,8 @@
 //! Power cuts during restripes (crash-recording members, one power domain) with writes and
 //! flushes in flight: raid5, raid6 and raid10 (near-2, with a write-intent bitmap the reshape
 //! resizes) 4 -> 5 members, raid5 chunk 32 -> 64 KiB and raid6 Q-last -> rotating Q over the
-//! same members (with a bitmap). Cut points: member flush completions and superblock writes
+//! same members (with a bitmap), and backwards to fewer members: raid5 5 -> 4 and raid10 near-2
+//! 5 -> 4 with a bitmap (the array cut to the smaller size first). Cut points: member flush completions and superblock writes
 //! (checkpoints) from the moment the reshape is recorded until after it finished, plus random
 //! points between; every way the volatile writes may have landed (all, none, random subsets,
 //! torn sectors). For each: the members as found assemble, the reshape resumes and finishes,
@@ -82,20 +83,25 @@ fn interesting_points(group: &CrashGroup, from: u64, to: u64) -> Vec<u64> {
         .collect()
 }
 
-/// One restripe to cut: the array made (level, layout; 4 members, 32 KiB chunks) and the grow.
+/// One restripe to cut: the array made (level, layout; `members`, 32 KiB chunks) and the grow.
 struct Kind {
     level: Level,
+    members: u32,
     layout: Option<u32>,
     change: GrowChange,
     /// An internal write-intent bitmap (raid10's is resized to the new array at the start).
     bitmap: bool,
 }
 
-const GROW_RAID5: Kind = Kind { level: Level::Raid5, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
-const GROW_RAID6: Kind = Kind { level: Level::Raid6, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
-const GROW_RAID10: Kind = Kind { level: Level::Raid10, layout: None, change: GrowChange::RaidDevices(5), bitmap: true };
+const GROW_RAID5: Kind =
+    Kind { level: Level::Raid5, members: 4, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
+const GROW_RAID6: Kind =
+    Kind { level: Level::Raid6, members: 4, layout: None, change: GrowChange::RaidDevices(5), bitmap: false };
+const GROW_RAID10: Kind =
+    Kind { level: Level::Raid10, members: 4, layout: None, change: GrowChange::RaidDevices(5), bitmap: true };
 const CHUNK_RAID5: Kind = Kind {
     level: Level::Raid5,
+    members: 4,
     layout: None,
     change: GrowChange::Restripe { layout: None, chunk_sectors: Some(128) },
     bitmap: false,
@@ -103,17 +109,25 @@ const CHUNK_RAID5: Kind = Kind {
 /// left-symmetric-6 (what raid5 -> raid6 --layout preserve leaves) -> left-symmetric.
 const ROTATE_Q_RAID6: Kind = Kind {
     level: Level::Raid6,
+    members: 4,
     layout: Some(18),
     change: GrowChange::Restripe { layout: Some(2), chunk_sectors: None },
     bitmap: true,
 };
+
+const SHRINK_RAID5: Kind =
+    Kind { level: Level::Raid5, members: 5, layout: None, change: GrowChange::RaidDevices(4), bitmap: false };
+const SHRINK_RAID10: Kind =
+    Kind { level: Level::Raid10, members: 5, layout: None, change: GrowChange::RaidDevices(4), bitmap: true };
 
 impl Kind {
     /// Members after the restripe, and (layout, chunk sectors) given the array's before.
     fn after(&self, layout: u32, chunk: u32) -> (u32, u32, u32) {
         match self.change {
             GrowChange::RaidDevices(n) => (n, layout, chunk),
-            GrowChange::Restripe { layout: l, chunk_sectors: c } => (4, l.unwrap_or(layout), c.unwrap_or(chunk)),
+            GrowChange::Restripe { layout: l, chunk_sectors: c } => {
+                (self.members, l.unwrap_or(layout), c.unwrap_or(chunk))
+            }
             _ => unreachable!("not a restripe"),
         }
     }
@@ -123,18 +137,25 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     let s = seed(name, 53);
     let mut rng = Rng::new(s);
     let group = CrashGroup::with_options(CrashOptions::default());
-    let (total, _, _) = kind.after(0, 0);
-    let members = crash_members(&group, &format!("{name}-"), total as usize, 4 * MIB);
+    let (after, _, _) = kind.after(0, 0);
+    let total = after.max(kind.members) as usize;
+    let members = crash_members(&group, &format!("{name}-"), total, 4 * MIB);
     let sims: Vec<SimMember> = members.iter().map(|(m, _)| m.clone()).collect();
     let names: Vec<String> = sims.iter().map(|m| m.name.clone()).collect();
-    let a = create_array(&sims[..4], opts(kind.level, 4, Some(32), kind.layout, kind.bitmap, true)).await;
+    let first = kind.members as usize;
+    let o = opts(kind.level, kind.members, Some(32), kind.layout, kind.bitmap, true);
+    let a = create_array(&sims[..first], o).await;
     let want = kind.after(a.info().layout, a.info().chunk_sectors);
     a.set_attribute("safe_mode_delay", "0.02").unwrap();
     let mut before = Model::new(a.size_bytes());
     fill(&a, &mut before, &mut rng).await;
+    if after < kind.members {
+        let size = cut_for_fewer_members(&a, after).await;
+        before.data.truncate(size as usize);
+    }
     a.flush().await.unwrap();
     a.set_attribute("sync_speed_max", "3000").unwrap();
-    a.grow(kind.change, member_devs(&sims[4..])).await.unwrap();
+    a.grow(kind.change, member_devs(&sims[first..])).await.unwrap();
     let started_at = group.now().0;
     let mut used = vec![false; (before.data.len() / 4096) as usize];
     let (written, flushes) = workload(&a, &group, &mut rng, &mut used).await;
@@ -158,8 +179,9 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
             .unwrap_or_else(|e| panic!("{ctx}: assembly refused: {e}"))
             .array;
         if let Some(r) = b.core().personality().reshape() {
-            mid_way += usize::from(r.position_sectors() > 0 && !r.is_done());
+            mid_way += usize::from(r.completed().0 > 0 && !r.is_done());
         }
+        b.set_array_size(Some(before.data.len() as u64)).unwrap();
         fast_sync(&b);
         b.wait_reshape().await.unwrap_or_else(|e| panic!("{ctx}: reshape did not finish: {e}"));
         assert_eq!((b.info().raid_disks, b.info().layout, b.info().chunk_sectors), want, "{ctx}");
@@ -208,6 +230,16 @@ async fn raid6_reshape_crash_points() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raid10_reshape_crash_points() {
     reshape_crash_case("reshape10-crash", GROW_RAID10, POINTS, RANDOM_POINTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid5_shrink_crash_points() {
+    reshape_crash_case("shrink5-crash", SHRINK_RAID5, POINTS, RANDOM_POINTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid10_shrink_crash_points() {
+    reshape_crash_case("shrink10-crash", SHRINK_RAID10, POINTS, RANDOM_POINTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,7 @@ use mdkit_md::array::{AssembleOptions, GrowChange, MemberDev, assemble, create, 
 use mdkit_md::format::superblock::feature;
 use mdkit_md::layout::Level;
 
-use crate::array_util::{MIB, check, fast_sync, opts};
+use crate::array_util::{MIB, check, cut_for_fewer_members, fast_sync, opts};
 use crate::common;
 use common::lab::detail_field as after;
 
@@ -48,14 +48,26 @@ struct Case {
     /// An internal write-intent bitmap on both sides (raid10's is resized to the new array
     /// when the reshape starts, by whichever side starts it).
     bitmap: bool,
+    /// Members the array starts with.
+    before: usize,
 }
 
 impl Case {
+    /// Members afterwards.
     fn members(&self) -> usize {
         match self.change {
             GrowChange::RaidDevices(n) => n as usize,
-            _ => 4,
+            _ => self.before,
         }
+    }
+
+    fn shrinks(&self) -> bool {
+        self.members() < self.before
+    }
+
+    /// Member images each side needs.
+    fn images(&self) -> usize {
+        self.members().max(self.before)
     }
 }
 
@@ -68,6 +80,7 @@ const GROW_CASES: [Case; 2] = [
         mdadm_grow: "--raid-devices=5 --add {spare}",
         detail: ("5", "64K", "left-symmetric"),
         bitmap: false,
+        before: 4,
     },
     Case {
         level: Level::Raid6,
@@ -77,6 +90,7 @@ const GROW_CASES: [Case; 2] = [
         mdadm_grow: "--raid-devices=5 --add {spare}",
         detail: ("5", "64K", "left-symmetric"),
         bitmap: false,
+        before: 4,
     },
 ];
 
@@ -89,6 +103,7 @@ const RESTRIPE_CASES: [Case; 3] = [
         mdadm_grow: "--chunk=128",
         detail: ("4", "128K", "left-symmetric"),
         bitmap: false,
+        before: 4,
     },
     Case {
         level: Level::Raid6,
@@ -98,6 +113,7 @@ const RESTRIPE_CASES: [Case; 3] = [
         mdadm_grow: "--layout=left-symmetric",
         detail: ("4", "64K", "left-symmetric"),
         bitmap: false,
+        before: 4,
     },
     Case {
         level: Level::Raid10,
@@ -107,8 +123,22 @@ const RESTRIPE_CASES: [Case; 3] = [
         mdadm_grow: "--raid-devices=5 --add {spare}",
         detail: ("5", "64K", "near=2"),
         bitmap: true,
+        before: 4,
     },
 ];
+
+/// Backwards to fewer members: raid5 5 -> 4 (the array cut to the smaller size first:
+/// mdkit's `grow --array-size`, mdadm's `--grow --array-size`).
+const SHRINK_CASES: [Case; 1] = [Case {
+    level: Level::Raid5,
+    layout: None,
+    high_bytes: 160 * MIB,
+    change: GrowChange::RaidDevices(4),
+    mdadm_grow: "--raid-devices=4",
+    detail: ("4", "64K", "left-symmetric"),
+    bitmap: false,
+    before: 5,
+}];
 
 fn member(path: &std::path::Path) -> MemberDev {
     let dev: DeviceRef = Arc::new(FileDevice::open(path, FileOptions::default()).unwrap());
@@ -118,16 +148,20 @@ fn member(path: &std::path::Path) -> MemberDev {
 /// mdkit's half of 1: returns the reshape position recorded at the stop and the array's size
 /// before the reshape (sectors).
 async fn mdkit_starts(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]) -> (u64, u64) {
-    let o = opts(case.level, 4, Some(64), case.layout.map(|l| l.0), case.bitmap, true);
-    let a = create(paths[..4].iter().map(|p| member(p)).collect(), o).await.unwrap().array;
+    let o = opts(case.level, case.before as u32, Some(64), case.layout.map(|l| l.0), case.bitmap, true);
+    let a = create(paths[..case.before].iter().map(|p| member(p)).collect(), o).await.unwrap().array;
     a.write_slice(0, pattern, WriteFlags::FUA).await.unwrap();
     a.write_slice(case.high_bytes, pattern, WriteFlags::FUA).await.unwrap();
     let old_sectors = a.size_bytes() / 512;
+    if case.shrinks() {
+        let size = cut_for_fewer_members(&a, case.members() as u32).await;
+        assert!(size >= case.high_bytes + PATTERN_BYTES, "the cut keeps the high pattern");
+    }
     a.set_attribute("sync_speed_max", "4000").unwrap();
-    a.grow(case.change, paths[4..].iter().map(|p| member(p)).collect()).await.unwrap();
+    a.grow(case.change, paths[case.before..].iter().map(|p| member(p)).collect()).await.unwrap();
     // Stop once a checkpoint is on disk: throttled, the rest takes most of a minute.
     for waited in 0.. {
-        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
+        if a.core().personality().reshape().is_some_and(|r| r.completed().0 > 0) {
             break;
         }
         assert!(waited < 6000, "no reshape checkpoint after 6000 polls: {:?}", a.sync_status());
@@ -189,12 +223,28 @@ async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]
 /// The guest's half for one case: disks (mdkit's n, then the kernel's n) from
 /// disk index `first`, md device numbers `2k` and `2k + 1`, dump disk offset `slot` (MiB).
 fn guest_case(k: usize, case: Case, first: usize, dump_slot_mib: u64) -> String {
-    let n = case.members();
+    let n = case.images();
     let dev = |i: usize| common::lab::vd(first + i);
     let mine: Vec<String> = (0..n).map(dev).collect();
     let theirs: Vec<String> = (n..2 * n).map(dev).collect();
     let layout = case.layout.map_or(String::new(), |l| format!("--layout={}", l.1));
-    let grow = case.mdadm_grow.replace("{spare}", theirs.get(4).map_or("", String::as_str));
+    let grow = case.mdadm_grow.replace("{spare}", theirs.get(case.before).map_or("", String::as_str));
+    let before = case.before;
+    // To fewer members mdadm wants the array cut to the smaller size first, and room after
+    // the used size to move the data up into (without it, it asks for a backup file).
+    let size = if case.shrinks() { "--size=61440" } else { "" };
+    let cut = if case.shrinks() {
+        let data = (case.members() - case.level.max_degraded() as usize) as u64;
+        // mdadm 4.2 sets each member's (larger) new_offset before raid_disks, and the kernel
+        // takes a larger offset only once the direction is backwards (md.c new_offset_store):
+        // set it first, as mdadm does itself only for a same-count restripe.
+        format!(
+            "mdadm --grow /dev/md{m} --array-size=$(( $(cat /sys/block/md{m}/md/component_size) * {data} )) 2>&1\necho backwards > /sys/block/md{m}/md/reshape_direction",
+            m = 2 * k + 1
+        )
+    } else {
+        String::new()
+    };
     let (m0, m1) = (2 * k, 2 * k + 1);
     let level = case.level.md_level();
     let high_mib = case.high_bytes / MIB;
@@ -211,19 +261,22 @@ dump /dev/md{m0} {high_mib} {d_high}
 echo check > /sys/block/md{m0}/md/sync_action; sleep 1; mdadm --wait /dev/md{m0}
 echo "=== mismatch{k}"; cat /sys/block/md{m0}/md/mismatch_cnt
 mdadm --stop /dev/md{m0} 2>&1
-mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} {layout} --chunk=64 --raid-devices=4 --assume-clean --bitmap={bitmap} {theirs4} 2>&1
+mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} {layout} --chunk=64 --raid-devices={before} {size} --assume-clean --bitmap={bitmap} {theirs_before} 2>&1
 dd if=$pat of=/dev/md{m1} bs=1M oflag=direct status=none
 dd if=$pat of=/dev/md{m1} bs=1M seek={high_mib} oflag=direct status=none
 echo 3000 > /sys/block/md{m1}/md/sync_speed_max
+{cut}
 mdadm --grow /dev/md{m1} {grow} 2>&1
-# Until the kernel records a checkpoint: with room to spare below the data it takes one only
+p0=$(cat /sys/block/md{m1}/md/reshape_position)
+# Until the kernel records a checkpoint: with room to spare beside the data it takes one only
 # every 10 s (raid5.c reshape_request), so a restripe over the same members needs a while.
-for i in $(seq 1 60); do [ "$(cat /sys/block/md{m1}/md/reshape_position)" != 0 ] && break; sleep 0.5; done
+# (Forwards the position starts at 0, backwards at the end of the smaller array.)
+for i in $(seq 1 60); do p=$(cat /sys/block/md{m1}/md/reshape_position); [ "$p" != 0 ] && [ "$p" != "$p0" ] && break; sleep 0.5; done
 echo "=== reshape{k}"; cat /sys/block/md{m1}/md/sync_action /sys/block/md{m1}/md/reshape_position
 mdadm --stop /dev/md{m1} 2>&1
 "#,
         mine = mine.join(" "),
-        theirs4 = theirs[..4].join(" "),
+        theirs_before = theirs[..before].join(" "),
         d_low = dump_slot_mib,
         d_high = dump_slot_mib + 8,
     )
@@ -253,7 +306,7 @@ fn cross(name: &str, cases: &[Case]) {
     let mut body = String::new();
     for (k, case) in cases.iter().enumerate() {
         let tag = format!("{}-{k}", case.level.name());
-        let n = case.members();
+        let n = case.images();
         let mine: Vec<_> = (0..n).map(|i| dir.path().join(format!("{tag}-a{i}.img"))).collect();
         let them: Vec<_> = (0..n).map(|i| dir.path().join(format!("{tag}-b{i}.img"))).collect();
         for p in mine.iter().chain(&them) {
@@ -313,6 +366,11 @@ fn cross(name: &str, cases: &[Case]) {
 #[test]
 fn raid5_and_raid6_reshapes_cross_between_mdkit_and_the_kernel() {
     cross("reshape_lab", &GROW_CASES);
+}
+
+#[test]
+fn reshapes_to_fewer_members_cross_between_mdkit_and_the_kernel() {
+    cross("shrink_lab", &SHRINK_CASES);
 }
 
 #[test]

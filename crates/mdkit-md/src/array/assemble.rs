@@ -359,10 +359,20 @@ async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key
     None
 }
 
-/// Roles `0..raid_disks` the reference superblock records as held (mdadm's working disks at
-/// the last superblock update).
+/// Roles the array has: `raid_disks`, or during a reshape to fewer members the old count
+/// (`raid_disks - delta_disks`), whose last roles the old geometry still reads.
+fn role_count(sb: &Superblock) -> usize {
+    let mut n = i64::from(sb.raid_disks);
+    if sb.feature_map & feature::RESHAPE_ACTIVE != 0 {
+        n = n.max(i64::from(sb.raid_disks) - i64::from(sb.delta_disks));
+    }
+    n.clamp(0, i64::from(sb.max_dev())) as usize
+}
+
+/// Roles the reference superblock records as held (mdadm's working disks at the last
+/// superblock update).
 fn recorded_active_roles(refsb: &Superblock) -> usize {
-    let raid_disks = refsb.raid_disks as usize;
+    let raid_disks = role_count(refsb);
     (0..raid_disks).filter(|r| refsb.dev_roles.iter().any(|role| usize::from(*role) == *r)).count()
 }
 
@@ -439,7 +449,7 @@ pub async fn assemble_with(
     }
     let level = Level::from_md_level(refsb.level)
         .ok_or_else(|| fail(format!("md level {} is not supported", refsb.level), &refused))?;
-    let raid_disks = refsb.raid_disks as usize;
+    let raid_disks = role_count(&refsb);
 
     // Classify each member.
     struct Accepted {

@@ -1,7 +1,7 @@
 //! md's sysfs-named attributes (`/sys/block/mdX/md/*`), read and written by name, and the
 //! `mdadm --detail` view as JSON.
 //!
-//! Readable: `array_state level raid_disks chunk_size layout component_size degraded
+//! Readable: `array_state level raid_disks chunk_size layout component_size array_size degraded
 //! sync_action last_sync_action sync_completed sync_speed sync_speed_min sync_speed_max mismatch_cnt
 //! resync_start safe_mode_delay metadata_version uuid events consistency_policy
 //! max_read_errors`, per member `dev-NAME/{state,slot,errors,recovery_start,offset,size,bad_blocks}`
@@ -13,7 +13,8 @@
 //! check/repair, a resync or recovery the array state calls for, before the engine starts it),
 //! else `idle`; `last_sync_action` is the last action started (`idle` before any).
 //!
-//! Writable: `sync_action` (idle frozen check repair resync recover; levels without redundancy
+//! Writable: `array_size` (KiB or `default`: the size the array gives, in memory only, as md's),
+//! `sync_action` (idle frozen check repair resync recover; levels without redundancy
 //! refuse every value with EINVAL, as md), `sync_speed_min`,
 //! `sync_speed_max` (KiB/s, or `system` for md's defaults), `safe_mode_delay` (seconds),
 //! `max_read_errors` (raid1/raid10 read-error fix attempts before a member is failed),
@@ -201,6 +202,19 @@ pub fn set(array: &Array, name: &str, value: &str) -> io::Result<()> {
     let core = &array.core();
     let value = value.trim();
     match name {
+        "array_size" => {
+            // md's array_size_store: "default" or KiB.
+            let bytes = match value {
+                "default" => None,
+                v => Some(
+                    v.parse::<u64>()
+                        .ok()
+                        .and_then(|k| k.checked_mul(1024))
+                        .ok_or_else(|| invalid(format!("{}: array_size {v:?}: use default or KiB", core.name())))?,
+                ),
+            };
+            array.set_array_size(bytes).map(|_| ())
+        }
         "sync_action" => {
             // md's action_store: a personality without sync_request (raid0) refuses every
             // value with EINVAL.

@@ -5,6 +5,10 @@
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
 //! old data members, so the new geometry's writes always trail the old geometry's reads.
+//! To fewer members (`grow --raid-devices N` below the count, no `--add`) the reshape runs
+//! backwards and the data moves *up* by as much; the array must first be cut to the smaller
+//! size (`grow --array-size`, as mdadm asks), and where the members have no room after the
+//! used size, that size is lowered by whole chunks first (as mdadm lowers component_size).
 //!
 //! ```text
 //!  refusals first (not clean, degraded, no room before the data, too few new devices)
@@ -62,17 +66,53 @@ fn metadata_end_sectors(sb: &Superblock, bitmap_bytes: u64) -> u64 {
     sb_end.max(bitmap_end).max(bblog_end)
 }
 
-/// The reshape's superblock fields on an old member.
-fn mark_reshaping(sb: &mut Superblock, to: RestripeTarget, move_sectors: u64) {
+/// How a reshape starts on disk: where it goes, how far the data moves (down forwards, up
+/// backwards), where the engine starts and the used size per member it runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ReshapeStart {
+    to: RestripeTarget,
+    move_sectors: u64,
+    backwards: bool,
+    position_sectors: u64,
+    size_sectors: u64,
+}
+
+impl ReshapeStart {
+    fn new_offset_sectors(&self) -> i32 {
+        let m = self.move_sectors as i32;
+        if self.backwards { m } else { -m }
+    }
+}
+
+/// The reshape's superblock fields on an old member (RESHAPE_BACKWARDS is written only when
+/// the member count stays, as md's super_1_sync does: fewer members imply the direction).
+fn mark_reshaping(sb: &mut Superblock, start: &ReshapeStart) {
+    let to = start.to;
     sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
     sb.feature_map &= !feature::RESHAPE_BACKWARDS;
     sb.delta_disks = to.raid_disks as i32 - sb.raid_disks as i32;
+    if start.backwards && sb.delta_disks == 0 {
+        sb.feature_map |= feature::RESHAPE_BACKWARDS;
+    }
     sb.raid_disks = to.raid_disks;
     sb.new_level = sb.level;
     sb.new_layout = to.layout;
     sb.new_chunk_sectors = to.chunk_sectors;
-    sb.new_offset_sectors = -(move_sectors as i32);
-    sb.reshape_position_sectors = 0;
+    sb.new_offset_sectors = start.new_offset_sectors();
+    sb.reshape_position_sectors = start.position_sectors;
+    sb.size_sectors = start.size_sectors;
+}
+
+/// Where a reshape recorded in `sb` starts: 0 forwards, the smaller array's end backwards
+/// (raid5_size with the fewer members).
+fn start_position(sb: &Superblock, backwards: bool) -> Option<u64> {
+    if !backwards {
+        return Some(0);
+    }
+    let level = Level::from_md_level(sb.level)?;
+    let disks = sb.raid_disks.min(u32::try_from(i64::from(sb.raid_disks) - i64::from(sb.delta_disks)).ok()?);
+    let chunk = sb.chunk_sectors.max(sb.new_chunk_sectors);
+    crate::layout::array_sectors(level, disks, sb.new_layout, chunk, sb.size_sectors)
 }
 
 /// Assembly's rule for a cut while a restripe starts: the freshest member records a forward
@@ -82,31 +122,46 @@ fn mark_reshaping(sb: &mut Superblock, to: RestripeTarget, move_sectors: u64) {
 /// so its data is what the reshape's old geometry describes: it gets the reshape's fields in
 /// memory, as if that write had landed. Returns the names of the members adopted.
 pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
+    let backwards = |sb: &Superblock| {
+        sb.delta_disks < 0 || (sb.delta_disks == 0 && sb.feature_map & feature::RESHAPE_BACKWARDS != 0)
+    };
     let reshaping = |sb: &Superblock| {
         sb.feature_map & feature::RESHAPE_ACTIVE != 0
             && sb.feature_map & feature::NEW_OFFSET != 0
-            && sb.feature_map & feature::RESHAPE_BACKWARDS == 0
-            && sb.reshape_position_sectors == 0
+            && Some(sb.reshape_position_sectors) == start_position(sb, backwards(sb))
+            && (sb.new_offset_sectors > 0) == backwards(sb)
             && sb.new_level == sb.level
-            && (sb.delta_disks > 0
-                || (sb.delta_disks == 0 && (sb.new_layout, sb.new_chunk_sectors) != (sb.layout, sb.chunk_sectors)))
+            && (sb.delta_disks != 0 || (sb.new_layout, sb.new_chunk_sectors) != (sb.layout, sb.chunk_sectors))
     };
     let Some(r) = found.iter().map(|(_, sb)| sb).filter(|sb| reshaping(sb)).max_by_key(|sb| sb.events).cloned() else {
         return Vec::new();
     };
     let old_disks = i64::from(r.raid_disks) - i64::from(r.delta_disks);
-    let move_sectors = u64::from(r.new_offset_sectors.unsigned_abs());
+    let start = ReshapeStart {
+        to: RestripeTarget { raid_disks: r.raid_disks, layout: r.new_layout, chunk_sectors: r.new_chunk_sectors },
+        move_sectors: u64::from(r.new_offset_sectors.unsigned_abs()),
+        backwards: backwards(&r),
+        position_sectors: r.reshape_position_sectors,
+        size_sectors: r.size_sectors,
+    };
     let mut adopted = Vec::new();
     for (md, sb) in found.iter_mut() {
         let role = r.dev_roles.get(sb.dev_number as usize).copied();
+        // Backwards the start may also have lowered the used size (room after the data).
+        let size_ok = sb.size_sectors == r.size_sectors || (start.backwards && sb.size_sectors > r.size_sectors);
+        let room_ok = if start.backwards {
+            sb.data_size_sectors >= r.size_sectors + start.move_sectors
+        } else {
+            sb.data_offset_sectors >= start.move_sectors
+        };
         let missed_only_the_start = sb.feature_map & feature::RESHAPE_ACTIVE == 0
             && sb.events.checked_add(1) == Some(r.events)
             && i64::from(sb.raid_disks) == old_disks
-            && (sb.level, sb.layout, sb.chunk_sectors, sb.size_sectors, sb.ctime)
-                == (r.level, r.layout, r.chunk_sectors, r.size_sectors, r.ctime)
+            && (sb.level, sb.layout, sb.chunk_sectors, sb.ctime) == (r.level, r.layout, r.chunk_sectors, r.ctime)
+            && size_ok
             && role == Some(sb.raw_role())
             && i64::from(sb.raw_role()) < old_disks
-            && sb.data_offset_sectors >= move_sectors;
+            && room_ok;
         if !missed_only_the_start {
             continue;
         }
@@ -115,8 +170,7 @@ pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> 
             events = sb.events,
             "member missed the superblock write that started the reshape (nothing has moved yet): it joins the reshape"
         );
-        let to = RestripeTarget { raid_disks: r.raid_disks, layout: r.new_layout, chunk_sectors: r.new_chunk_sectors };
-        mark_reshaping(sb, to, move_sectors);
+        mark_reshaping(sb, &start);
         sb.dev_roles = r.dev_roles.clone();
         adopted.push(md.name.clone());
     }
@@ -151,10 +205,10 @@ fn move_sectors(info: &ArrayInfo, to: RestripeTarget) -> u64 {
     min_offset_change_sectors(oc, nc, od, nd)
 }
 
-/// Refuses a target the forward restripe cannot reach (before anything is written).
+/// Refuses a target the restripe cannot reach (before anything is written).
 fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<(), String> {
-    if to.raid_disks < info.raid_disks {
-        return Err("fewer members needs a backwards reshape, which mdkit does not implement yet".into());
+    if to.raid_disks < info.raid_disks && (to.layout, to.chunk_sectors) != (info.layout, info.chunk_sectors) {
+        return Err("change the member count or the chunk/layout, not both while dropping members".into());
     }
     if to == (RestripeTarget { raid_disks: info.raid_disks, layout: info.layout, chunk_sectors: info.chunk_sectors }) {
         return Err("the member count, chunk and layout are already these".into());
@@ -166,7 +220,7 @@ fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<()
         let g = crate::layout::Raid10Geometry::new(to.raid_disks, to.layout, to.chunk_sectors, 0)
             .map_err(|e| e.to_string())?;
         if g.far_copies() != 1 || (to.layout, to.chunk_sectors) != (info.layout, info.chunk_sectors) {
-            return Err("raid10 restripes only to more members, near layouts, same layout and chunk".into());
+            return Err("raid10 restripes only to another member count, near layouts, same layout and chunk".into());
         }
     } else {
         crate::layout::ParityGeometry::new(info.level, to.raid_disks, to.layout, to.chunk_sectors)
@@ -180,11 +234,42 @@ fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<()
             chunk / 2
         ));
     }
-    let k = (to.raid_disks - info.raid_disks) as usize;
+    let k = to.raid_disks.saturating_sub(info.raid_disks) as usize;
     if added != k {
         return Err(format!("give exactly {k} new device(s) with --add, not {added}"));
     }
     Ok(())
+}
+
+/// The used size per member a reshape to fewer members runs with: the current one when every
+/// member has `move_sectors` free after it (the data moves up by that much: md.c
+/// new_offset_store refuses less), else the most that leaves that room, in whole (larger)
+/// chunks, as mdadm lowers component_size after `--array-size`. The array (at most
+/// `size_limit_bytes`) must fit the fewer members at that size.
+fn shrink_size(
+    info: &ArrayInfo,
+    to: RestripeTarget,
+    data_sizes: &[u64],
+    move_sectors: u64,
+    size_limit_bytes: u64,
+) -> Result<u64, String> {
+    let chunk = u64::from(info.chunk_sectors.max(to.chunk_sectors));
+    let fits = data_sizes.iter().min().copied().unwrap_or(0).saturating_sub(move_sectors);
+    let size = info.member_size_sectors.min(fits / chunk * chunk);
+    let new_sectors = |size: u64| {
+        crate::layout::array_sectors(info.level, to.raid_disks, to.layout, to.chunk_sectors, size).unwrap_or(0)
+    };
+    let most_bytes = new_sectors(size) * 512;
+    if size == 0 || size_limit_bytes > most_bytes {
+        return Err(format!(
+            "{} members hold at most {} KiB here (the data moves up {move_sectors} sectors on each): the array gives {} KiB; cut it first with grow --array-size {}K (mdadm: --grow --array-size)",
+            to.raid_disks,
+            most_bytes / 1024,
+            size_limit_bytes / 1024,
+            most_bytes / 1024
+        ));
+    }
+    Ok(size)
 }
 
 impl Array {
@@ -213,19 +298,20 @@ impl Array {
             return Err(refuse("metadata 1.0 has no room before the data to move it (a backup file would be needed, which mdkit does not implement)".into()));
         }
         check_target(&info, to, add.len()).map_err(refuse)?;
-        let move_sectors = move_sectors(&info, to);
         let slots = core.slots();
         let old: Vec<Arc<Member>> = (0..info.raid_disks as usize).filter_map(|r| slots.working(r).cloned()).collect();
+        let start = self.plan_start(&info, to, &old).map_err(refuse)?;
+        let move_sectors = start.move_sectors;
         let bitmap_area = match old.first() {
             Some(m) => read_bitmap_area(name, m, &m.superblock()).await?,
             None => None,
         };
         let bitmap_area = match bitmap_area {
-            Some(area) => Some(reshape_bitmap(name, &info, to, &old, move_sectors, area).map_err(refuse)?),
+            Some(area) => Some(reshape_bitmap(name, &info, &start, &old, area).map_err(refuse)?),
             None => None,
         };
         let bitmap_bytes = bitmap_area.as_ref().map_or(0, |a| a.len() as u64);
-        for m in &old {
+        for m in old.iter().filter(|_| !start.backwards) {
             let sb = m.superblock();
             let limit = metadata_end_sectors(&sb, bitmap_bytes);
             let room = sb.data_offset_sectors.saturating_sub(limit);
@@ -237,11 +323,11 @@ impl Array {
                 )));
             }
         }
-        let new_sbs = self.new_reshape_members(&slots, &add, to, move_sectors)?;
+        let new_sbs = self.new_reshape_members(&slots, &add, &start)?;
         let before = self.size_bytes();
         let settings = Settings::of(&core);
         self.stop().await?;
-        let written = self.write_reshape_start(&old, &add, new_sbs, bitmap_area, to, move_sectors).await;
+        let written = self.write_reshape_start(&old, &add, new_sbs, bitmap_area, &start).await;
         let mut devs: Vec<MemberDev> =
             slots.working_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
         devs.extend(add.iter().cloned());
@@ -261,9 +347,39 @@ impl Array {
         }
         drop(pause);
         written?;
-        let summary = format!("reshape {what} started (data offset moves down {move_sectors} sectors)");
+        let way = if start.backwards { "up" } else { "down" };
+        let summary = format!("reshape {what} started (data offset moves {way} {move_sectors} sectors)");
         tracing::info!(array = name, "{summary}");
         Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
+    }
+
+    /// How the reshape to `to` starts: forwards (more members, or the same) the data moves
+    /// down by mdadm's min_offset_change; backwards (fewer members) it moves up by as much,
+    /// from the end of the smaller array, once the array was cut to that size (`--array-size`).
+    fn plan_start(&self, info: &ArrayInfo, to: RestripeTarget, old: &[Arc<Member>]) -> Result<ReshapeStart, String> {
+        let move_sectors = move_sectors(info, to);
+        let backwards = to.raid_disks < info.raid_disks;
+        let mut start =
+            ReshapeStart { to, move_sectors, backwards, position_sectors: 0, size_sectors: info.member_size_sectors };
+        if backwards {
+            if info.metadata == MetadataVersion::V1_0 {
+                return Err(
+                    "metadata 1.0 keeps its superblock right after the data: fewer members are not implemented for it"
+                        .into(),
+                );
+            }
+            let data_sizes: Vec<u64> = old.iter().map(|m| m.superblock().data_size_sectors).collect();
+            start.size_sectors = shrink_size(info, to, &data_sizes, move_sectors, self.size_bytes())?;
+            start.position_sectors = crate::layout::array_sectors(
+                info.level,
+                to.raid_disks,
+                to.layout,
+                to.chunk_sectors,
+                start.size_sectors,
+            )
+            .unwrap_or(0);
+        }
+        Ok(start)
     }
 
     /// Superblocks for the devices joining the new geometry (roles `old..new`): placed like
@@ -273,9 +389,9 @@ impl Array {
         &self,
         slots: &SlotTable,
         add: &[MemberDev],
-        to: RestripeTarget,
-        move_sectors: u64,
+        start: &ReshapeStart,
     ) -> io::Result<Vec<Superblock>> {
+        let move_sectors = start.move_sectors;
         let first_number = slots.all_members().iter().map(|m| m.dev_number + 1).max().unwrap_or(0);
         let mut out = Vec::new();
         for (dev_number, dev) in (first_number..).zip(add) {
@@ -285,7 +401,7 @@ impl Array {
                 return Err(refused(format!("{}: {}: no room to move the data offset down", self.name(), dev.name)));
             }
             sb.dev_number = dev_number;
-            mark_reshaping(&mut sb, to, move_sectors);
+            mark_reshaping(&mut sb, start);
             out.push(sb);
         }
         Ok(out)
@@ -299,8 +415,7 @@ impl Array {
         add: &[MemberDev],
         mut new_sbs: Vec<Superblock>,
         bitmap_area: Option<Vec<u8>>,
-        to: RestripeTarget,
-        move_sectors: u64,
+        start: &ReshapeStart,
     ) -> io::Result<()> {
         let name = self.name();
         let mut old_sbs = Vec::new();
@@ -328,7 +443,7 @@ impl Array {
             writes.push((dev.clone(), sb.clone()));
         }
         for (m, mut sb) in old.iter().zip(old_sbs) {
-            mark_reshaping(&mut sb, to, move_sectors);
+            mark_reshaping(&mut sb, start);
             writes.push((MemberDev::new(m.name(), m.device().clone()), sb));
         }
         for (dev, mut sb) in writes {
@@ -404,15 +519,16 @@ impl Array {
 fn reshape_bitmap(
     name: &str,
     info: &ArrayInfo,
-    to: RestripeTarget,
+    start: &ReshapeStart,
     old: &[Arc<Member>],
-    move_sectors: u64,
     mut area: Vec<u8>,
 ) -> Result<Vec<u8>, String> {
+    let to = start.to;
+    let move_down = if start.backwards { 0 } else { start.move_sectors };
     // Every member's room from its bitmap to the moved data (or its bad-block log).
     let rooms = old.iter().map(|m| {
         let mut sb = m.superblock();
-        sb.data_offset_sectors = sb.data_offset_sectors.saturating_sub(move_sectors);
+        sb.data_offset_sectors = sb.data_offset_sectors.saturating_sub(move_down);
         sb.bitmap_sector().and_then(|start| room_from(&sb, start)).unwrap_or(0)
     });
     let room = rooms.min().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
@@ -425,19 +541,25 @@ fn reshape_bitmap(
     }
     bms.write_header(&mut area).map_err(|e| format!("bitmap: {e}"))?;
     if info.level != Level::Raid10 {
-        return Ok(area);
+        // The bitmap covers the used size per member, which a shrink may have lowered.
+        if start.size_sectors == info.member_size_sectors {
+            return Ok(area);
+        }
+        return resize_bitmap(name, &area, info.member_size_sectors, start.size_sectors, false).map_err(|e| e.0);
     }
-    let sectors = |disks: u32, layout: u32, chunk: u32| {
-        Raid10Geometry::new(disks, layout, chunk, info.member_size_sectors).map(|g| g.array_sectors())
+    let sectors = |disks: u32, layout: u32, chunk: u32, size: u64| {
+        Raid10Geometry::new(disks, layout, chunk, size).map(|g| g.array_sectors())
     };
-    let old_sync = sectors(info.raid_disks, info.layout, info.chunk_sectors).map_err(|e| e.to_string())?;
-    let new_sync = sectors(to.raid_disks, to.layout, to.chunk_sectors).map_err(|e| e.to_string())?;
+    let old_sync = sectors(info.raid_disks, info.layout, info.chunk_sectors, info.member_size_sectors)
+        .map_err(|e| e.to_string())?;
+    let new_sync =
+        sectors(to.raid_disks, to.layout, to.chunk_sectors, start.size_sectors).map_err(|e| e.to_string())?;
     resize_bitmap(name, &area, old_sync, new_sync, true).map_err(|e| e.0)
 }
 
-/// Whether `grow --raid-devices n` restripes (raid4/5/6 and raid10 to more members).
+/// Whether `grow --raid-devices n` restripes (raid4/5/6 and raid10 to another member count).
 pub fn is_restripe(level: Level, raid_disks: u32, n: u32) -> bool {
-    matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10) && n > raid_disks
+    matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10) && n != raid_disks
 }
 
 #[cfg(test)]

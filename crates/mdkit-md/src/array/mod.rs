@@ -101,6 +101,9 @@ pub struct Array {
     left_out: Mutex<Vec<Refusal>>,
     /// Its core and tasks moved into another handle (`grow`): dropping this one stops nothing.
     detached: std::sync::atomic::AtomicBool,
+    /// md's `array_size` (`grow --array-size`): the size the array gives when below its
+    /// personality's, in bytes (0: none). Not persisted, as in md; a grow keeps it.
+    size_limit_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// What `grow` swaps: the core, the size it gives and its background tasks.
@@ -138,6 +141,7 @@ impl Array {
             name_for_device,
             left_out: Mutex::new(Vec::new()),
             detached: std::sync::atomic::AtomicBool::new(false),
+            size_limit_bytes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -154,9 +158,39 @@ impl Array {
         self.core().info().clone()
     }
 
-    /// Array size in bytes (the personality's size, rounded down to 4 KiB).
+    /// Array size in bytes (the personality's size, rounded down to 4 KiB, or the smaller
+    /// `array_size` set by [`Array::set_array_size`]).
     pub fn size_bytes(&self) -> u64 {
+        self.topology().size_bytes
+    }
+
+    /// The personality's size in bytes, whatever `array_size` says (mdadm's "max").
+    pub fn natural_size_bytes(&self) -> u64 {
         self.live.read().topology.size_bytes
+    }
+
+    /// md's `array_size` (`mdadm --grow --array-size`): the array gives only the first
+    /// `bytes` (whole 4 KiB blocks, at most its natural size) until it is set back with
+    /// `None` ("max"). Not written to the members: md keeps it in memory only. A reshape to
+    /// fewer members needs it at or below the smaller size first, so nothing is cut off that
+    /// the operator did not cut off before.
+    pub fn set_array_size(&self, bytes: Option<u64>) -> stdio::Result<u64> {
+        let natural = self.natural_size_bytes();
+        let limit = match bytes {
+            None => 0,
+            Some(b) if b == 0 || !b.is_multiple_of(u64::from(ARRAY_BLOCK_BYTES)) => {
+                let why = format!("{}: array size {b} bytes is not a non-zero multiple of 4 KiB", self.name());
+                return Err(stdio::Error::new(stdio::ErrorKind::InvalidInput, why));
+            }
+            Some(b) if b > natural => {
+                let why = format!("{}: array size {b} bytes is above what the members give ({natural})", self.name());
+                return Err(stdio::Error::new(stdio::ErrorKind::InvalidInput, why));
+            }
+            Some(b) => b,
+        };
+        self.size_limit_bytes.store(limit, std::sync::atomic::Ordering::Release);
+        tracing::info!(array = self.name(), size_bytes = self.size_bytes(), "array size set");
+        Ok(self.size_bytes())
     }
 
     pub fn events(&self) -> u64 {
@@ -673,7 +707,12 @@ impl BlockDevice for Array {
     }
 
     fn topology(&self) -> Topology {
-        self.live.read().topology
+        let mut t = self.live.read().topology;
+        let limit = self.size_limit_bytes.load(std::sync::atomic::Ordering::Acquire);
+        if limit > 0 {
+            t.size_bytes = t.size_bytes.min(limit);
+        }
+        t
     }
 
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<'_, ReadResult> {

@@ -1,6 +1,6 @@
-//! raid4/5/6 restriping forwards, to more members (`grow --raid-devices`) or to a new chunk or
-//! layout over the same members (`grow --chunk` / `--layout`), and raid10 near layouts to more
-//! members, kernel-compatible: the
+//! raid4/5/6 restriping, to more members (`grow --raid-devices`) or to a new chunk or layout
+//! over the same members (`grow --chunk` / `--layout`) forwards, to fewer members backwards;
+//! raid10 near layouts to more or fewer members; kernel-compatible: the
 //! [`Reshape`] personality serves an array whose superblocks say RESHAPE_ACTIVE, and the
 //! engine ([`run`]) moves it window by window from the old to the new geometry.
 //!
@@ -25,6 +25,14 @@
 //! and flushed, above it the old copy was never overwritten. User writes into `[safe,
 //! progress)` wait for the next checkpoint (they would be lost if the array came back at
 //! `safe`); the engine takes that checkpoint as soon as one waits.
+//!
+//! Backwards (fewer members, raid5.c with reshape_backwards) everything mirrors: the engine
+//! starts at the end of the smaller array (every superblock's `reshape_position`), the new
+//! geometry holds from the boundary to the end and starts `new_offset` sectors *higher* on
+//! every member, so its writes stay above the old rows of `[0, safe)`; user writes into
+//! `[progress, safe)` wait for the next checkpoint. The array gives the smaller size from the
+//! start (the operator cut it with `--array-size` first); at the end the members in the roles
+//! dropped become spares (raid5_finish_reshape).
 //!
 //! Windows are whole new-geometry stripes, written as full stripes (parity from the data
 //! alone), or for raid10 whole chunks written to every copy (raid10.c reshape_request; its
@@ -78,7 +86,10 @@ pub struct Reshape {
     new_array_sectors: u64,
     /// The sync domain (bitmap): per-member sectors for parity, the new array for raid10.
     sync_domain_sectors: u64,
-    /// Below this array sector the new geometry holds the data (in memory).
+    /// Runs from the end towards the start (fewer members: the data moves up).
+    backwards: bool,
+    /// The boundary in memory: below it (forwards) or from it on (backwards) the new geometry
+    /// holds the data.
     progress: AtomicU64,
     /// What every superblock's `reshape_position` says.
     safe: AtomicU64,
@@ -166,21 +177,24 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
     if !matches!(st.level, Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10) {
         return Err(invalid(format!("{name}: a reshape of {} is not supported yet", st.level.name())));
     }
-    if st.new_raid_disks < st.old_raid_disks || st.backwards || st.new_offset_sectors > 0 {
-        let what = format!("{} -> {} members", st.old_raid_disks, st.new_raid_disks);
-        let why = "only a forward reshape (data offset moving down) to as many or more members is supported";
-        return Err(invalid(format!("{name}: {why}, not a backwards one ({what})")));
+    // Forward the data moves down (new_offset <= 0), backward up (md.c new_offset_store).
+    if (st.backwards && st.new_offset_sectors < 0) || (!st.backwards && st.new_offset_sectors > 0) {
+        let (dir, way) = if st.backwards { ("backwards", "up") } else { ("forwards", "down") };
+        let why = format!("a {dir} reshape moves the data offset {way}, not by {} sectors", st.new_offset_sectors);
+        return Err(invalid(format!("{name}: reshape state refused: {why}")));
     }
     let old_shape = (st.old_raid_disks, st.old_layout, st.old_chunk_sectors);
     let (old, old_rows) = geometry(name, sb, &st, old_shape, Base::ReshapeOld)?;
     let new_shape = (st.new_raid_disks, st.new_layout, st.new_chunk_sectors);
     let (new, new_rows) = geometry(name, sb, &st, new_shape, Base::ReshapeNew)?;
     let (old_array_sectors, new_array_sectors) = (old.array_sectors(), new.array_sectors());
-    if new_array_sectors < old_array_sectors || old_rows.copies() != new_rows.copies() {
-        // A forward reshape never drops data or changes the copies (raid5_check_reshape,
-        // raid10_check_reshape); a superblock that says otherwise was not written by md.
+    let shrinks = new_array_sectors < old_array_sectors;
+    if shrinks != (st.backwards && st.new_raid_disks < st.old_raid_disks) || old_rows.copies() != new_rows.copies() {
+        // Only a backwards reshape to fewer members makes the array smaller, and none changes
+        // the copies (raid5_check_reshape, raid10_check_reshape); a superblock that says
+        // otherwise was not written by md.
         let why = format!(
-            "the new geometry ({new_array_sectors} sectors, {} copies) would not hold the old one ({old_array_sectors} sectors, {} copies)",
+            "the new geometry ({new_array_sectors} sectors, {} copies) does not fit the old one ({old_array_sectors} sectors, {} copies)",
             new_rows.copies(),
             old_rows.copies()
         );
@@ -202,6 +216,7 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
         old_array_sectors,
         new_array_sectors,
         sync_domain_sectors,
+        backwards: st.backwards,
         progress: AtomicU64::new(position),
         safe: AtomicU64::new(position),
         window: RwLock::new(()),
@@ -245,13 +260,19 @@ impl Reshape {
         }
     }
 
-    /// Splits `[off, off + len)` at the geometry boundary `p`: (new part, old part) lengths.
+    /// Splits `[off, off + len)` at the geometry boundary `p`: the lengths below and from it.
     fn split(off: u64, len: u64, p: u64) -> (u64, u64) {
         let below = p.saturating_sub(off).min(len);
         (below, len - below)
     }
 
-    /// Waits until a write of `[off, off + len)` may go ahead: not into `[safe, progress)`.
+    /// The geometries below and from the boundary: (new, old) forwards, (old, new) backwards.
+    fn sides(&self) -> (&dyn Personality, &dyn Personality) {
+        if self.backwards { (&*self.old, &*self.new) } else { (&*self.new, &*self.old) }
+    }
+
+    /// Waits until a write of `[off, off + len)` may go ahead: not into the moved but not yet
+    /// recorded sectors between `safe` and `progress`.
     async fn enter_write(&self, off: u64, len: u64) -> tokio::sync::RwLockReadGuard<'_, ()> {
         loop {
             let wait = self.checkpointed.notified();
@@ -259,7 +280,7 @@ impl Reshape {
             wait.as_mut().enable();
             let g = self.window.read().await;
             let (safe, p) = (self.safe.load(Ordering::Acquire), self.progress.load(Ordering::Acquire));
-            if off >= p || off + len <= safe {
+            if off >= safe.max(p) || off + len <= safe.min(p) {
                 return g;
             }
             drop(g);
@@ -268,18 +289,19 @@ impl Reshape {
         }
     }
 
-    /// Runs a modifying request on the geometries it touches (new below `progress`).
+    /// Runs a modifying request on the geometries it touches (see [`Reshape::sides`]).
     async fn modify<'a, F>(&'a self, off: u64, len: u64, f: F) -> io::Result<()>
     where
         F: Fn(&'a dyn Personality, u64, u64, u64) -> IoFuture<'a, io::Result<()>>,
     {
         let _g = self.enter_write(off, len).await;
         let (below, above) = Reshape::split(off, len, self.progress.load(Ordering::Acquire));
+        let (low, high) = self.sides();
         if below > 0 {
-            f(&*self.new, off, below, 0).await?;
+            f(low, off, below, 0).await?;
         }
         if above > 0 {
-            f(&*self.old, off + below, above, below).await?;
+            f(high, off + below, above, below).await?;
         }
         Ok(())
     }
@@ -290,12 +312,14 @@ impl Personality for Reshape {
         self.state.level
     }
 
+    /// The smaller geometry's size: the old one until a growth finishes, the new one from
+    /// the start of a shrink (raid5_size with the fewer members).
     fn array_sectors(&self) -> u64 {
-        self.old_array_sectors
+        self.old_array_sectors.min(self.new_array_sectors)
     }
 
     fn can_run(&self, slots: &SlotTable) -> bool {
-        self.new.can_run(slots)
+        self.old.can_run(slots) && self.new.can_run(slots)
     }
 
     fn read<'a>(&'a self, a: &'a ArrayCore, off: u64, mut buf: IoBuf) -> IoFuture<'a, ReadResult> {
@@ -303,16 +327,17 @@ impl Personality for Reshape {
             let _g = self.window.read().await;
             let len = buf.len() as u64 / 512;
             let (below, above) = Reshape::split(off, len, self.progress.load(Ordering::Acquire));
+            let (low, high) = self.sides();
             if above == 0 {
-                return self.new.read(a, off, buf).await;
+                return low.read(a, off, buf).await;
             }
             if below == 0 {
-                return self.old.read(a, off, buf).await;
+                return high.read(a, off, buf).await;
             }
             let head = buf.split_to(below as usize * 512);
             let tail = buf.split_to(above as usize * 512);
-            let h = self.new.read(a, off, head).await;
-            let t = self.old.read(a, off + below, tail).await;
+            let h = low.read(a, off, head).await;
+            let t = high.read(a, off + below, tail).await;
             join_read_parts(buf, [h, t])
         })
     }
@@ -403,41 +428,58 @@ impl Personality for Reshape {
 //------------------------------------------------------------------------------------------------
 // The engine
 
-/// Sectors the new geometry's start lies below the old one's on every old member (the least
-/// over them: raid5.c min_offset_diff for a forward reshape).
-fn offset_room(core: &ArrayCore, old_disks: usize) -> u64 {
+/// Sectors the new geometry's start lies from the old one's on every old member, in the
+/// reshape's direction (below forwards, above backwards; the least over the members: raid5.c
+/// min_offset_diff).
+fn offset_room(core: &ArrayCore, old_disks: usize, backwards: bool) -> u64 {
     let slots = core.slots();
     (0..old_disks)
         .filter_map(|r| slots.slot(r).and_then(|s| s.member.clone()))
-        .map(|m| m.old_base_sectors.saturating_sub(m.new_base_sectors))
+        .map(|m| {
+            let (old, new) = (m.old_base_sectors, m.new_base_sectors);
+            if backwards { new.saturating_sub(old) } else { old.saturating_sub(new) }
+        })
         .min()
         .unwrap_or(0)
 }
 
 impl Reshape {
-    /// Whether the new geometry may be written up to array sector `end` while the superblocks
-    /// record `safe`: its member end stays at or below where the old stripe holding `safe`
-    /// starts (plus the offset room).
-    fn fits(&self, end: u64, safe: u64, room: u64) -> bool {
-        self.new_rows.end_of(end) <= self.old_rows.start_of(safe) + room
+    /// Whether the new geometry may be written over array sectors `[start, end)` while the
+    /// superblocks record `safe`. Forwards its member end stays at or below where the old
+    /// stripe holding `safe` starts (plus the offset room); backwards its member start stays at
+    /// or above where the old rows of `[0, safe)` end (less the room).
+    fn fits(&self, start: u64, end: u64, safe: u64, room: u64) -> bool {
+        if self.backwards {
+            self.new_rows.start_of(start) + room >= self.old_rows.end_of(safe)
+        } else {
+            self.new_rows.end_of(end) <= self.old_rows.start_of(safe) + room
+        }
     }
 
-    /// The window to move at `p`: whole units (new stripes, raid10 chunks), as many as fit (at
-    /// least one), or `None` when not even one fits with `p` recorded.
-    fn window_at(&self, p: u64, safe: u64, room: u64) -> Option<u64> {
+    /// The window `[start, end)` to move at `p` (forwards from it, backwards up to it): whole
+    /// units (new stripes, raid10 chunks), as many as fit (at least one), or `None` when not
+    /// even one fits with `p` recorded.
+    fn window_at(&self, p: u64, safe: u64, room: u64) -> Option<Range<u64>> {
         let unit = self.unit_sectors;
         let max = (MAX_WINDOW_SECTORS / unit).max(1) * unit;
-        let left = self.new_array_sectors - p;
+        let left = if self.backwards { p } else { self.new_array_sectors - p };
         let mut w = max.min(left);
-        while w > 0 && !self.fits(p + w, safe, room) {
+        let range = |w: u64| if self.backwards { p - w..p } else { p..p + w };
+        while w > 0 && !self.fits(range(w).start, range(w).end, safe, room) {
             w = w.saturating_sub(unit);
         }
-        (w > 0).then_some(w)
+        (w > 0).then(|| range(w))
     }
 
-    /// Moves `[p, p + w)` from the old to the new geometry with all user I/O held off.
-    async fn move_window(&self, core: &ArrayCore, p: u64, w: u64) -> io::Result<()> {
+    /// Whether every array sector is in the new geometry.
+    fn all_moved(&self, p: u64) -> bool {
+        if self.backwards { p == 0 } else { p >= self.new_array_sectors }
+    }
+
+    /// Moves `window` from the old to the new geometry with all user I/O held off.
+    async fn move_window(&self, core: &ArrayCore, window: Range<u64>) -> io::Result<()> {
         let _x = self.window.write().await;
+        let (p, w) = (window.start, window.end - window.start);
         let mut buf = IoBuf::zeroed((w * 512) as usize);
         let live = self.old_array_sectors.saturating_sub(p).min(w);
         if live > 0 {
@@ -450,8 +492,14 @@ impl Reshape {
             buf = whole;
         }
         self.new.write(core, p, buf.freeze(), WriteFlags::NONE).await?;
-        self.progress.store(p + w, Ordering::Release);
+        let next = if self.backwards { window.start } else { window.end };
+        self.progress.store(next, Ordering::Release);
         Ok(())
+    }
+
+    /// Array sectors moved from the start point up to `p` (backwards the start is the end).
+    fn moved_sectors(&self, p: u64) -> u64 {
+        if self.backwards { self.new_array_sectors.saturating_sub(p) } else { p }
     }
 
     /// Makes everything moved durable, then records `progress` in every superblock.
@@ -476,10 +524,11 @@ impl Reshape {
         for m in core.slots().all_members() {
             let mut sb = m.superblock();
             crate::format::reshape::finish_superblock(&mut sb, self.new_array_sectors);
+            crate::format::reshape::drop_removed_roles(&mut sb);
             m.store_superblock(sb);
         }
         core.update_superblocks("reshape finished").await?;
-        self.safe.store(self.new_array_sectors, Ordering::Release);
+        self.safe.store(self.progress.load(Ordering::Acquire), Ordering::Release);
         self.done.store(true, Ordering::Release);
         self.checkpointed.notify_waiters();
         self.finished.notify_waiters();
@@ -487,11 +536,11 @@ impl Reshape {
         Ok(())
     }
 
-    /// md's `sync_completed` during a reshape: per-member new-geometry sectors recorded, of
-    /// the total.
+    /// md's `sync_completed` during a reshape: per-member new-geometry sectors recorded (from
+    /// the end backwards), of the total.
     pub fn completed(&self) -> (u64, u64) {
         let per_member = |p: u64| self.state.new_member_sectors(p);
-        (per_member(self.position_sectors()), per_member(self.new_array_sectors))
+        (per_member(self.moved_sectors(self.position_sectors())), per_member(self.new_array_sectors))
     }
 
     /// The engine's speed in per-member KiB/s and the time left at that speed (`None` before
@@ -504,7 +553,8 @@ impl Reshape {
 
     /// The speed since the engine (re)started at `from` (array sectors), per member.
     fn note_speed(&self, from: u64, since: Instant) {
-        let moved = self.state.new_member_sectors(self.progress.load(Ordering::Acquire).saturating_sub(from));
+        let p = self.progress.load(Ordering::Acquire);
+        let moved = self.state.new_member_sectors(self.moved_sectors(p).saturating_sub(self.moved_sectors(from)));
         let secs = since.elapsed().as_secs_f64().max(1e-3);
         self.speed_kib.store((moved as f64 / 2.0 / secs) as u64, Ordering::Release);
     }
@@ -527,12 +577,12 @@ pub(crate) async fn run(core: Arc<ArrayCore>) {
 }
 
 async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
-    let room = offset_room(core, r.state.old_raid_disks as usize);
+    let room = offset_room(core, r.state.old_raid_disks as usize, r.backwards);
     let mut last = Instant::now();
     let (mut from, mut since) = (r.progress.load(Ordering::Acquire), Instant::now());
     // As md's resync: up to sync_speed_min always, above it only while no requests arrive,
     // never above sync_speed_max (on the per-member position).
-    let per_member = |p: u64| r.state.new_member_sectors(p);
+    let per_member = |p: u64| r.state.new_member_sectors(r.moved_sectors(p));
     let mut pacer = super::sync::Pacer::new(core, per_member(r.progress.load(Ordering::Acquire)));
     loop {
         let p = r.progress.load(Ordering::Acquire);
@@ -547,7 +597,7 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
             (from, since) = (r.progress.load(Ordering::Acquire), Instant::now());
             continue;
         }
-        if p >= r.new_array_sectors {
+        if r.all_moved(p) {
             return r.finish(core).await;
         }
         let w = match r.window_at(p, r.position_sectors(), room) {
@@ -563,7 +613,8 @@ async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
                 })?
             }
         };
-        r.move_window(core, p, w).await?;
+
+        r.move_window(core, w).await?;
         pacer.pace_reshape(core, per_member(r.progress.load(Ordering::Acquire))).await;
         r.note_speed(from, since);
         if r.want_checkpoint.load(Ordering::Acquire) || last.elapsed() >= CHECKPOINT_INTERVAL {
@@ -600,11 +651,53 @@ mod tests {
         sb.reshape_position_sectors = 0;
         let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
         let e = build("md0", &sb, st).err().expect("refused").to_string();
-        assert!(e.contains("would not hold the old one"), "{e}");
+        assert!(e.contains("does not fit the old one"), "{e}");
         sb.new_chunk_sectors = 256;
         sb.new_offset_sectors = -256;
         let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
         assert!(build("md0", &sb, st).is_ok(), "a chunk that divides the used size runs");
+    }
+
+    /// To fewer members: runs backwards from the smaller array's end with the data moving up;
+    /// the data moving down, or backwards over the same members with the offset lowered, is
+    /// refused (md.c new_offset_store allows neither).
+    #[test]
+    fn a_reshape_to_fewer_members_runs_backwards_with_the_data_moving_up() {
+        use crate::format::create::{CreateRequest, InitialSync, plan};
+        use crate::format::superblock::feature;
+        let mut req = CreateRequest::new(Level::Raid5, vec![64 * 2048; 5], [0x42; 16], 1_790_000_000);
+        req.sync = InitialSync::AssumeClean;
+        let mut sb = plan(&req).unwrap().members[1].superblock.clone();
+        sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
+        (sb.new_level, sb.new_layout, sb.new_chunk_sectors) = (sb.level, sb.layout, sb.chunk_sectors);
+        (sb.raid_disks, sb.delta_disks) = (4, -1);
+        sb.size_sectors -= 3 * u64::from(sb.chunk_sectors);
+        sb.new_offset_sectors = 3 * sb.chunk_sectors as i32;
+        let end = sb.size_sectors * 3;
+        sb.reshape_position_sectors = end;
+        let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
+        let r = build("md0", &sb, st).unwrap();
+        let r = r.reshape().unwrap();
+        assert!(r.backwards);
+        assert_eq!((r.position_sectors(), r.new_array_sectors(), r.array_sectors()), (end, end, end));
+        assert_eq!(r.completed().0, 0, "nothing moved at the end");
+        // Backwards the window ends at p and must start above the old rows of [0, safe).
+        let room = 3 * u64::from(sb.chunk_sectors);
+        let w = r.window_at(end, end, room).unwrap();
+        assert_eq!(w.end, end);
+        assert!(r.new_rows.start_of(w.start) + room >= r.old_rows.end_of(end));
+        assert!(r.all_moved(0) && !r.all_moved(w.start));
+        sb.new_offset_sectors = -(sb.chunk_sectors as i32);
+        let st = ReshapeState::from_superblock(&sb);
+        assert!(st.is_err(), "shrinking with the data moving down: {st:?}");
+        (sb.raid_disks, sb.delta_disks) = (5, 0);
+        sb.size_sectors += 3 * u64::from(sb.chunk_sectors);
+        sb.new_chunk_sectors = sb.chunk_sectors * 2;
+        sb.feature_map |= feature::RESHAPE_BACKWARDS;
+        sb.reshape_position_sectors = 0;
+        let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
+        let e = build("md0", &sb, st).err().expect("refused").to_string();
+        assert!(e.contains("moves the data offset up"), "{e}");
     }
 
     #[test]

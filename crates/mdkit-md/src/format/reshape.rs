@@ -17,7 +17,7 @@
 //! ```
 //! Stale reshape fields without RESHAPE_ACTIVE are ignored (the kernel does not clear them).
 
-use super::superblock::{Superblock, SuperblockError, feature};
+use super::superblock::{ROLE_MAX, ROLE_SPARE, Superblock, SuperblockError, feature};
 use crate::layout::{Level, ParityGeometry, Raid10Geometry};
 
 /// A decoded, validated reshape in progress.
@@ -189,14 +189,25 @@ pub fn finish_superblock(sb: &mut Superblock, end_sectors: u64) {
     sb.reshape_position_sectors = end_sectors;
 }
 
-/// Assembly's rule for a cut in the superblock round that finishes a restripe over the same
-/// members: every moved stripe was flushed before that round's first write, so a member still
-/// recording the reshape, exactly one event behind a finished member whose geometry is this
-/// reshape's new one (level, member count, layout, chunk, size, creation time; the same role),
-/// holds the new geometry on disk. It gets the finished fields in memory, as if the write had
-/// landed; otherwise its old chunk or layout would leave it out of the array. (With more
-/// members the geometries agree and such a member is simply one event behind.) Returns the
-/// indexes adopted.
+/// raid5_finish_reshape / raid10_finish_reshape after a shrink: the members in roles the
+/// array no longer has (at or beyond `raid_disks`) become spares.
+pub fn drop_removed_roles(sb: &mut Superblock) {
+    for role in sb.dev_roles.iter_mut() {
+        if *role < ROLE_MAX && u32::from(*role) >= sb.raid_disks {
+            *role = ROLE_SPARE;
+        }
+    }
+}
+
+/// Assembly's rule for a cut in the superblock round that finishes a reshape: every moved
+/// stripe was flushed before that round's first write, so a member still recording the
+/// reshape, exactly one event behind a finished member whose geometry is this reshape's new
+/// one (level, member count, layout, chunk, size, creation time; the same role, or a spare now
+/// where the member held a role the array dropped), holds the new geometry on disk. It gets the
+/// finished fields in memory, as if the write had landed; otherwise its old chunk or layout
+/// would leave it out of the array, or (data moving up, to fewer members) its old data offset
+/// would be read. (Data moving down, the old offset plus the move is where the member's data
+/// starts anyway.) Returns the indexes adopted.
 pub fn adopt_unfinished(sbs: &mut [Superblock]) -> Vec<usize> {
     let finished = |sb: &Superblock| sb.feature_map & feature::RESHAPE_ACTIVE == 0;
     let Some(f) = sbs.iter().filter(|sb| finished(sb)).max_by_key(|sb| sb.events).cloned() else {
@@ -204,17 +215,20 @@ pub fn adopt_unfinished(sbs: &mut [Superblock]) -> Vec<usize> {
     };
     let mut adopted = Vec::new();
     for (i, sb) in sbs.iter_mut().enumerate() {
+        let role_now = f.dev_roles.get(sb.dev_number as usize).copied();
+        let role_kept = role_now == Some(sb.raw_role())
+            || (role_now == Some(ROLE_SPARE) && sb.raw_role() < ROLE_MAX && u32::from(sb.raw_role()) >= f.raid_disks);
         let missed_only_the_finish = sb.feature_map & feature::RESHAPE_ACTIVE != 0
-            && sb.delta_disks == 0
             && sb.events.checked_add(1) == Some(f.events)
             && (sb.level, sb.new_level, sb.raid_disks, sb.size_sectors, sb.ctime)
                 == (f.level, f.level, f.raid_disks, f.size_sectors, f.ctime)
             && (sb.new_layout, sb.new_chunk_sectors) == (f.layout, f.chunk_sectors)
-            && (sb.layout, sb.chunk_sectors) != (f.layout, f.chunk_sectors)
-            && f.dev_roles.get(sb.dev_number as usize).copied() == Some(sb.raw_role())
-            && ReshapeState::from_superblock(sb).is_ok_and(|st| st.is_some_and(|st| !st.backwards));
+            && (sb.delta_disks != 0 || (sb.layout, sb.chunk_sectors) != (f.layout, f.chunk_sectors))
+            && role_kept
+            && ReshapeState::from_superblock(sb).is_ok_and(|st| st.is_some());
         if missed_only_the_finish {
             finish_superblock(sb, f.reshape_position_sectors);
+            sb.dev_roles.clone_from(&f.dev_roles);
             adopted.push(i);
         }
     }

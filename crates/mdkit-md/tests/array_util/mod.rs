@@ -142,6 +142,24 @@ pub async fn check(a: &Array) -> u64 {
     }
 }
 
+/// The size a refused reshape to fewer members asks for: the `grow --array-size NK` its
+/// message names, in bytes.
+pub fn asked_array_size(refusal: &str) -> u64 {
+    let at = refusal.find("--array-size ").unwrap_or_else(|| panic!("no --array-size in: {refusal}"));
+    let digits: String = refusal[at + 13..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse::<u64>().unwrap_or_else(|e| panic!("{e}: {refusal}")) * 1024
+}
+
+/// Cuts the array to the size a reshape to `members` needs (`grow --array-size` first, as
+/// mdadm asks): the refusal without it names the size. Returns it (bytes).
+pub async fn cut_for_fewer_members(a: &Array, members: u32) -> u64 {
+    let e = a.grow(mdkit_md::array::GrowChange::RaidDevices(members), Vec::new()).await.unwrap_err().to_string();
+    assert!(e.contains("cut it first"), "{e}");
+    let size = asked_array_size(&e);
+    assert_eq!(a.set_array_size(Some(size)).unwrap(), size);
+    size
+}
+
 /// Raises the sync speed limits so background work finishes quickly in tests.
 pub fn fast_sync(a: &Array) {
     a.set_attribute("sync_speed_min", "10000000").unwrap();
