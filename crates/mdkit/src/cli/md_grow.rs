@@ -8,6 +8,7 @@
 //! mdkit grow NAME --level L [--layout preserve|NAME] [--add MEMBER]
 //!                                                      the level changes md makes without moving data
 //! mdkit grow NAME [--chunk K] [--layout NAME]          raid4/5/6: restripe over the same members
+//! mdkit grow NAME --array-size max|SIZE                the size the array gives (md's array_size)
 //! ```
 //! A plain `--size` number is KiB, as in mdadm. raid4/5/6 `--raid-devices N` restripes onto the
 //! added members in the background (`array/reshape.rs`). `--level`: raid1 (2 mirrors) <-> raid5,
@@ -18,8 +19,11 @@
 //! `--add` the device that recovers Q), raid6 with Q last -> raid5 (`format/takeover.rs`).
 //! `--chunk` and/or `--layout` without `--level` restripe raid4/5/6 in the background over the
 //! same members, moving the data offset down by the larger chunk; raid10 near layouts restripe
-//! onto more members. Other restripes (raid0, raid10 far/offset, fewer members) are refused as
-//! not implemented yet.
+//! onto more members. Other restripes (raid0, raid10 far/offset) are refused as not implemented
+//! yet. `--raid-devices` below the current count (raid4/5/6, raid10 near)
+//! reshapes backwards onto fewer members, moving the data up; the array must first be cut to
+//! the smaller size with `--array-size` (in memory only, as md's), and the members left over
+//! become spares.
 
 use std::process::ExitCode;
 
@@ -75,25 +79,31 @@ pub struct GrowArgs {
     /// member -> raid5.
     #[arg(long, short = 'l')]
     pub level: Option<String>,
+    /// The size the array gives: `max` or a size (plain number: KiB), at most what the members
+    /// give; kept in memory only, as md's array_size. Needed before `--raid-devices` drops
+    /// members.
+    #[arg(long, value_name = "SIZE")]
+    pub array_size: Option<String>,
     #[command(flatten)]
     pub control: ControlArgs,
 }
 
-/// mdadm's `--size`: `max`, a plain number of KiB, or a size with a unit.
-fn size_arg(s: &str) -> Result<serde_json::Value> {
+/// mdadm's `--size` and `--array-size`: `max`, a plain number of KiB, or a size with a unit.
+fn size_arg(flag: &str, s: &str) -> Result<serde_json::Value> {
     if s == "max" {
         return Ok(json!("max"));
     }
     let bytes = if s.chars().all(|c| c.is_ascii_digit()) {
-        s.parse::<u64>().map_err(|e| anyhow!("--size {s:?}: {e}"))?.saturating_mul(1024)
+        s.parse::<u64>().map_err(|e| anyhow!("{flag} {s:?}: {e}"))?.saturating_mul(1024)
     } else {
-        parse_size(s).map_err(|e| anyhow!("--size: {e}"))?
+        parse_size(s).map_err(|e| anyhow!("{flag}: {e}"))?
     };
     Ok(json!(bytes))
 }
 
 pub fn grow(a: GrowArgs) -> Result<ExitCode> {
-    let size = a.size.as_deref().map(size_arg).transpose()?;
+    let size = a.size.as_deref().map(|s| size_arg("--size", s)).transpose()?;
+    let array_size = a.array_size.as_deref().map(|s| size_arg("--array-size", s)).transpose()?;
     let bitmap_chunk =
         a.bitmap_chunk.as_deref().map(parse_size).transpose().map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
     let add = absolute_members(&a.add)?;
@@ -102,7 +112,7 @@ pub fn grow(a: GrowArgs) -> Result<ExitCode> {
         "md.grow",
         json!({ "name": a.name, "size": size, "raid_devices": a.raid_devices, "bitmap": a.bitmap,
                 "bitmap_chunk_bytes": bitmap_chunk, "write_behind": a.write_behind, "assume_clean": a.assume_clean, "add": add,
-                "chunk_kib": chunk_kib, "layout": a.layout, "level": a.level }),
+                "chunk_kib": chunk_kib, "layout": a.layout, "level": a.level, "array_size": array_size }),
     )?;
     println!("mdkit: grow {}: {}", a.name, d["grow"].as_str().unwrap_or("done"));
     for o in d["external_origins"].as_array().into_iter().flatten() {

@@ -2,7 +2,8 @@
 //! ("internal" | "none"), bitmap_chunk_bytes, write_behind (alone or with bitmap "internal"),
 //! assume_clean, add (member specs), level (with layout: "preserve" or a layout name; the
 //! takeovers md makes without moving data), and chunk_kib and/or layout alone (a raid4/5/6
-//! restripe over the same members). One change per call, as mdadm does.
+//! restripe over the same members), array_size ("max" or bytes: md's array_size, in memory
+//! only, which a reshape to fewer members needs first). One change per call, as mdadm does.
 
 use std::sync::Arc;
 
@@ -34,6 +35,18 @@ struct GrowArgs {
     chunk_kib: Option<u32>,
     layout: Option<String>,
     level: Option<String>,
+    array_size: Option<Value>,
+}
+
+/// `--array-size`: "max" (none) or a byte count.
+fn array_size(a: &GrowArgs, v: &Value) -> Result<Option<u64>> {
+    match v {
+        Value::String(m) if m == "max" => Ok(None),
+        Value::Number(n) => {
+            Ok(Some(n.as_u64().ok_or_else(|| anyhow!("{}: array size {n}: not a byte count", a.name))?))
+        }
+        other => bail!("{}: array size {other}: use \"max\" or a byte count", a.name),
+    }
 }
 
 /// `--chunk` and/or `--layout` alone: a restripe (the library refuses levels it cannot do).
@@ -121,6 +134,25 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     let level = vol.array.info().level.name();
+    if let Some(v) = &a.array_size {
+        let others = a.size.is_some()
+            || a.raid_devices.is_some()
+            || a.bitmap.is_some()
+            || a.level.is_some()
+            || a.chunk_kib.is_some()
+            || a.layout.is_some()
+            || a.write_behind.is_some()
+            || !a.add.is_empty();
+        if others {
+            bail!("{}: --array-size goes alone (mdadm changes one thing per --grow)", a.name);
+        }
+        let before = vol.array.size_bytes();
+        let after = vol.array.set_array_size(array_size(&a, v)?)?;
+        let summary = format!("array size {} KiB -> {} KiB", before / 1024, after / 1024);
+        return Ok(
+            json!({ "grow": summary, "size_bytes_before": before, "size_bytes_after": after, "detail": vol.details() }),
+        );
+    }
     if let Some(n) = a.write_behind {
         if a.bitmap.as_deref() == Some("none") {
             bail!("{}: --write-behind needs a write-intent bitmap, not --bitmap none", a.name);
