@@ -54,7 +54,7 @@ fn kernel_and_runtime_read_each_others_pools() {
     let rt = rt();
 
     // 1. The runtime makes and populates a pool.
-    let mdkit_shas = rt.block_on(async {
+    let (mdkit_shas, mdkit_blocks) = rt.block_on(async {
         let pool =
             Pool::create("lab", file_dev(&meta), file_dev(&data), BLOCK_BYTES, PoolOptions::default()).await.unwrap();
         pool.create_thin(0).await.unwrap();
@@ -72,15 +72,21 @@ fn kernel_and_runtime_read_each_others_pools() {
         v2.write_zeroes(6 * BLOCK_BYTES, 2 * BLOCK_BYTES, ZeroFlags::default()).await.unwrap();
         drop((v0, v2));
         let mut out = std::collections::BTreeMap::new();
+        let mut blocks = std::collections::BTreeMap::new();
         for id in 0..3 {
-            out.insert(id, sha256(&read_all(&pool, id, VOL_BYTES).await));
+            let all = read_all(&pool, id, VOL_BYTES).await;
+            out.insert(id, sha256(&all));
+            for (b, block) in all.chunks(BLOCK_BYTES as usize).enumerate() {
+                blocks.insert(format!("{id} {b}"), sha256(block)[..16].to_string());
+            }
         }
         eprintln!("mdkit status before the kernel: {}", pool.status().await.unwrap());
         pool.close().await.unwrap();
-        out
+        (out, blocks)
     });
     assert_thin_check_clean(&meta, "pool written by the mdkit runtime");
 
+    let last_block = VOL_BLOCKS - 1;
     let script = format!(
         r#"#!/bin/bash
 set -e
@@ -91,6 +97,10 @@ for id in 0 1 2; do dmsetup create thin$id --table "0 $vol thin /dev/mapper/pool
 dmsetup status pool
 sha() {{ echo "$1 $2 $(dd if=/dev/mapper/thin$2 bs=64k iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)"; }}
 for id in 0 1 2; do sha mdkit-made $id; done
+# Per block too, so a difference names the blocks.
+for id in 0 1 2; do for b in $(seq 0 {last_block}); do
+  echo "blk $id $b $(dd if=/dev/mapper/thin$id bs=64k skip=$b count=1 iflag=direct 2>/dev/null | sha256sum | cut -c1-16)"
+done; done
 yes 'written by the kernel' | head -c 196608 > /tmp/k
 dd if=/tmp/k of=/dev/mapper/thin0 bs=4k seek=100 count=3 oflag=direct conv=fsync 2>/dev/null
 dd if=/tmp/k of=/dev/mapper/thin1 bs=64k seek=45 count=2 oflag=direct conv=fsync 2>/dev/null
@@ -134,7 +144,15 @@ echo "=== done"
     );
     let Some(text) = run_lab(&lab, &[&meta, &data, &meta2, &data2], &script, "pool-lab.sh") else { return };
     let kernel_read = shas(&text, "mdkit-made ");
-    assert_eq!(kernel_read, mdkit_shas, "the kernel reads what mdkit's runtime wrote");
+    let differing: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("blk "))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(at, sha)| mdkit_blocks.get(*at).is_none_or(|m| m != sha))
+        .map(|(at, sha)| format!("volume block {at}: kernel {sha}, mdkit {:?}", mdkit_blocks.get(at)))
+        .collect();
+    assert_eq!(kernel_read, mdkit_shas, "the kernel reads what mdkit's runtime wrote; differing: {differing:#?}");
+    assert!(differing.is_empty(), "per block: {differing:#?}");
     let kernel_after = shas(&text, "kernel-after ");
     assert_eq!(kernel_after.len(), 5, "{text}");
     let kernel_pool2 = shas(&text, "kernel-pool2 ");
