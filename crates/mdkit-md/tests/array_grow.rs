@@ -16,7 +16,8 @@ use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::layout::Level;
 
 use crate::array_util::{
-    MIB, Model, check, create_array, fast_sync, mem_members, member_devs, opts, random_write, seed, verify_all,
+    MIB, Model, asked_array_size, check, create_array, fast_sync, mem_members, member_devs, opts, random_write, seed,
+    verify_all,
 };
 
 /// Writes random blocks below `limit` until told to stop; returns the model it kept.
@@ -216,11 +217,14 @@ async fn raid1_mirrors_two_to_three_and_back() {
 async fn restriping_changes_are_refused_by_name() {
     let ms = mem_members("r5", 3, 16 * MIB);
     let a = create_array(&ms, opts(Level::Raid5, 3, Some(64), None, true, true)).await;
-    // More members restripe (tests/reshape.rs) and need the new devices; fewer are refused.
+    // More members restripe (tests/reshape.rs) and need the new devices; fewer need the array
+    // cut to the smaller size first, and the refusal names that size.
     let e = a.grow(GrowChange::RaidDevices(4), vec![]).await.unwrap_err().to_string();
     assert!(e.contains("give exactly 1 new device(s) with --add, not 0"), "{e}");
     let e = a.grow(GrowChange::RaidDevices(2), vec![]).await.unwrap_err().to_string();
-    assert_eq!(e, "md-test: grow --raid-devices on raid5 is not implemented yet");
+    assert!(e.starts_with("md-test: cannot reshape (3 -> 2 members): 2 members hold at most"), "{e}");
+    assert!(e.contains("cut it first with grow --array-size") && asked_array_size(&e) < a.size_bytes(), "{e}");
+    assert_eq!(a.info().raid_disks, 3, "the refusal changed nothing");
     let e = a.grow(GrowChange::Size { size: GrowSize::Sectors(64), assume_clean: false }, vec![]).await.unwrap_err();
     assert!(e.to_string().contains("shrinking would cut off data and is refused"), "{e}");
     let e = a.grow(GrowChange::RaidDevices(3), member_devs(&ms[..1])).await.unwrap_err().to_string();

@@ -483,3 +483,71 @@ async fn members_that_missed_the_reshape_start_join_it() {
     }
     b.stop().await.unwrap();
 }
+
+/// The same cut while a reshape to fewer members starts (raid5 5 -> 4, the array cut to the
+/// smaller size first): member 1 keeps its pre-reshape superblock and bitmap header, member 4
+/// (whose role the reshape drops) its superblock. Nothing had moved, so assembly takes both
+/// into the reshape at its start (the end of the smaller array); the data reads back and the
+/// reshape finishes with member 4 a spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_missed_a_shrink_start_join_it() {
+    let mut rng = Rng::new(seed("shrink-start-cut", 59));
+    let ms = mem_members("sscut-", 5, 16 * MIB);
+    let (a, mut model) = filled(&ms, 5, 64, &mut rng).await;
+    a.stop().await.unwrap();
+    drop(a);
+    let sb1 = read_superblock(&ms[1].dev).await.unwrap();
+    let (sb_at, bitmap_at) = (sb1.super_offset_sectors * 512, sb1.bitmap_sector().expect("a bitmap") * 512);
+    let mem = |i: usize| ms[i].mem.as_ref().unwrap();
+    let saved: Vec<(Vec<u8>, Vec<u8>)> = (0..5)
+        .map(|i| {
+            let (mut sb, mut bm) = (vec![0u8; 4096], vec![0u8; 4096]);
+            mem(i).read_bytes(sb_at, &mut sb);
+            mem(i).read_bytes(bitmap_at, &mut bm);
+            (sb, bm)
+        })
+        .collect();
+    let a = Arc::new(assemble_array(&ms).await);
+    let size = cut_for_fewer_members(&a, 4).await;
+    model.data.truncate(size as usize);
+    a.set_attribute("sync_action", "frozen").unwrap();
+    a.grow(GrowChange::RaidDevices(4), Vec::new()).await.unwrap();
+    let start_position = a.get_attribute("reshape_position").unwrap();
+    a.stop().await.unwrap();
+    drop(a);
+    let start = read_superblock(&ms[0].dev).await.unwrap().events;
+    let missed = |i: usize, with_bitmap: bool| {
+        let mut sb = Superblock::decode(&saved[i].0, sb1.super_offset_sectors).unwrap();
+        sb.events = start - 1;
+        mem(i).write_bytes(sb_at, &sb.encode().unwrap());
+        if with_bitmap {
+            let mut page = saved[i].1.clone();
+            let mut bms = BitmapSuper::decode(&page).unwrap();
+            bms.events = start - 1;
+            bms.write_header(&mut page).unwrap();
+            mem(i).write_bytes(bitmap_at, &page);
+        }
+    };
+    missed(1, true);
+    missed(4, false);
+    assert_eq!(read_superblock(&ms[4].dev).await.unwrap().raid_disks, 5, "member 4 as the cut left it");
+
+    let o = AssembleOptions { name: "sscut".into(), start_frozen: true, ..AssembleOptions::default() };
+    let got = assemble(member_devs(&ms), o).await.unwrap_or_else(|e| panic!("assembly after the cut: {e}"));
+    assert!(got.refused.is_empty(), "no member left out: {:?}", got.refused);
+    let note = got.notes.iter().find(|n| n.contains("started the reshape")).expect("the adoption is reported");
+    assert!(note.contains("sscut-1") && note.contains("sscut-4"), "{note}");
+    let b = Arc::new(got.array);
+    assert_eq!(b.core().degraded(), 0, "every member in sync: {:#}", b.detail());
+    assert_eq!(b.get_attribute("reshape_position").unwrap(), start_position);
+    assert_eq!(b.get_attribute("raid_disks").unwrap(), "4");
+    b.set_array_size(Some(size)).unwrap();
+    verify_all(&*b, &model).await;
+    b.set_attribute("sync_action", "idle").unwrap();
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    verify_all(&*b, &model).await;
+    assert_eq!(check(&b).await, 0);
+    assert_eq!(b.core().slots().spares().len(), 1, "the dropped member is a spare");
+    b.stop().await.unwrap();
+}
