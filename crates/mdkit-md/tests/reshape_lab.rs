@@ -2,7 +2,9 @@
 //! ways, one boot per test: raid5 and raid6 4 -> 5 members; raid5 chunk 64 -> 128 KiB and raid6
 //! left-symmetric-6 (Q on the last member) -> left-symmetric over the same four members, and
 //! raid10 near-2 4 -> 5 members with an internal bitmap (resized to the new array when the
-//! reshape starts).
+//! reshape starts); backwards to fewer members, raid5 and raid10 near-2 5 -> 4 (the array cut
+//! to the smaller size first; the kernel's members get room after the data with `--size`,
+//! without which mdadm 4.2 asks for a backup file).
 //!
 //! 1. mdkit -> kernel: mdkit creates the array on four 64 MiB files (64 KiB chunks), writes a
 //!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts the `grow`
@@ -127,18 +129,30 @@ const RESTRIPE_CASES: [Case; 3] = [
     },
 ];
 
-/// Backwards to fewer members: raid5 5 -> 4 (the array cut to the smaller size first:
-/// mdkit's `grow --array-size`, mdadm's `--grow --array-size`).
-const SHRINK_CASES: [Case; 1] = [Case {
-    level: Level::Raid5,
-    layout: None,
-    high_bytes: 160 * MIB,
-    change: GrowChange::RaidDevices(4),
-    mdadm_grow: "--raid-devices=4",
-    detail: ("4", "64K", "left-symmetric"),
-    bitmap: false,
-    before: 5,
-}];
+/// Backwards to fewer members: raid5 and raid10 near-2 5 -> 4 (the array cut to the smaller
+/// size first: mdkit's `grow --array-size`, mdadm's `--grow --array-size`).
+const SHRINK_CASES: [Case; 2] = [
+    Case {
+        level: Level::Raid5,
+        layout: None,
+        high_bytes: 160 * MIB,
+        change: GrowChange::RaidDevices(4),
+        mdadm_grow: "--raid-devices=4",
+        detail: ("4", "64K", "left-symmetric"),
+        bitmap: false,
+        before: 5,
+    },
+    Case {
+        level: Level::Raid10,
+        layout: Some((0x102, "n2")),
+        high_bytes: 96 * MIB,
+        change: GrowChange::RaidDevices(4),
+        mdadm_grow: "--raid-devices=4",
+        detail: ("4", "64K", "near=2"),
+        bitmap: false,
+        before: 5,
+    },
+];
 
 fn member(path: &std::path::Path) -> MemberDev {
     let dev: DeviceRef = Arc::new(FileDevice::open(path, FileOptions::default()).unwrap());
@@ -234,7 +248,11 @@ fn guest_case(k: usize, case: Case, first: usize, dump_slot_mib: u64) -> String 
     // the used size to move the data up into (without it, it asks for a backup file).
     let size = if case.shrinks() { "--size=61440" } else { "" };
     let cut = if case.shrinks() {
-        let data = (case.members() - case.level.max_degraded() as usize) as u64;
+        // The smaller array in component sizes: data members, or raid10's members / copies.
+        let data = match case.level {
+            Level::Raid10 => format!("{} / 2", case.members()),
+            l => (case.members() - l.max_degraded() as usize).to_string(),
+        };
         // mdadm 4.2 sets each member's (larger) new_offset before raid_disks, and the kernel
         // takes a larger offset only once the direction is backwards (md.c new_offset_store):
         // set it first, as mdadm does itself only for a same-count restripe.
