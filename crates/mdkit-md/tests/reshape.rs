@@ -31,6 +31,14 @@ fn writer(a: Arc<Array>, mut m: Model, seed: u64, stop: Arc<AtomicBool>) -> toki
     })
 }
 
+/// A member's superblock, its bitmap's sector and the bitmap header there.
+async fn bitmap_header(m: &SimMember) -> (Superblock, u64, BitmapSuper) {
+    let sb = read_superblock(&m.dev).await.unwrap();
+    let at = sb.bitmap_sector().expect("internal bitmap");
+    let head = m.dev.read_vec(at * 512, 4096).await.unwrap();
+    (sb, at, BitmapSuper::decode(&head).unwrap())
+}
+
 async fn filled(ms: &[SimMember], n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
     filled_level(ms, Level::Raid5, n, chunk_kib, rng).await
 }
@@ -86,10 +94,7 @@ async fn grow_under_writes(name: &str, level: Level, old: usize, new: usize) {
     // space ends before the moved data.
     let want_sync = if level == Level::Raid10 { after / 512 } else { sb.size_sectors };
     for m in &ms {
-        let sb = read_superblock(&m.dev).await.unwrap();
-        let at = sb.bitmap_sector().expect("internal bitmap");
-        let head = m.dev.read_vec(at * 512, 4096).await.unwrap();
-        let bms = BitmapSuper::decode(&head).unwrap();
+        let (sb, at, bms) = bitmap_header(m).await;
         assert_eq!(bms.sync_size_sectors, want_sync, "{name}: {}: bitmap sync_size", m.name);
         assert!(at + u64::from(bms.sectors_reserved) <= sb.data_offset_sectors, "{name}: {}: {bms:?}", m.name);
     }
@@ -170,9 +175,7 @@ async fn shrink_under_writes(name: &str, level: Level, old: usize, new: usize) {
         assert!(sb.data_offset_sectors > dof_before, "{}: the data moved up: {sb:?}", mb.name);
         let spare = sb.raw_role() == mdkit_md::format::superblock::ROLE_SPARE;
         assert_eq!(spare, i >= new, "{}: role {:#x}", mb.name, sb.raw_role());
-        let at = sb.bitmap_sector().expect("internal bitmap");
-        let head = mb.dev.read_vec(at * 512, 4096).await.unwrap();
-        let bms = BitmapSuper::decode(&head).unwrap();
+        let (_, _, bms) = bitmap_header(mb).await;
         let want = if level == Level::Raid10 { size.div_ceil(512) } else { sb.size_sectors };
         assert!(bms.sync_size_sectors >= want && bms.sync_size_sectors <= sb.size_sectors * old as u64, "{bms:?}");
     }
@@ -415,6 +418,48 @@ async fn unreadable_range_mid_reshape_is_recorded_where_it_was_read() {
     a.stop().await.unwrap();
 }
 
+/// The superblock and bitmap header of the first members as they were before a reshape
+/// started, to write back as a cut in the start round would have left them.
+struct HeadersBefore {
+    saved: Vec<(Vec<u8>, Vec<u8>)>,
+    sb_at: u64,
+    bitmap_at: u64,
+    super_offset_sectors: u64,
+}
+
+impl HeadersBefore {
+    async fn save(ms: &[SimMember]) -> HeadersBefore {
+        let sb = read_superblock(&ms[0].dev).await.unwrap();
+        let (sb_at, bitmap_at) = (sb.super_offset_sectors * 512, sb.bitmap_sector().expect("a bitmap") * 512);
+        let saved = ms
+            .iter()
+            .map(|m| {
+                let (mut sb, mut bm) = (vec![0u8; 4096], vec![0u8; 4096]);
+                m.mem.as_ref().unwrap().read_bytes(sb_at, &mut sb);
+                m.mem.as_ref().unwrap().read_bytes(bitmap_at, &mut bm);
+                (sb, bm)
+            })
+            .collect();
+        HeadersBefore { saved, sb_at, bitmap_at, super_offset_sectors: sb.super_offset_sectors }
+    }
+
+    /// Member `i` as if the start round (events `start`) missed it: its old superblock (and
+    /// bitmap header) one event behind.
+    fn missed(&self, m: &SimMember, i: usize, start: u64, with_bitmap: bool) {
+        let mem = m.mem.as_ref().unwrap();
+        let mut sb = Superblock::decode(&self.saved[i].0, self.super_offset_sectors).unwrap();
+        sb.events = start - 1;
+        mem.write_bytes(self.sb_at, &sb.encode().unwrap());
+        if with_bitmap {
+            let mut page = self.saved[i].1.clone();
+            let mut bms = BitmapSuper::decode(&page).unwrap();
+            bms.events = start - 1;
+            bms.write_header(&mut page).unwrap();
+            mem.write_bytes(self.bitmap_at, &page);
+        }
+    }
+}
+
 /// A cut while the reshape starts (its superblocks are written one member at a time): two old
 /// members keep their pre-reshape superblock, one of them also its bitmap header (written
 /// just before its superblock). Nothing had moved, so assembly takes both into the reshape at
@@ -428,17 +473,7 @@ async fn members_that_missed_the_reshape_start_join_it() {
     // The grow stops the array first; the state the start round then overwrites is this.
     a.stop().await.unwrap();
     drop(a);
-    let sb1 = read_superblock(&ms[1].dev).await.unwrap();
-    let (sb_at, bitmap_at) = (sb1.super_offset_sectors * 512, sb1.bitmap_sector().expect("a bitmap") * 512);
-    let mem = |i: usize| ms[i].mem.as_ref().unwrap();
-    let saved: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
-        .map(|i| {
-            let (mut sb, mut bm) = (vec![0u8; 4096], vec![0u8; 4096]);
-            mem(i).read_bytes(sb_at, &mut sb);
-            mem(i).read_bytes(bitmap_at, &mut bm);
-            (sb, bm)
-        })
-        .collect();
+    let before = HeadersBefore::save(&ms[..4]).await;
     let a = Arc::new(assemble_array(&ms[..4]).await);
     a.set_attribute("sync_action", "frozen").unwrap();
     a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
@@ -447,20 +482,8 @@ async fn members_that_missed_the_reshape_start_join_it() {
     // Rounds after the start only exist because this test stopped the array: the members that
     // got the start round keep theirs as the last; the cut ones are one round behind it.
     let start = read_superblock(&ms[0].dev).await.unwrap().events;
-    let missed = |i: usize, with_bitmap: bool| {
-        let mut sb = Superblock::decode(&saved[i].0, sb1.super_offset_sectors).unwrap();
-        sb.events = start - 1;
-        mem(i).write_bytes(sb_at, &sb.encode().unwrap());
-        if with_bitmap {
-            let mut page = saved[i].1.clone();
-            let mut bms = BitmapSuper::decode(&page).unwrap();
-            bms.events = start - 1;
-            bms.write_header(&mut page).unwrap();
-            mem(i).write_bytes(bitmap_at, &page);
-        }
-    };
-    missed(1, true);
-    missed(2, false);
+    before.missed(&ms[1], 1, start, true);
+    before.missed(&ms[2], 2, start, false);
     assert_eq!(read_superblock(&ms[2].dev).await.unwrap().raid_disks, 4, "member 2 as the cut left it");
 
     let o = AssembleOptions { name: "rscut".into(), start_frozen: true, ..AssembleOptions::default() };
@@ -496,17 +519,7 @@ async fn members_that_missed_a_shrink_start_join_it() {
     let (a, mut model) = filled(&ms, 5, 64, &mut rng).await;
     a.stop().await.unwrap();
     drop(a);
-    let sb1 = read_superblock(&ms[1].dev).await.unwrap();
-    let (sb_at, bitmap_at) = (sb1.super_offset_sectors * 512, sb1.bitmap_sector().expect("a bitmap") * 512);
-    let mem = |i: usize| ms[i].mem.as_ref().unwrap();
-    let saved: Vec<(Vec<u8>, Vec<u8>)> = (0..5)
-        .map(|i| {
-            let (mut sb, mut bm) = (vec![0u8; 4096], vec![0u8; 4096]);
-            mem(i).read_bytes(sb_at, &mut sb);
-            mem(i).read_bytes(bitmap_at, &mut bm);
-            (sb, bm)
-        })
-        .collect();
+    let before = HeadersBefore::save(&ms).await;
     let a = Arc::new(assemble_array(&ms).await);
     let size = cut_for_fewer_members(&a, 4).await;
     model.data.truncate(size as usize);
@@ -516,20 +529,8 @@ async fn members_that_missed_a_shrink_start_join_it() {
     a.stop().await.unwrap();
     drop(a);
     let start = read_superblock(&ms[0].dev).await.unwrap().events;
-    let missed = |i: usize, with_bitmap: bool| {
-        let mut sb = Superblock::decode(&saved[i].0, sb1.super_offset_sectors).unwrap();
-        sb.events = start - 1;
-        mem(i).write_bytes(sb_at, &sb.encode().unwrap());
-        if with_bitmap {
-            let mut page = saved[i].1.clone();
-            let mut bms = BitmapSuper::decode(&page).unwrap();
-            bms.events = start - 1;
-            bms.write_header(&mut page).unwrap();
-            mem(i).write_bytes(bitmap_at, &page);
-        }
-    };
-    missed(1, true);
-    missed(4, false);
+    before.missed(&ms[1], 1, start, true);
+    before.missed(&ms[4], 4, start, false);
     assert_eq!(read_superblock(&ms[4].dev).await.unwrap().raid_disks, 5, "member 4 as the cut left it");
 
     let o = AssembleOptions { name: "sscut".into(), start_frozen: true, ..AssembleOptions::default() };
