@@ -190,6 +190,55 @@ fn level_change_through_the_cli() {
     assert_eq!(check(&srv, "lv"), 0);
 }
 
+/// A reshape to fewer members through the CLI: refused until the array is cut (the refusal
+/// names the size and changes nothing), a bad `--array-size` is refused, the cut and the
+/// reshape run, the data read over NBD is intact, check finds 0 mismatches, the member left
+/// over is a spare, and the service restarts into the smaller array.
+#[test]
+fn fewer_members_through_the_cli() {
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start("");
+    let members: Vec<String> = (0..4).map(|i| srv.path(&format!("sh-{i}.img")).display().to_string()).collect();
+    let mut args = vec!["create", "sh", "--level", "raid5", "--raid-devices", "4", "--chunk", "64K"];
+    args.extend(["--member-size", "32M", "--assume-clean", "--export", "sh"]);
+    args.extend(members.iter().map(String::as_str));
+    mdkit_ok(&srv, &args);
+    let data = pattern(5, 8 << 20);
+    nbd_write(&srv, "sh", &data);
+    let before = detail(&srv, "sh")["size_bytes"].as_u64().unwrap();
+    let err = mdkit_err(&srv, &["grow", "sh", "--raid-devices", "3"]);
+    assert!(err.contains("cut it first with grow --array-size"), "{err}");
+    let kib: String = err.split("--array-size ").nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect();
+    assert_eq!(detail(&srv, "sh")["raid_disks"], 4, "the refusal changed nothing");
+    for bad in ["0", "3", "99G"] {
+        let err = mdkit_err(&srv, &["grow", "sh", "--array-size", bad]);
+        assert!(err.contains("array size"), "--array-size {bad}: {err}");
+    }
+    let out = mdkit_ok(&srv, &["grow", "sh", "--array-size", &format!("{kib}K")]);
+    assert!(out.contains(&format!("array size {} KiB -> {kib} KiB", before / 1024)), "{out}");
+    assert_eq!(mdkit_ok(&srv, &["attr", "sh", "array_size"]).trim(), kib);
+    mdkit_ok(&srv, &["attr", "sh", "sync_speed_min=1000000"]);
+    let out = mdkit_ok(&srv, &["grow", "sh", "--raid-devices", "3"]);
+    assert!(out.contains("reshape 4 -> 3 members started (data offset moves up"), "{out}");
+    let t = Instant::now();
+    while detail(&srv, "sh")["raid_disks"] != 3 || detail(&srv, "sh")["sync"]["action"] != "idle" {
+        assert!(t.elapsed() < Duration::from_secs(120), "the reshape did not finish: {:#}", detail(&srv, "sh"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(nbd_read(&srv, "sh", data.len()), data);
+    assert_eq!(check(&srv, "sh"), 0);
+    let d = detail(&srv, "sh");
+    let spare = d["members"].as_array().unwrap().iter().find(|m| m["name"] == "sh-3.img").cloned();
+    assert_eq!(spare.map(|m| m["state"][0].clone()), Some(Value::from("spare")), "{d:#}");
+    let srv = restart(srv);
+    let d = detail(&srv, "sh");
+    assert_eq!(
+        (d["raid_disks"].as_u64(), d["size_bytes"].as_u64()),
+        (Some(3), Some(kib.parse::<u64>().unwrap() * 1024))
+    );
+    assert_eq!(nbd_read(&srv, "sh", data.len()), data);
+}
+
 #[test]
 fn offline_create_examine_then_assemble() {
     let srv = Server::start("");
