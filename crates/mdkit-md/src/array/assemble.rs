@@ -362,11 +362,9 @@ async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key
 /// Roles the array has: `raid_disks`, or during a reshape to fewer members the old count
 /// (`raid_disks - delta_disks`), whose last roles the old geometry still reads.
 fn role_count(sb: &Superblock) -> usize {
-    let mut n = i64::from(sb.raid_disks);
-    if sb.feature_map & feature::RESHAPE_ACTIVE != 0 {
-        n = n.max(i64::from(sb.raid_disks) - i64::from(sb.delta_disks));
-    }
-    n.clamp(0, i64::from(sb.max_dev())) as usize
+    // An invalid reshape state is refused when the personality is built.
+    let reshape = ReshapeState::from_superblock(sb).ok().flatten();
+    reshape.map_or(sb.raid_disks, |st| st.old_raid_disks.max(st.new_raid_disks)) as usize
 }
 
 /// Roles the reference superblock records as held (mdadm's working disks at the last

@@ -122,9 +122,7 @@ fn start_position(sb: &Superblock, backwards: bool) -> Option<u64> {
 /// so its data is what the reshape's old geometry describes: it gets the reshape's fields in
 /// memory, as if that write had landed. Returns the names of the members adopted.
 pub(super) fn adopt_unstarted_reshape(found: &mut [(MemberDev, Superblock)]) -> Vec<String> {
-    let backwards = |sb: &Superblock| {
-        sb.delta_disks < 0 || (sb.delta_disks == 0 && sb.feature_map & feature::RESHAPE_BACKWARDS != 0)
-    };
+    let backwards = crate::format::reshape::runs_backwards;
     let reshaping = |sb: &Superblock| {
         sb.feature_map & feature::RESHAPE_ACTIVE != 0
             && sb.feature_map & feature::NEW_OFFSET != 0

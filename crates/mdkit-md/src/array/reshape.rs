@@ -86,8 +86,6 @@ pub struct Reshape {
     new_array_sectors: u64,
     /// The sync domain (bitmap): per-member sectors for parity, the new array for raid10.
     sync_domain_sectors: u64,
-    /// Runs from the end towards the start (fewer members: the data moves up).
-    backwards: bool,
     /// The boundary in memory: below it (forwards) or from it on (backwards) the new geometry
     /// holds the data.
     progress: AtomicU64,
@@ -216,7 +214,6 @@ pub fn build(name: &str, sb: &Superblock, st: ReshapeState) -> io::Result<Arc<dy
         old_array_sectors,
         new_array_sectors,
         sync_domain_sectors,
-        backwards: st.backwards,
         progress: AtomicU64::new(position),
         safe: AtomicU64::new(position),
         window: RwLock::new(()),
@@ -268,7 +265,7 @@ impl Reshape {
 
     /// The geometries below and from the boundary: (new, old) forwards, (old, new) backwards.
     fn sides(&self) -> (&dyn Personality, &dyn Personality) {
-        if self.backwards { (&*self.old, &*self.new) } else { (&*self.new, &*self.old) }
+        if self.state.backwards { (&*self.old, &*self.new) } else { (&*self.new, &*self.old) }
     }
 
     /// Waits until a write of `[off, off + len)` may go ahead: not into the moved but not yet
@@ -444,15 +441,15 @@ fn offset_room(core: &ArrayCore, old_disks: usize, backwards: bool) -> u64 {
 }
 
 impl Reshape {
-    /// Whether the new geometry may be written over array sectors `[start, end)` while the
+    /// Whether the new geometry may be written over the array sectors of `window` while the
     /// superblocks record `safe`. Forwards its member end stays at or below where the old
     /// stripe holding `safe` starts (plus the offset room); backwards its member start stays at
     /// or above where the old rows of `[0, safe)` end (less the room).
-    fn fits(&self, start: u64, end: u64, safe: u64, room: u64) -> bool {
-        if self.backwards {
-            self.new_rows.start_of(start) + room >= self.old_rows.end_of(safe)
+    fn fits(&self, window: &Range<u64>, safe: u64, room: u64) -> bool {
+        if self.state.backwards {
+            self.new_rows.start_of(window.start) + room >= self.old_rows.end_of(safe)
         } else {
-            self.new_rows.end_of(end) <= self.old_rows.start_of(safe) + room
+            self.new_rows.end_of(window.end) <= self.old_rows.start_of(safe) + room
         }
     }
 
@@ -462,10 +459,10 @@ impl Reshape {
     fn window_at(&self, p: u64, safe: u64, room: u64) -> Option<Range<u64>> {
         let unit = self.unit_sectors;
         let max = (MAX_WINDOW_SECTORS / unit).max(1) * unit;
-        let left = if self.backwards { p } else { self.new_array_sectors - p };
+        let left = if self.state.backwards { p } else { self.new_array_sectors - p };
         let mut w = max.min(left);
-        let range = |w: u64| if self.backwards { p - w..p } else { p..p + w };
-        while w > 0 && !self.fits(range(w).start, range(w).end, safe, room) {
+        let range = |w: u64| if self.state.backwards { p - w..p } else { p..p + w };
+        while w > 0 && !self.fits(&range(w), safe, room) {
             w = w.saturating_sub(unit);
         }
         (w > 0).then(|| range(w))
@@ -473,7 +470,7 @@ impl Reshape {
 
     /// Whether every array sector is in the new geometry.
     fn all_moved(&self, p: u64) -> bool {
-        if self.backwards { p == 0 } else { p >= self.new_array_sectors }
+        if self.state.backwards { p == 0 } else { p >= self.new_array_sectors }
     }
 
     /// Moves `window` from the old to the new geometry with all user I/O held off.
@@ -492,14 +489,14 @@ impl Reshape {
             buf = whole;
         }
         self.new.write(core, p, buf.freeze(), WriteFlags::NONE).await?;
-        let next = if self.backwards { window.start } else { window.end };
+        let next = if self.state.backwards { window.start } else { window.end };
         self.progress.store(next, Ordering::Release);
         Ok(())
     }
 
     /// Array sectors moved from the start point up to `p` (backwards the start is the end).
     fn moved_sectors(&self, p: u64) -> u64 {
-        if self.backwards { self.new_array_sectors.saturating_sub(p) } else { p }
+        if self.state.backwards { self.new_array_sectors.saturating_sub(p) } else { p }
     }
 
     /// Makes everything moved durable, then records `progress` in every superblock.
@@ -577,7 +574,7 @@ pub(crate) async fn run(core: Arc<ArrayCore>) {
 }
 
 async fn run_inner(core: &ArrayCore, r: &Reshape) -> io::Result<()> {
-    let room = offset_room(core, r.state.old_raid_disks as usize, r.backwards);
+    let room = offset_room(core, r.state.old_raid_disks as usize, r.state.backwards);
     let mut last = Instant::now();
     let (mut from, mut since) = (r.progress.load(Ordering::Acquire), Instant::now());
     // As md's resync: up to sync_speed_min always, above it only while no requests arrive,
@@ -678,7 +675,7 @@ mod tests {
         let st = ReshapeState::from_superblock(&sb).unwrap().unwrap();
         let r = build("md0", &sb, st).unwrap();
         let r = r.reshape().unwrap();
-        assert!(r.backwards);
+        assert!(r.state.backwards);
         assert_eq!((r.position_sectors(), r.new_array_sectors(), r.array_sectors()), (end, end, end));
         assert_eq!(r.completed().0, 0, "nothing moved at the end");
         // Backwards the window ends at p and must start above the old rows of [0, safe).

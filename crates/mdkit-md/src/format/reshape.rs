@@ -38,6 +38,12 @@ pub struct ReshapeState {
     pub backwards: bool,
 }
 
+/// md's reshape direction from a superblock's fields (super_1_validate): backwards with fewer
+/// members, or over the same members when RESHAPE_BACKWARDS says so.
+pub fn runs_backwards(sb: &Superblock) -> bool {
+    sb.delta_disks < 0 || (sb.delta_disks == 0 && sb.feature_map & feature::RESHAPE_BACKWARDS != 0)
+}
+
 fn field(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> SuperblockError {
     SuperblockError::Field { field, value: value.to_string(), reason: reason.into() }
 }
@@ -81,7 +87,7 @@ impl ReshapeState {
             } else {
                 0
             },
-            backwards: sb.delta_disks < 0 || (sb.delta_disks == 0 && sb.feature_map & feature::RESHAPE_BACKWARDS != 0),
+            backwards: runs_backwards(sb),
         };
         state.check_geometries()?;
         state.check_position(sb.size_sectors)?;
