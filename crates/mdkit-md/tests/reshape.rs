@@ -44,7 +44,8 @@ async fn filled(ms: &[SimMember], n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc
 }
 
 async fn filled_level(ms: &[SimMember], level: Level, n: u32, chunk_kib: u32, rng: &mut Rng) -> (Arc<Array>, Model) {
-    let a = Arc::new(create_array(ms, opts(level, n, Some(chunk_kib), None, true, true)).await);
+    let bitmap = level != Level::Raid0;
+    let a = Arc::new(create_array(ms, opts(level, n, Some(chunk_kib), None, bitmap, true)).await);
     let mut m = Model::new(a.size_bytes());
     fill(&*a, &mut m, rng).await;
     (a, m)
@@ -550,5 +551,110 @@ async fn members_that_missed_a_shrink_start_join_it() {
     verify_all(&*b, &model).await;
     assert_eq!(check(&b).await, 0);
     assert_eq!(b.core().slots().spares().len(), 1, "the dropped member is a spare");
+    b.stop().await.unwrap();
+}
+
+/// raid0 to more members (`grow --raid-devices N --add DEV...`), as mdadm does it: raid0 ->
+/// raid4 with the parity role empty, a forward restripe in which the first new device fills
+/// the old parity role (recovered by the reshape: RECOVERY_OFFSET) and the new parity role
+/// stays empty, then raid0 again. Under a writer: every write reads back, the array grows by
+/// the new members, and assembles again as raid0.
+async fn raid0_grow_under_writes(name: &str, old: usize, new: usize) {
+    let mut rng = Rng::new(seed(name, 47));
+    let ms = mem_members(&format!("{name}-"), new, 16 * MIB);
+    let (a, m) = filled_level(&ms[..old], Level::Raid0, old as u32, 64, &mut rng).await;
+    let before = a.size_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.clone(), m, rng.next_u64(), stop.clone());
+    tokio::task::yield_now().await;
+    let r = a.grow(GrowChange::RaidDevices(new as u32), member_devs(&ms[old..])).await.unwrap();
+    assert!(r.summary.contains("raid0 again when it finishes"), "{}", r.summary);
+    a.set_attribute("sync_speed_min", "5000").unwrap();
+    if a.core().personality().reshape().is_some_and(|r| !r.is_done()) {
+        assert_eq!((a.info().level, a.info().raid_disks), (Level::Raid4, new as u32 + 1), "raid4 while it moves");
+    }
+    a.wait_reshape().await.unwrap();
+    stop.store(true, Ordering::Release);
+    let (mut m, writes) = w.await.unwrap();
+    eprintln!("{name}: {writes} writes during the reshape");
+    assert!(writes > 0);
+    assert_eq!((a.info().level, a.info().raid_disks), (Level::Raid0, new as u32));
+    assert_eq!(a.size_bytes() / new as u64, before / old as u64, "the array grows by the new members");
+    verify_all(&*a, &m).await;
+    let mut grown = Model::new(a.size_bytes());
+    grown.apply(0, &m.data);
+    m = grown;
+    for _ in 0..32 {
+        random_write(&*a, &mut m, &mut rng, 32).await;
+    }
+    verify_all(&*a, &m).await;
+    a.stop().await.unwrap();
+    for mb in &ms {
+        let sb = read_superblock(&mb.dev).await.unwrap();
+        assert_eq!(
+            (sb.level, sb.raid_disks, sb.feature_map & feature::RESHAPE_ACTIVE),
+            (0, new as u32, 0),
+            "{}",
+            mb.name
+        );
+    }
+    let b = assemble_array(&ms).await;
+    verify_all(&b, &m).await;
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_3_to_4_under_writes() {
+    raid0_grow_under_writes("reshape0-34", 3, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_2_to_4_under_writes() {
+    raid0_grow_under_writes("reshape0-24", 2, 4).await;
+}
+
+/// A raid0 restripe stopped half-way assembles as the raid4 reshape it is on disk: the device
+/// in the old parity role records how far the reshape recovered it (the new geometry's
+/// per-member position), reads are right, the reshape finishes as raid4 with the parity role
+/// empty (the level to go back to lives in the grow that started it, as in mdadm), and
+/// `grow --level 0` makes it raid0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
+    let mut rng = Rng::new(seed("reshape0-resume", 47));
+    let ms = mem_members("resume0-", 4, 16 * MIB);
+    let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, &mut rng).await;
+    a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
+    a.set_attribute("sync_speed_max", "20000").unwrap();
+    for polls in 0.. {
+        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
+            break;
+        }
+        assert!(polls < 10_000, "no reshape checkpoint: {:?}", a.sync_status());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    a.stop().await.unwrap();
+    drop(a);
+    let sb = read_superblock(&ms[3].dev).await.unwrap();
+    assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way: still reshaping");
+    assert_eq!((sb.level, sb.raid_disks, sb.delta_disks, sb.raw_role()), (4, 5, 1, 3));
+    assert_ne!(sb.feature_map & feature::RECOVERY_OFFSET, 0, "recovered by the reshape");
+    let pos = sb.reshape_position_sectors;
+    assert_eq!(sb.recovery_offset_sectors, pos / 4, "the new geometry's per-member position");
+    let b = Arc::new(assemble_array(&ms).await);
+    assert_eq!(b.sync_status().action, "reshape");
+    assert_eq!(b.core().degraded(), 1, "the old parity role counts as missing in the old geometry only");
+    verify_all(&*b, &m).await;
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    assert_eq!((b.info().level, b.info().raid_disks, b.core().degraded()), (Level::Raid4, 5, 1));
+    verify_all(&*b, &m).await;
+    b.grow(
+        GrowChange::Level { level: Level::Raid0, layout: mdkit_md::format::takeover::LayoutChoice::Default },
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((b.info().level, b.info().raid_disks), (Level::Raid0, 4));
+    verify_all(&*b, &m).await;
     b.stop().await.unwrap();
 }

@@ -239,6 +239,40 @@ fn fewer_members_through_the_cli() {
     assert_eq!(nbd_read(&srv, "sh", data.len()), data);
 }
 
+/// raid0 onto more members through the CLI (mdadm's path: raid4 with the parity role empty,
+/// restripe, raid0 again): the array serves throughout, ends as raid0 on 4 members with 4/3 of
+/// the size, and says so again after a restart.
+#[test]
+fn raid0_more_members_through_the_cli() {
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start("");
+    let members: Vec<String> = (0..4).map(|i| srv.path(&format!("r0-{i}.img")).display().to_string()).collect();
+    let mut args = vec!["create", "r0", "--level", "raid0", "--raid-devices", "3", "--chunk", "64K"];
+    args.extend(["--member-size", "32M", "--export", "r0"]);
+    args.extend(members[..3].iter().map(String::as_str));
+    mdkit_ok(&srv, &args);
+    let data = pattern(9, 8 << 20);
+    nbd_write(&srv, "r0", &data);
+    let before = detail(&srv, "r0")["size_bytes"].as_u64().unwrap();
+    let err = mdkit_err(&srv, &["grow", "r0", "--raid-devices", "4"]);
+    assert!(err.contains("give exactly 1 new device(s) with --add"), "{err}");
+    assert_eq!(detail(&srv, "r0")["level"], "raid0", "the refusal changed nothing: {:#}", detail(&srv, "r0"));
+    std::fs::File::create(&members[3]).unwrap().set_len(32 << 20).unwrap();
+    let out = mdkit_ok(&srv, &["grow", "r0", "--raid-devices", "4", "--add", &members[3]]);
+    assert!(out.contains("raid0 -> raid4 (parity role empty), reshape 4 -> 5 members started"), "{out}");
+    let t = Instant::now();
+    while detail(&srv, "r0")["level"] != "raid0" || detail(&srv, "r0")["raid_disks"] != 4 {
+        assert!(t.elapsed() < Duration::from_secs(120), "the restripe did not finish: {:#}", detail(&srv, "r0"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(detail(&srv, "r0")["size_bytes"].as_u64().unwrap(), before / 3 * 4);
+    assert_eq!(nbd_read(&srv, "r0", data.len()), data);
+    let srv = restart(srv);
+    let d = detail(&srv, "r0");
+    assert_eq!((d["level"].as_str(), d["raid_disks"].as_u64()), (Some("raid0"), Some(4)), "{d:#}");
+    assert_eq!(nbd_read(&srv, "r0", data.len()), data);
+}
+
 #[test]
 fn offline_create_examine_then_assemble() {
     let srv = Server::start("");

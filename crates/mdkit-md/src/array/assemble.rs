@@ -359,6 +359,18 @@ async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key
     None
 }
 
+/// Whether every role without an in-sync member holds only parity (a raid0 taken over to
+/// raid4, its parity role empty): nothing is rebuilt from parity, so an unclean shutdown leaves
+/// no parity to distrust and the array starts without --force.
+fn missing_hold_only_parity(pers: &dyn Personality, table: &SlotTable, sb: &Superblock) -> bool {
+    if let Some(r) = pers.reshape() {
+        return r.missing_hold_only_parity(table);
+    }
+    let Some(level) = Level::from_md_level(sb.level) else { return false };
+    let parity = crate::layout::parity_only_roles(level, sb.layout, sb.raid_disks);
+    (0..sb.raid_disks).all(|r| table.in_sync(r as usize).is_some() || parity.contains(&r))
+}
+
 /// Roles the array has: `raid_disks`, or during a reshape to fewer members the old count
 /// (`raid_disks - delta_disks`), whose last roles the old geometry still reads.
 fn role_count(sb: &Superblock) -> usize {
@@ -615,9 +627,16 @@ pub async fn assemble_with(
     }
     let degraded = pers.degraded(&table);
     let mut resync_cp = if pers.has_redundancy() { refsb.resync_offset_sectors } else { MAX_SECTOR };
+    let parity_roles_empty = degraded > 0 && missing_hold_only_parity(&*pers, &table, &refsb);
+    if parity_roles_empty && degraded >= level.max_degraded() && resync_cp != MAX_SECTOR {
+        // No parity to make consistent (raid5_sync_request skips a resync this degraded).
+        tracing::info!(array = name.as_str(), "unclean shutdown with the parity role(s) empty: nothing to resync");
+        resync_cp = MAX_SECTOR;
+    }
     if matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6)
         && resync_cp != MAX_SECTOR
         && degraded > 0
+        && !parity_roles_empty
         && !opts.force
     {
         return Err(fail(

@@ -29,6 +29,7 @@ use crate::format::METADATA_BLOCK_BYTES;
 use crate::format::bitmap::BitmapSuper;
 use crate::format::grow::{GrowChange, GrowPlan, PlanMember, plan};
 use crate::format::superblock::Superblock;
+use crate::format::takeover::LayoutChoice;
 use crate::layout::Level;
 
 /// What a grow did.
@@ -173,6 +174,11 @@ impl Array {
             let to = RestripeTarget { raid_disks: n, layout: info.layout, chunk_sectors: info.chunk_sectors };
             return self.start_reshape(to, add).await;
         }
+        if let GrowChange::RaidDevices(n) = change
+            && info.level == Level::Raid0
+        {
+            return self.restripe_raid0(n, add).await;
+        }
         if let GrowChange::Restripe { layout, chunk_sectors } = change {
             if !matches!(info.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
                 let why = "--chunk / --layout restripe raid4/5/6 only (raid0 and raid10 are not implemented yet)";
@@ -239,6 +245,53 @@ impl Array {
         }
         tracing::info!(array = self.name(), "grown: {summary}");
         Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
+    }
+
+    /// raid0 to more members as mdadm does it (the kernel has no raid0 reshape): a takeover
+    /// to raid4 with the parity role empty, a forward restripe to `n` data members where the
+    /// first new device fills the old geometry's parity role (recovered by the reshape) and the
+    /// new parity role stays empty, then, once the reshape finishes, a takeover back to raid0
+    /// ([`Array::wait_reshape`]). A refusal of the restripe takes the array back to raid0.
+    async fn restripe_raid0(&self, n: u32, add: Vec<MemberDev>) -> io::Result<GrowReport> {
+        let info = self.info();
+        let refuse = |why: String| refused(format!("{}: cannot grow raid0 to {n} members: {why}", self.name()));
+        if n < info.raid_disks {
+            return Err(refuse("md cannot take members out of raid0 (move the data to a smaller array)".into()));
+        }
+        if add.len() != (n - info.raid_disks) as usize {
+            return Err(refuse(format!("give exactly {} new device(s) with --add", n - info.raid_disks)));
+        }
+        let before = self.size_bytes();
+        let to_raid4 = GrowChange::Level { level: Level::Raid4, layout: LayoutChoice::Default };
+        Box::pin(self.grow(to_raid4, Vec::new())).await?;
+        let to = RestripeTarget { raid_disks: n + 1, layout: self.info().layout, chunk_sectors: info.chunk_sectors };
+        *self.after_reshape.lock() = Some(Level::Raid0);
+        match self.start_reshape(to, add).await {
+            Ok(r) => {
+                let summary =
+                    format!("raid0 -> raid4 (parity role empty), {}; raid0 again when it finishes", r.summary);
+                Ok(GrowReport { summary, size_bytes_before: before, size_bytes_after: self.size_bytes() })
+            }
+            Err(e) => {
+                self.after_reshape.lock().take();
+                let back = GrowChange::Level { level: Level::Raid0, layout: LayoutChoice::Default };
+                if let Err(b) = Box::pin(self.grow(back, Vec::new())).await {
+                    tracing::error!(
+                        array = self.name(),
+                        "the restripe was refused, and going back to raid0 failed: {b}"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// After a finished reshape: the level change the grow that started it asked for.
+    pub(super) async fn level_after_reshape(&self) -> io::Result<()> {
+        let Some(level) = self.after_reshape.lock().take() else { return Ok(()) };
+        let r = self.grow(GrowChange::Level { level, layout: LayoutChoice::Default }, Vec::new()).await?;
+        tracing::info!(array = self.name(), "after the reshape: {}", r.summary);
+        Ok(())
     }
 
     /// What a takeover to raid0 needs first, as mdadm prepares it (remove_disks_for_takeover):

@@ -286,7 +286,8 @@ impl Array {
         if let Some(why) = core.needs_check() {
             return Err(refuse(format!("the array needs a check: {why}")));
         }
-        if core.is_broken() || core.degraded() > 0 || !core.slots().recovering().is_empty() {
+        let parity_missing = only_parity_missing(&info, &core.slots()) && to.raid_disks > info.raid_disks;
+        if core.is_broken() || (core.degraded() > 0 && !parity_missing) || !core.slots().recovering().is_empty() {
             return Err(refuse("the array is degraded or rebuilding; let recovery finish first".into()));
         }
         if !super::is_in_sync(&core) {
@@ -321,11 +322,12 @@ impl Array {
                 )));
             }
         }
-        let new_sbs = self.new_reshape_members(&slots, &add, &start)?;
+        let roles = roles_for_added(&slots, to.raid_disks, add.len());
+        let new_sbs = self.new_reshape_members(&slots, &add, &roles, info.raid_disks, &start)?;
         let before = self.size_bytes();
         let settings = Settings::of(&core);
         self.stop().await?;
-        let written = self.write_reshape_start(&old, &add, new_sbs, bitmap_area, &start).await;
+        let written = self.write_reshape_start(&old, &add, new_sbs, &roles, bitmap_area, &start).await;
         let mut devs: Vec<MemberDev> =
             slots.working_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
         devs.extend(add.iter().cloned());
@@ -380,19 +382,22 @@ impl Array {
         Ok(start)
     }
 
-    /// Superblocks for the devices joining the new geometry (roles `old..new`): placed like
-    /// the old members, with the same NEW_OFFSET, as mdadm sets every member's new offset (the
-    /// kernel's raid5_run takes the least move over all members in a role).
+    /// Superblocks for the devices joining the new geometry (in `roles`): placed like the old
+    /// members, with the same NEW_OFFSET, as mdadm sets every member's new offset (the
+    /// kernel's raid5_run takes the least move over all members in a role). One filling a role
+    /// of the old geometry (below `old_disks`) is recovered by the reshape: RECOVERY_OFFSET 0.
     fn new_reshape_members(
         &self,
         slots: &SlotTable,
         add: &[MemberDev],
+        roles: &[u32],
+        old_disks: u32,
         start: &ReshapeStart,
     ) -> io::Result<Vec<Superblock>> {
         let move_sectors = start.move_sectors;
         let first_number = slots.all_members().iter().map(|m| m.dev_number + 1).max().unwrap_or(0);
         let mut out = Vec::new();
-        for (dev_number, dev) in (first_number..).zip(add) {
+        for ((dev_number, dev), role) in (first_number..).zip(add).zip(roles) {
             // Refuses a device whose data area is smaller than the array's per-member size.
             let mut sb = self.new_member_superblock(dev, slots)?;
             if sb.data_offset_sectors < move_sectors {
@@ -400,6 +405,10 @@ impl Array {
             }
             sb.dev_number = dev_number;
             mark_reshaping(&mut sb, start);
+            if *role < old_disks {
+                sb.feature_map |= feature::RECOVERY_OFFSET;
+                sb.recovery_offset_sectors = 0;
+            }
             out.push(sb);
         }
         Ok(out)
@@ -412,6 +421,7 @@ impl Array {
         old: &[Arc<Member>],
         add: &[MemberDev],
         mut new_sbs: Vec<Superblock>,
+        new_roles: &[u32],
         bitmap_area: Option<Vec<u8>>,
         start: &ReshapeStart,
     ) -> io::Result<()> {
@@ -421,14 +431,13 @@ impl Array {
             old_sbs.push(read_superblock(m.device()).await.map_err(|e| member_err(name, m.name(), "superblock", e))?);
         }
         let events = old_sbs.iter().map(|s| s.events).max().unwrap_or(0) + 1;
-        let old_disks = old_sbs.first().map_or(0, |s| s.raid_disks);
         let mut roles = old_sbs.first().map(|s| s.dev_roles.clone()).unwrap_or_default();
-        for (i, sb) in new_sbs.iter().enumerate() {
+        for (sb, role) in new_sbs.iter().zip(new_roles) {
             let n = sb.dev_number as usize;
             if roles.len() <= n {
                 roles.resize(n + 1, crate::format::superblock::ROLE_SPARE);
             }
-            roles[n] = (old_disks as usize + i) as u16;
+            roles[n] = *role as u16;
         }
         let mut area = bitmap_area;
         if let Some(a) = &mut area {
@@ -502,7 +511,7 @@ impl Array {
         })?;
         self.take_over(a, &settings);
         drop(pause);
-        Ok(())
+        self.level_after_reshape().await
     }
 }
 
@@ -553,6 +562,23 @@ fn reshape_bitmap(
     let new_sync =
         sectors(to.raid_disks, to.layout, to.chunk_sectors, start.size_sectors).map_err(|e| e.to_string())?;
     resize_bitmap(name, &area, old_sync, new_sync, true).map_err(|e| e.0)
+}
+
+/// Whether the array's only missing role is its parity role, on a parity-last raid4/5 (a
+/// raid0 taken over to raid4, md's raid45_takeover_raid0): it may grow, its parity role filled
+/// by the first new device and recovered by the reshape (mdadm's raid0 --raid-devices path).
+fn only_parity_missing(info: &ArrayInfo, slots: &SlotTable) -> bool {
+    let n = info.raid_disks as usize;
+    let parity_last = info.level == Level::Raid4
+        || (info.level == Level::Raid5 && info.layout == crate::layout::names::algorithm::PARITY_N);
+    let missing: Vec<usize> = (0..n).filter(|r| slots.in_sync(*r).is_none()).collect();
+    parity_last && missing == [n - 1] && slots.working(n - 1).is_none()
+}
+
+/// The roles `count` new devices take in a restripe to `raid_disks`: the empty ones in order,
+/// as raid5_add_disk fills the first free slot (a missing old role first, then the new ones).
+fn roles_for_added(slots: &SlotTable, raid_disks: u32, count: usize) -> Vec<u32> {
+    (0..raid_disks).filter(|r| slots.working(*r as usize).is_none()).take(count).collect()
 }
 
 /// Whether `grow --raid-devices n` restripes (raid4/5/6 and raid10 to another member count).

@@ -104,6 +104,10 @@ pub struct Array {
     /// md's `array_size` (`grow --array-size`): the size the array gives when below its
     /// personality's, in bytes (0: none). Not persisted, as in md; a grow keeps it.
     size_limit_bytes: std::sync::atomic::AtomicU64,
+    /// The level to take the array to once its reshape finishes (a raid0 restripe runs as
+    /// raid4 with the parity role empty, then goes back to raid0), as mdadm's `--grow` process
+    /// does. In memory only, as in mdadm: after a restart `grow --level 0` finishes it.
+    after_reshape: Mutex<Option<crate::layout::Level>>,
 }
 
 /// What `grow` swaps: the core, the size it gives and its background tasks.
@@ -142,6 +146,7 @@ impl Array {
             left_out: Mutex::new(Vec::new()),
             detached: std::sync::atomic::AtomicBool::new(false),
             size_limit_bytes: std::sync::atomic::AtomicU64::new(0),
+            after_reshape: Mutex::new(None),
         }
     }
 

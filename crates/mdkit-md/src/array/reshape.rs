@@ -51,7 +51,7 @@ use mdkit_io::{IoBuf, IoFuture, ReadResult, SharedBuf, WriteFlags, ZeroFlags, jo
 use tokio::sync::{Notify, RwLock};
 
 use super::core::ArrayCore;
-use super::member::Base;
+use super::member::{Base, Member, flag};
 use super::personality::{Personality, SyncMode, SyncOutcome};
 use super::raid5::Raid5;
 use super::raid10::Raid10;
@@ -268,6 +268,37 @@ impl Reshape {
         if self.state.backwards { (&*self.old, &*self.new) } else { (&*self.new, &*self.old) }
     }
 
+    /// Whether a member in `role` that is not in sync is recovered by the reshape itself: a
+    /// role of the old geometry that had no member (raid0 -> raid4's missing parity) filled when
+    /// a forward reshape started (raid5_start_reshape gives it recovery_offset 0 and raises it
+    /// with the new geometry's per-member position: the old geometry never reads it).
+    fn recovers(&self, role: usize) -> bool {
+        !self.state.backwards && role < self.state.old_raid_disks as usize
+    }
+
+    /// Whether every role missing in a geometry holds only parity there (parity-last
+    /// layouts; a member the reshape recovers counts as missing in the old geometry only):
+    /// nothing is rebuilt from parity, so an unclean shutdown leaves nothing to distrust
+    /// (raid5_run's dirty_parity_disks).
+    pub fn missing_hold_only_parity(&self, slots: &SlotTable) -> bool {
+        let st = &self.state;
+        let parity = |layout: u32, disks: u32| crate::layout::parity_only_roles(st.level, layout, disks);
+        let (old, new) = (parity(st.old_layout, st.old_raid_disks), parity(st.new_layout, st.new_raid_disks));
+        let present = |r: usize| slots.in_sync(r).is_some() || (self.recovers(r) && slots.working(r).is_some());
+        (0..st.old_raid_disks).all(|r| slots.in_sync(r as usize).is_some() || old.contains(&r))
+            && (0..st.new_raid_disks).all(|r| present(r as usize) || new.contains(&r))
+    }
+
+    /// The members the reshape recovers (see [`Reshape::recovers`]).
+    fn recovering_members(&self, slots: &SlotTable) -> Vec<Arc<Member>> {
+        slots
+            .recovering()
+            .into_iter()
+            .filter(|(r, m)| self.recovers(*r) && !m.has(flag::REPLACEMENT))
+            .map(|(_, m)| m)
+            .collect()
+    }
+
     /// Waits until a write of `[off, off + len)` may go ahead: not into the moved but not yet
     /// recorded sectors between `safe` and `progress`.
     async fn enter_write(&self, off: u64, len: u64) -> tokio::sync::RwLockReadGuard<'_, ()> {
@@ -315,8 +346,18 @@ impl Personality for Reshape {
         self.old_array_sectors.min(self.new_array_sectors)
     }
 
+    /// Both geometries must run; a member the reshape recovers counts as missing in the old
+    /// one only (raid5.c calc_degraded while growing).
     fn can_run(&self, slots: &SlotTable) -> bool {
-        self.old.can_run(slots) && self.new.can_run(slots)
+        self.degraded(slots) <= self.state.level.max_degraded()
+    }
+
+    /// md's calc_degraded during a reshape: the worse of the two geometries.
+    fn degraded(&self, slots: &SlotTable) -> u32 {
+        let old = (0..self.state.old_raid_disks as usize).filter(|r| slots.in_sync(*r).is_none()).count();
+        let present = |r: usize| slots.in_sync(r).is_some() || (self.recovers(r) && slots.working(r).is_some());
+        let new = (0..self.state.new_raid_disks as usize).filter(|r| !present(*r)).count();
+        old.max(new) as u32
     }
 
     fn read<'a>(&'a self, a: &'a ArrayCore, off: u64, mut buf: IoBuf) -> IoFuture<'a, ReadResult> {
@@ -490,6 +531,12 @@ impl Reshape {
         }
         self.new.write(core, p, buf.freeze(), WriteFlags::NONE).await?;
         let next = if self.state.backwards { window.start } else { window.end };
+        // The new geometry below `next` is now on the recovered members too (the superblock
+        // records it at the next checkpoint, when `next` is the position).
+        let recovered = self.new_rows.end_of(next);
+        for m in self.recovering_members(&core.slots()) {
+            m.set_recovery_offset(m.recovery_offset().max(recovered));
+        }
         self.progress.store(next, Ordering::Release);
         Ok(())
     }
@@ -518,6 +565,10 @@ impl Reshape {
     /// md_finish_reshape: the superblocks get the new geometry.
     async fn finish(&self, core: &ArrayCore) -> io::Result<()> {
         core.flush_members().await?;
+        // end_reshape: the members the reshape recovered hold all of the new geometry.
+        for m in self.recovering_members(&core.slots()) {
+            m.set(flag::IN_SYNC);
+        }
         for m in core.slots().all_members() {
             let mut sb = m.superblock();
             crate::format::reshape::finish_superblock(&mut sb, self.new_array_sectors);

@@ -180,8 +180,12 @@ impl ReshapeState {
 }
 
 /// md_finish_reshape on one superblock: the new geometry (data offset, layout, chunk) becomes
-/// the geometry, the reshape fields are cleared, `reshape_position` says `end_sectors`.
+/// the geometry, the reshape fields are cleared, `reshape_position` says `end_sectors`; a member
+/// the reshape recovered (RECOVERY_OFFSET: it filled an empty role of the old geometry) is in
+/// sync (end_reshape raises every such recovery_offset to the end).
 pub fn finish_superblock(sb: &mut Superblock, end_sectors: u64) {
+    sb.feature_map &= !feature::RECOVERY_OFFSET;
+    sb.recovery_offset_sectors = 0;
     if let Some(new) = sb.new_data_offset_sectors() {
         let old = sb.data_offset_sectors;
         sb.data_size_sectors = (sb.data_size_sectors + old).saturating_sub(new);
@@ -306,6 +310,7 @@ mod tests {
         sb.new_chunk_sectors = sb.chunk_sectors * 2;
         sb.new_offset_sectors = -(sb.new_chunk_sectors as i32);
         sb.reshape_position_sectors = 0;
+        sb.events = 10;
         let mut done = sb.clone();
         finish_superblock(&mut done, 4096);
         done.events += 1;

@@ -377,6 +377,11 @@ pub fn adopt(sbs: &mut [Superblock]) -> Vec<usize> {
             continue;
         }
         set_geometry(sb, fresh.level, fresh.layout, fresh.chunk_sectors, fresh.raid_disks, fresh.size_sectors);
+        if fresh.level == 0 {
+            // As `apply`: raid0 stripes over the data size, which the takeover set to the used
+            // size (a member whose data area grew, e.g. by a reshape, would split the zone).
+            sb.data_size_sectors = fresh.size_sectors;
+        }
         sb.dev_roles = fresh.dev_roles.clone();
         adopted.push(i);
     }

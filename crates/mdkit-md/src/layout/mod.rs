@@ -228,9 +228,30 @@ pub fn array_sectors(
     }
 }
 
+/// The roles that hold only parity in every stripe: the last one of raid4, the last
+/// `max_degraded` of a parity-last raid5/6 (layout parity-last); none otherwise.
+pub fn parity_only_roles(level: Level, layout: u32, raid_disks: u32) -> std::ops::Range<u32> {
+    let parity_last = match level {
+        Level::Raid4 => true,
+        Level::Raid5 | Level::Raid6 => layout == names::algorithm::PARITY_N,
+        _ => false,
+    };
+    let first = if parity_last { raid_disks.saturating_sub(level.max_degraded()) } else { raid_disks };
+    first..raid_disks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parity_only_roles_are_the_last_of_parity_last_layouts() {
+        assert_eq!(parity_only_roles(Level::Raid4, 0, 5), 4..5);
+        assert_eq!(parity_only_roles(Level::Raid5, names::algorithm::PARITY_N, 4), 3..4);
+        assert_eq!(parity_only_roles(Level::Raid6, names::algorithm::PARITY_N, 6), 4..6);
+        assert!(parity_only_roles(Level::Raid5, names::algorithm::LEFT_SYMMETRIC, 4).is_empty(), "parity rotates");
+        assert!(parity_only_roles(Level::Raid10, 0x102, 4).is_empty());
+    }
 
     #[test]
     fn sizes_match_the_lab_arrays() {
