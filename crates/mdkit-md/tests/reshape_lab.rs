@@ -6,7 +6,8 @@
 //! to the smaller size first; the kernel's members get room after the data with `--size`,
 //! without which mdadm 4.2 asks for a backup file); raid0 3 -> 4 members through raid4 with
 //! the parity role empty (mdadm's path), each side taking the other's stopped raid4 reshape
-//! to the end and back to raid0.
+//! to the end and back to raid0; and a raid5 chunk change the kernel runs backwards (its
+//! members have room after the data only), finished by mdkit.
 //!
 //! 1. mdkit -> kernel: mdkit creates the array on four 64 MiB files (64 KiB chunks), writes a
 //!    pattern at 0 and high up (160 MiB for raid5, 96 MiB for raid6), starts the `grow`
@@ -54,6 +55,10 @@ struct Case {
     bitmap: bool,
     /// Members the array starts with.
     before: usize,
+    /// The kernel's array gets little room before its data and some after it (`--data-offset
+    /// 64K --size`), so mdadm restripes it backwards, the data moving up (a same-count
+    /// restripe mdkit itself always runs forwards).
+    kernel_room_after: bool,
 }
 
 impl Case {
@@ -85,6 +90,7 @@ const GROW_CASES: [Case; 2] = [
         detail: ("5", "64K", "left-symmetric"),
         bitmap: false,
         before: 4,
+        kernel_room_after: false,
     },
     Case {
         level: Level::Raid6,
@@ -95,6 +101,7 @@ const GROW_CASES: [Case; 2] = [
         detail: ("5", "64K", "left-symmetric"),
         bitmap: false,
         before: 4,
+        kernel_room_after: false,
     },
 ];
 
@@ -108,6 +115,7 @@ const RESTRIPE_CASES: [Case; 3] = [
         detail: ("4", "128K", "left-symmetric"),
         bitmap: false,
         before: 4,
+        kernel_room_after: false,
     },
     Case {
         level: Level::Raid6,
@@ -118,6 +126,7 @@ const RESTRIPE_CASES: [Case; 3] = [
         detail: ("4", "64K", "left-symmetric"),
         bitmap: false,
         before: 4,
+        kernel_room_after: false,
     },
     Case {
         level: Level::Raid10,
@@ -128,6 +137,7 @@ const RESTRIPE_CASES: [Case; 3] = [
         detail: ("5", "64K", "near=2"),
         bitmap: true,
         before: 4,
+        kernel_room_after: false,
     },
 ];
 
@@ -143,6 +153,7 @@ const SHRINK_CASES: [Case; 2] = [
         detail: ("4", "64K", "left-symmetric"),
         bitmap: false,
         before: 5,
+        kernel_room_after: false,
     },
     Case {
         level: Level::Raid10,
@@ -153,6 +164,7 @@ const SHRINK_CASES: [Case; 2] = [
         detail: ("4", "64K", "near=2"),
         bitmap: false,
         before: 5,
+        kernel_room_after: false,
     },
 ];
 
@@ -160,16 +172,33 @@ const SHRINK_CASES: [Case; 2] = [
 /// (the kernel has no raid0 reshape). Stopped mid-way it is a raid4 reshape on disk; the side
 /// that finishes it takes it back to raid0 (`mdadm --grow --level=0`, mdkit `grow --level
 /// raid0`), since the step back lived in the stopped side's grow.
-const RAID0_CASES: [Case; 1] = [Case {
-    level: Level::Raid0,
-    layout: None,
-    high_bytes: 160 * MIB,
-    change: GrowChange::RaidDevices(4),
-    mdadm_grow: "--raid-devices=4 --add {spare}",
-    detail: ("4", "64K", ""),
-    bitmap: false,
-    before: 3,
-}];
+/// With it, raid5 chunk 64 -> 128 KiB where the kernel's side has room after the data only:
+/// mdadm runs that restripe backwards (RESHAPE_BACKWARDS, the data moving up), and mdkit
+/// finishes it.
+const RAID0_AND_BACKWARDS_CASES: [Case; 2] = [
+    Case {
+        level: Level::Raid0,
+        layout: None,
+        high_bytes: 160 * MIB,
+        change: GrowChange::RaidDevices(4),
+        mdadm_grow: "--raid-devices=4 --add {spare}",
+        detail: ("4", "64K", ""),
+        bitmap: false,
+        before: 3,
+        kernel_room_after: false,
+    },
+    Case {
+        level: Level::Raid5,
+        layout: None,
+        high_bytes: 160 * MIB,
+        change: GrowChange::Restripe { layout: None, chunk_sectors: Some(256) },
+        mdadm_grow: "--chunk=128",
+        detail: ("4", "128K", "left-symmetric"),
+        bitmap: false,
+        before: 4,
+        kernel_room_after: true,
+    },
+];
 
 fn member(path: &std::path::Path) -> MemberDev {
     let dev: DeviceRef = Arc::new(FileDevice::open(path, FileOptions::default()).unwrap());
@@ -246,6 +275,8 @@ async fn mdkit_finishes(case: Case, paths: &[std::path::PathBuf], pattern: &[u8]
     let r = a.core().personality().reshape().map(|r| (r.position_sectors(), r.new_array_sectors()));
     eprintln!("mdkit assembled the kernel's reshape at (position, end) {r:?}");
     assert!(r.is_some_and(|(p, end)| p > 0 && p < end), "a reshape in progress: {r:?}");
+    let backwards = a.core().personality().reshape().is_some_and(|r| r.state().backwards);
+    assert_eq!(backwards, case.kernel_room_after || case.shrinks(), "the kernel's direction");
     assert_eq!(a.read_vec(0, PATTERN_BYTES as usize).await.unwrap(), pattern);
     assert_eq!(a.read_vec(case.high_bytes, PATTERN_BYTES as usize).await.unwrap(), pattern);
     fast_sync(&a);
@@ -283,7 +314,11 @@ fn guest_case(k: usize, case: Case, first: usize, dump_slot_mib: u64) -> String 
     let before = case.before;
     // To fewer members mdadm wants the array cut to the smaller size first, and room after
     // the used size to move the data up into (without it, it asks for a backup file).
-    let size = if case.shrinks() { "--size=61440" } else { "" };
+    let size = match (case.shrinks(), case.kernel_room_after) {
+        (_, true) => "--size=61440 --data-offset=64K",
+        (true, false) => "--size=61440",
+        (false, false) => "",
+    };
     let cut = if case.shrinks() {
         // The smaller array in component sizes: data members, or raid10's members / copies.
         let data = match case.level {
@@ -446,8 +481,8 @@ fn reshapes_to_fewer_members_cross_between_mdkit_and_the_kernel() {
 }
 
 #[test]
-fn raid0_restripe_crosses_between_mdkit_and_the_kernel() {
-    cross("raid0_reshape_lab", &RAID0_CASES);
+fn raid0_and_backwards_restripes_cross_between_mdkit_and_the_kernel() {
+    cross("raid0_reshape_lab", &RAID0_AND_BACKWARDS_CASES);
 }
 
 #[test]
