@@ -269,8 +269,11 @@ async fn bench_level(a: &Args, level: Level) {
     for p in &paths {
         make_file(p, a.member_mib);
     }
-    // Raw: the member files themselves, filled once (no holes), then measured.
+    // Raw: the member files themselves, filled once unmeasured (no holes: the array's pass
+    // overwrites written files too), then measured; the sequential write again at the end of
+    // the level (its A/A control: the device drifts between the two).
     let raw: Vec<DeviceRef> = paths.iter().map(|p| open(p)).collect();
+    run(&Target::Many(raw.clone()), Pattern::SeqWrite, MIB, a.members * 4, a.secs, true).await;
     measure_all(name, "raw", &Target::Many(raw.clone()), a, true).await;
     drop(raw);
     // One fresh file written sequentially once: the reference for a rebuild (which writes a
@@ -329,6 +332,10 @@ async fn bench_level(a: &Args, level: Level) {
     if level != Level::Raid0 {
         bench_resync(a, level, &paths).await;
     }
+    let raw = Target::Many(paths.iter().map(|p| open(p)).collect());
+    let again = run(&raw, Pattern::SeqWrite, MIB, a.members * 4, a.secs, true).await;
+    report(name, "raw", "seq-write-1m-again", again);
+    drop(raw);
     for p in &paths {
         let _ = std::fs::remove_file(p);
     }
