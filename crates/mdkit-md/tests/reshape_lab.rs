@@ -375,11 +375,17 @@ p0=$(cat /sys/block/md{m1}/md/reshape_position)
 # (Forwards the position starts at 0, backwards at the end of the smaller array.)
 for i in $(seq 1 60); do p=$(cat /sys/block/md{m1}/md/reshape_position); [ "$p" != 0 ] && [ "$p" != "$p0" ] && break; sleep 0.5; done
 echo "=== reshape{k}"; cat /sys/block/md{m1}/md/sync_action /sys/block/md{m1}/md/reshape_position
+# The stop stands for a crash of the kernel's side: its mdadm --grow background process (which
+# for raid0 would take the array back afterwards) goes first. Left running, it raced the stop
+# of a raid0 -> raid4 reshape under load: the kernel failed the new member and mdadm --stop hung.
+killall mdadm 2>/dev/null; sleep 0.5
 mdadm --stop /dev/md{m1} 2>&1
+echo "=== examine{k}"; mdadm --examine {theirs_all} 2>&1 | grep -E '^/dev|Events|Device Role|Recovery Offset|Reshape pos|Array State'
 echo 200000 > /proc/sys/dev/raid/speed_limit_max
 "#,
         mine = mine.join(" "),
         theirs_before = theirs[..before].join(" "),
+        theirs_all = theirs.join(" "),
         d_low = dump_slot_mib,
         d_high = dump_slot_mib + 8,
     )
