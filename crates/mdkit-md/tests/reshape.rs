@@ -31,6 +31,17 @@ fn writer(a: Arc<Array>, mut m: Model, seed: u64, stop: Arc<AtomicBool>) -> toki
     })
 }
 
+/// Waits until the running reshape recorded a checkpoint (a position past its start).
+async fn until_checkpointed(a: &Array) {
+    for polls in 0.. {
+        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
+            return;
+        }
+        assert!(polls < 10_000, "no reshape checkpoint: {:?}", a.sync_status());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A member's superblock, its bitmap's sector and the bitmap header there.
 async fn bitmap_header(m: &SimMember) -> (Superblock, u64, BitmapSuper) {
     let sb = read_superblock(&m.dev).await.unwrap();
@@ -309,13 +320,7 @@ async fn stopped_reshape_resumes_from_its_checkpoint() {
     a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
     a.set_attribute("sync_speed_max", "20000").unwrap();
     // Until a checkpoint is recorded (the engine has moved and measured windows by then).
-    for polls in 0.. {
-        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
-            break;
-        }
-        assert!(polls < 10_000, "no reshape checkpoint: {:?}", a.sync_status());
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_checkpointed(&a).await;
     let detail = a.detail();
     eprintln!("detail during the reshape: {}", detail["sync"]);
     // Progress as mdadm --detail and /proc/mdstat show it: a speed and the time left.
@@ -625,13 +630,7 @@ async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
     let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, &mut rng).await;
     a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
     a.set_attribute("sync_speed_max", "20000").unwrap();
-    for polls in 0.. {
-        if a.core().personality().reshape().is_some_and(|r| r.position_sectors() > 0) {
-            break;
-        }
-        assert!(polls < 10_000, "no reshape checkpoint: {:?}", a.sync_status());
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_checkpointed(&a).await;
     a.stop().await.unwrap();
     drop(a);
     let sb = read_superblock(&ms[3].dev).await.unwrap();

@@ -187,17 +187,7 @@ const RAID0_AND_BACKWARDS_CASES: [Case; 2] = [
         before: 3,
         kernel_room_after: false,
     },
-    Case {
-        level: Level::Raid5,
-        layout: None,
-        high_bytes: 160 * MIB,
-        change: GrowChange::Restripe { layout: None, chunk_sectors: Some(256) },
-        mdadm_grow: "--chunk=128",
-        detail: ("4", "128K", "left-symmetric"),
-        bitmap: false,
-        before: 4,
-        kernel_room_after: true,
-    },
+    Case { kernel_room_after: true, ..RESTRIPE_CASES[0] },
 ];
 
 fn member(path: &std::path::Path) -> MemberDev {
