@@ -271,6 +271,29 @@ fn raid0_more_members_through_the_cli() {
     let d = detail(&srv, "r0");
     assert_eq!((d["level"].as_str(), d["raid_disks"].as_u64()), (Some("raid0"), Some(4)), "{d:#}");
     assert_eq!(nbd_read(&srv, "r0", data.len()), data);
+    // Restarted in the middle of the next one (4 -> 5, throttled), it still ends as raid0: the
+    // level to go back to is kept beside the array in md-arrays.json until it is reached.
+    let fifth = srv.path("r0-4.img").display().to_string();
+    std::fs::File::create(&fifth).unwrap().set_len(32 << 20).unwrap();
+    mdkit_ok(&srv, &["attr", "r0", "sync_speed_max=1000"]);
+    mdkit_ok(&srv, &["grow", "r0", "--raid-devices", "5", "--add", &fifth]);
+    let state = || std::fs::read_to_string(srv.path("md-arrays.json")).unwrap();
+    assert!(state().contains(r#""then_level": "raid0""#), "{}", state());
+    assert_eq!(detail(&srv, "r0")["level"], "raid4", "reshaping as raid4");
+    let srv = restart(srv);
+    assert_eq!(detail(&srv, "r0")["sync"]["action"], "reshape", "{:#}", detail(&srv, "r0"));
+    let t = Instant::now();
+    while detail(&srv, "r0")["level"] != "raid0" {
+        assert!(t.elapsed() < Duration::from_secs(120), "not back to raid0: {:#}", detail(&srv, "r0"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(detail(&srv, "r0")["raid_disks"], 5);
+    assert_eq!(nbd_read(&srv, "r0", data.len()), data);
+    let t = Instant::now();
+    while std::fs::read_to_string(srv.path("md-arrays.json")).unwrap().contains("then_level") {
+        assert!(t.elapsed() < Duration::from_secs(30), "then_level not forgotten");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

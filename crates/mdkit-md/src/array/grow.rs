@@ -286,8 +286,23 @@ impl Array {
         }
     }
 
+    /// The level the array goes to once its reshape finishes (a raid0 restripe: raid0).
+    pub fn level_after_reshape(&self) -> Option<Level> {
+        *self.after_reshape.lock()
+    }
+
+    /// Sets [`Array::level_after_reshape`] again after a restart (the service keeps it beside
+    /// the array); only while a reshape runs.
+    pub fn set_level_after_reshape(&self, level: Level) -> io::Result<()> {
+        if self.core().personality().reshape().is_none() {
+            return Err(refused(format!("{}: no reshape runs to change the level after", self.name())));
+        }
+        *self.after_reshape.lock() = Some(level);
+        Ok(())
+    }
+
     /// After a finished reshape: the level change the grow that started it asked for.
-    pub(super) async fn level_after_reshape(&self) -> io::Result<()> {
+    pub(super) async fn change_level_after_reshape(&self) -> io::Result<()> {
         let Some(level) = self.after_reshape.lock().take() else { return Ok(()) };
         let r = self.grow(GrowChange::Level { level, layout: LayoutChoice::Default }, Vec::new()).await?;
         tracing::info!(array = self.name(), "after the reshape: {}", r.summary);

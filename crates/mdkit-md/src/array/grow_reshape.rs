@@ -511,7 +511,7 @@ impl Array {
         })?;
         self.take_over(a, &settings);
         drop(pause);
-        self.level_after_reshape().await
+        self.change_level_after_reshape().await
     }
 }
 

@@ -47,6 +47,10 @@ pub struct Remembered {
     pub members: Vec<String>,
     #[serde(default)]
     pub export: Option<String>,
+    /// The level to take the array to once its reshape finishes (a raid0 restripe runs as
+    /// raid4: "raid0"), kept here so a restart mid-reshape still goes back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then_level: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -97,6 +101,29 @@ pub(crate) fn remember_members(svc: &Service, vol: &MdVolume) -> Result<()> {
         save_state(&svc.config.data_dir, &st)?;
     }
     Ok(())
+}
+
+/// Records (or clears) the level `name` goes to after its reshape, if it is remembered.
+pub(crate) fn remember_then_level(svc: &Service, name: &str, level: Option<mdkit_md::layout::Level>) -> Result<()> {
+    let mut st = load_state(&svc.config.data_dir)?;
+    let want = level.map(|l| l.name().to_string());
+    if let Some(a) = st.arrays.iter_mut().find(|a| a.name == name && a.then_level != want) {
+        a.then_level = want;
+        save_state(&svc.config.data_dir, &st)?;
+    }
+    Ok(())
+}
+
+/// Once `vol`'s reshape and the level change after it are done, the state file forgets the
+/// level to go to.
+pub(crate) fn forget_then_level_when_done(svc: &Arc<Service>, vol: &MdVolume) {
+    let svc = svc.clone();
+    let name = vol.name.clone();
+    vol.on_reshape_done(Box::new(move || {
+        if let Err(e) = remember_then_level(&svc, &name, None) {
+            tracing::error!(array = %name, "{STATE_FILE}: {e:#}");
+        }
+    }));
 }
 
 pub fn register(r: &mut Registry) {
@@ -303,7 +330,7 @@ async fn install(svc: &Arc<Service>, vol: Arc<MdVolume>, export: Option<String>)
             tracing::warn!(array = %name, "export {e:?} not added: {err:#}");
         }
     }
-    remember(svc, Remembered { name: name.clone(), uuid, members, export })?;
+    remember(svc, Remembered { name: name.clone(), uuid, members, export, then_level: None })?;
     Ok(vol.details())
 }
 
@@ -364,6 +391,17 @@ async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
         open_members(&r.members, &svc.config.data_dir, &vols, how).await?
     };
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
+    if let Some(l) = &r.then_level {
+        // A raid0 restripe stopped mid-way: it goes back to raid0 when the reshape finishes.
+        let level = mdkit_md::layout::parse_level(l).map_err(|e| anyhow!("{STATE_FILE}: then_level: {e}"))?;
+        match vol.array.set_level_after_reshape(level) {
+            Ok(()) => forget_then_level_when_done(svc, &vol),
+            Err(e) => {
+                tracing::warn!(array = %r.name, "{e}; not going to {l} by itself (grow --level does)");
+                remember_then_level(svc, &r.name, None)?;
+            }
+        }
+    }
     svc.volumes.write().await.insert(vol)
 }
 

@@ -181,6 +181,10 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     if let Some(n) = a.write_behind {
         vol.array.set_write_behind(n).await?;
     }
+    if let Some(level) = vol.array.level_after_reshape() {
+        super::md::remember_then_level(&svc, &a.name, Some(level))?;
+        super::md::forget_then_level_when_done(&svc, vol);
+    }
     vol.finish_reshape_in_background();
     if let Some(o) = opened {
         vol.sources.lock().extend(o.devs.iter().map(|d| d.name.clone()).zip(o.sources));

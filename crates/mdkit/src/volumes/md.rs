@@ -540,6 +540,9 @@ fn parse(spec: &VolumeSpec) -> Result<Parsed> {
     Ok(Parsed { params: p, uuid, create })
 }
 
+/// What runs once a reshape finished (see [`MdVolume::on_reshape_done`]).
+pub type ReshapeDone = Box<dyn FnOnce() + Send>;
+
 /// A running md array as a volume.
 pub struct MdVolume {
     pub name: String,
@@ -548,6 +551,8 @@ pub struct MdVolume {
     pub sources: parking_lot::Mutex<Vec<(String, String)>>,
     /// Its remote members (link state, automatic re-add).
     pub remote: RemoteLinks,
+    /// Run once a reshape and what follows it (`Array::wait_reshape`) finished.
+    reshape_done: Arc<parking_lot::Mutex<Option<ReshapeDone>>>,
 }
 
 impl MdVolume {
@@ -564,6 +569,7 @@ impl MdVolume {
             array: Arc::new(array),
             sources: parking_lot::Mutex::new(sources),
             remote: RemoteLinks::new(opened.remote_options, opened.remote),
+            reshape_done: Arc::new(parking_lot::Mutex::new(None)),
         });
         spawn_watch(&vol);
         vol.finish_reshape_in_background();
@@ -577,11 +583,22 @@ impl MdVolume {
             return;
         }
         let array = self.array.clone();
+        let done = self.reshape_done.clone();
         tokio::spawn(async move {
-            if let Err(e) = array.wait_reshape().await {
-                tracing::error!(array = array.name(), "finishing the reshape: {e}");
+            match array.wait_reshape().await {
+                Err(e) => tracing::error!(array = array.name(), "finishing the reshape: {e}"),
+                Ok(()) => {
+                    if let Some(done) = done.lock().take() {
+                        done();
+                    }
+                }
             }
         });
+    }
+
+    /// `done` runs once the reshape (and the level change after it) finished.
+    pub fn on_reshape_done(&self, done: ReshapeDone) {
+        *self.reshape_done.lock() = Some(done);
     }
 
     /// A member re-added by the link watch is listed among the sources again.
