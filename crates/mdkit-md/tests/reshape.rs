@@ -657,3 +657,18 @@ async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
     verify_all(&*b, &m).await;
     b.stop().await.unwrap();
 }
+
+/// A raid0 of members of different sizes (more than one zone) cannot take the raid4 step md
+/// needs: refused with the reason, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid0_of_several_zones_is_refused_unchanged() {
+    let mut ms = mem_members("zones0-", 2, 16 * MIB);
+    ms.extend(mem_members("zones0-big-", 1, 24 * MIB));
+    ms.extend(mem_members("zones0-new-", 1, 24 * MIB));
+    let a = create_array(&ms[..3], opts(Level::Raid0, 3, Some(64), None, false, true)).await;
+    let before = a.size_bytes();
+    let e = a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap_err().to_string();
+    assert!(e.contains("cannot grow raid0 to 4 members") && e.contains("more than one zone"), "{e}");
+    assert_eq!((a.info().level, a.info().raid_disks, a.size_bytes()), (Level::Raid0, 3, before), "unchanged");
+    a.stop().await.unwrap();
+}

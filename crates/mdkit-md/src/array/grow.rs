@@ -263,7 +263,12 @@ impl Array {
         }
         let before = self.size_bytes();
         let to_raid4 = GrowChange::Level { level: Level::Raid4, layout: LayoutChoice::Default };
-        Box::pin(self.grow(to_raid4, Vec::new())).await?;
+        Box::pin(self.grow(to_raid4, Vec::new())).await.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{}: cannot grow raid0 to {n} members: the step to raid4: {e}", self.name()),
+            )
+        })?;
         let to = RestripeTarget { raid_disks: n + 1, layout: self.info().layout, chunk_sectors: info.chunk_sectors };
         *self.after_reshape.lock() = Some(Level::Raid0);
         match self.start_reshape(to, add).await {
