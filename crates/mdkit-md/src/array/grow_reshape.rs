@@ -568,11 +568,13 @@ fn reshape_bitmap(
 /// raid0 taken over to raid4, md's raid45_takeover_raid0): it may grow, its parity role filled
 /// by the first new device and recovered by the reshape (mdadm's raid0 --raid-devices path).
 fn only_parity_missing(info: &ArrayInfo, slots: &SlotTable) -> bool {
-    let n = info.raid_disks as usize;
-    let parity_last = info.level == Level::Raid4
-        || (info.level == Level::Raid5 && info.layout == crate::layout::names::algorithm::PARITY_N);
-    let missing: Vec<usize> = (0..n).filter(|r| slots.in_sync(*r).is_none()).collect();
-    parity_last && missing == [n - 1] && slots.working(n - 1).is_none()
+    let n = info.raid_disks;
+    let parity = crate::layout::parity_only_roles(info.level, info.layout, n);
+    let missing: Vec<u32> = (0..n).filter(|r| slots.in_sync(*r as usize).is_none()).collect();
+    matches!(info.level, Level::Raid4 | Level::Raid5)
+        && parity.contains(&(n - 1))
+        && missing == [n - 1]
+        && slots.working(n as usize - 1).is_none()
 }
 
 /// The roles `count` new devices take in a restripe to `raid_disks`: the empty ones in order,

@@ -284,9 +284,19 @@ impl Reshape {
         let st = &self.state;
         let parity = |layout: u32, disks: u32| crate::layout::parity_only_roles(st.level, layout, disks);
         let (old, new) = (parity(st.old_layout, st.old_raid_disks), parity(st.new_layout, st.new_raid_disks));
-        let present = |r: usize| slots.in_sync(r).is_some() || (self.recovers(r) && slots.working(r).is_some());
-        (0..st.old_raid_disks).all(|r| slots.in_sync(r as usize).is_some() || old.contains(&r))
-            && (0..st.new_raid_disks).all(|r| present(r as usize) || new.contains(&r))
+        let (old_missing, new_missing) = self.missing_roles(slots);
+        old_missing.iter().all(|r| old.contains(r)) && new_missing.iter().all(|r| new.contains(r))
+    }
+
+    /// The roles each geometry runs without (old, new): no in-sync member, except that a
+    /// member the reshape recovers is present in the new geometry (raid5.c calc_degraded).
+    fn missing_roles(&self, slots: &SlotTable) -> (Vec<u32>, Vec<u32>) {
+        let st = &self.state;
+        let in_sync = |r: u32| slots.in_sync(r as usize).is_some();
+        let recovered = |r: u32| self.recovers(r as usize) && slots.working(r as usize).is_some();
+        let old = (0..st.old_raid_disks).filter(|r| !in_sync(*r)).collect();
+        let new = (0..st.new_raid_disks).filter(|r| !in_sync(*r) && !recovered(*r)).collect();
+        (old, new)
     }
 
     /// The members the reshape recovers (see [`Reshape::recovers`]).
@@ -354,10 +364,8 @@ impl Personality for Reshape {
 
     /// md's calc_degraded during a reshape: the worse of the two geometries.
     fn degraded(&self, slots: &SlotTable) -> u32 {
-        let old = (0..self.state.old_raid_disks as usize).filter(|r| slots.in_sync(*r).is_none()).count();
-        let present = |r: usize| slots.in_sync(r).is_some() || (self.recovers(r) && slots.working(r).is_some());
-        let new = (0..self.state.new_raid_disks as usize).filter(|r| !present(*r)).count();
-        old.max(new) as u32
+        let (old, new) = self.missing_roles(slots);
+        old.len().max(new.len()) as u32
     }
 
     fn read<'a>(&'a self, a: &'a ArrayCore, off: u64, mut buf: IoBuf) -> IoFuture<'a, ReadResult> {

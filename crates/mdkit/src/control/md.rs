@@ -392,17 +392,31 @@ async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     };
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
     if let Some(l) = &r.then_level {
-        // A raid0 restripe stopped mid-way: it goes back to raid0 when the reshape finishes.
-        let level = mdkit_md::layout::parse_level(l).map_err(|e| anyhow!("{STATE_FILE}: then_level: {e}"))?;
-        match vol.array.set_level_after_reshape(level) {
-            Ok(()) => forget_then_level_when_done(svc, &vol),
-            Err(e) => {
-                tracing::warn!(array = %r.name, "{e}; not going to {l} by itself (grow --level does)");
-                remember_then_level(svc, &r.name, None)?;
+        resume_then_level(svc, &vol, l);
+    }
+    svc.volumes.write().await.insert(vol)
+}
+
+/// A raid0 restripe stopped mid-way goes back to raid0 when its reshape finishes. Anything
+/// else in `then_level` (mdkit writes only "raid0"), or no reshape running, is logged and
+/// forgotten: the array serves as it is and `grow --level` changes it.
+fn resume_then_level(svc: &Arc<Service>, vol: &MdVolume, l: &str) {
+    let set = match mdkit_md::layout::parse_level(l) {
+        Ok(level @ mdkit_md::layout::Level::Raid0) => {
+            vol.array.set_level_after_reshape(level).map_err(|e| e.to_string())
+        }
+        Ok(other) => Err(format!("{STATE_FILE}: then_level {:?} is not a level mdkit goes back to", other.name())),
+        Err(e) => Err(format!("{STATE_FILE}: then_level: {e}")),
+    };
+    match set {
+        Ok(()) => forget_then_level_when_done(svc, vol),
+        Err(e) => {
+            tracing::warn!(array = %vol.name, "{e}; not going to {l} by itself (grow --level does)");
+            if let Err(e) = remember_then_level(svc, &vol.name, None) {
+                tracing::error!(array = %vol.name, "{STATE_FILE}: {e:#}");
             }
         }
     }
-    svc.volumes.write().await.insert(vol)
 }
 
 async fn stop(svc: Arc<Service>, args: Value) -> Result<Value> {
