@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! md_bench --dir DIR [--levels raid0,raid1,raid10] [--members 4] [--member-mib 1024]
-//!          [--secs 5] [--qd 32] [--seq-qd 16]
+//!          [--secs 5] [--qd 32] [--seq-qd 16] [--paired CYCLES [--no-bitmap]]
 //! ```
 //! For each level: the raw member files first (same files, same run), then an array over them
 //! (created --assume-clean, internal bitmap for raid1/raid10):
@@ -16,7 +16,9 @@
 //!   what it reads and writes.
 //!
 //! Prints one `result key=value ...` line per measurement; `bench/md.sh` turns them into a
-//! table with ratios and the upstream references.
+//! table with ratios and the upstream references. With `--paired CYCLES` it measures only the
+//! sequential write and the rebuild, in alternating windows (`support/paired.rs`,
+//! `bench/md-pairs.sh`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +30,9 @@ use mdkit_md::format::create::BitmapRequest;
 use mdkit_md::format::superblock::MAX_SECTOR;
 use mdkit_md::layout::{Level, parse_level};
 
+#[path = "support/paired.rs"]
+mod paired;
+
 const MIB: u64 = 1 << 20;
 
 struct Args {
@@ -38,6 +43,10 @@ struct Args {
     secs: f64,
     qd: usize,
     seq_qd: usize,
+    /// `--paired CYCLES`: alternating-window measurements only (0 = the full benchmark).
+    paired: usize,
+    /// `--no-bitmap` (with `--paired`): arrays without the internal bitmap.
+    no_bitmap: bool,
 }
 
 fn parse_args() -> Args {
@@ -49,10 +58,17 @@ fn parse_args() -> Args {
         secs: 5.0,
         qd: 32,
         seq_qd: 16,
+        paired: 0,
+        no_bitmap: false,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < v.len() {
+        if v[i] == "--no-bitmap" {
+            a.no_bitmap = true;
+            i += 1;
+            continue;
+        }
         let val = v.get(i + 1).cloned().unwrap_or_default();
         match v[i].as_str() {
             "--dir" => a.dir = val,
@@ -64,6 +80,7 @@ fn parse_args() -> Args {
             "--secs" => a.secs = val.parse().expect("--secs S"),
             "--qd" => a.qd = val.parse().expect("--qd N"),
             "--seq-qd" => a.seq_qd = val.parse().expect("--seq-qd N"),
+            "--paired" => a.paired = val.parse().expect("--paired CYCLES"),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -387,7 +404,11 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         for level in a.levels.clone() {
-            bench_level(&a, level).await;
+            if a.paired > 0 {
+                paired::bench_level_paired(&a, level, a.paired).await;
+            } else {
+                bench_level(&a, level).await;
+            }
         }
     });
 }
