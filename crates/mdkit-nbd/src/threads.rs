@@ -167,11 +167,16 @@ impl Drop for SocketWatch {
 /// next event, the way SPDK reactors and the kernel's `net.core.busy_poll` do, bounded so that an
 /// idle server sleeps. A thread with no connection does not poll.
 pub fn idle_poll(budget: Duration) {
+    let start = Instant::now();
+    idle_poll_until(budget, || start.elapsed());
+}
+
+/// [`idle_poll`] with the time spent so far read from `elapsed` (tests count polls with it).
+fn idle_poll_until(budget: Duration, mut elapsed: impl FnMut() -> Duration) {
     let empty = IDLE_SOCKETS.with(|s| s.try_borrow().map_or(true, |s| s.fds.is_empty()));
     if empty {
         return;
     }
-    let start = Instant::now();
     loop {
         if mdkit_io::poll_thread_rings() > 0 {
             return;
@@ -184,7 +189,7 @@ pub fn idle_poll(budget: Duration) {
             // SAFETY: poll(2) on our own array of `fds.len()` pollfds, zero timeout.
             unsafe { libc::poll(s.fds.as_mut_ptr(), s.fds.len() as libc::nfds_t, 0) }
         });
-        if ready != 0 || start.elapsed() >= budget {
+        if ready != 0 || elapsed() >= budget {
             return;
         }
         std::hint::spin_loop();
@@ -199,39 +204,46 @@ mod tests {
 
     use super::*;
 
+    /// A clock that moves one millisecond each time it is read, and counts the reads: how many
+    /// times idle_poll looked at its sockets, whatever the machine's speed.
+    fn ticking() -> (impl FnMut() -> Duration, std::rc::Rc<std::cell::Cell<u64>>) {
+        let reads = std::rc::Rc::new(std::cell::Cell::new(0u64));
+        let r = reads.clone();
+        let clock = move || {
+            r.set(r.get() + 1);
+            Duration::from_millis(r.get())
+        };
+        (clock, reads)
+    }
+
     /// On a connection thread: with no socket, idle_poll returns at once; with a quiet socket it
-    /// polls for its whole budget; data arriving mid-budget ends it early; a dropped watch takes
-    /// the socket out of the set. Elsewhere sockets are not watched at all.
+    /// polls for its whole budget; data already waiting ends it at the first look; a dropped
+    /// watch takes the socket out of the set. Elsewhere sockets are not watched at all.
     #[test]
     fn idle_poll_ends_on_socket_data_or_after_its_budget() {
         assert!(watch_socket(0).is_none(), "not a connection thread");
         std::thread::spawn(|| {
             IDLE_SOCKETS.with(|s| s.borrow_mut().enabled = true);
-            let t = Instant::now();
-            idle_poll(Duration::from_secs(30));
-            assert!(t.elapsed() < Duration::from_secs(5), "no socket: no polling");
+            let (clock, reads) = ticking();
+            idle_poll_until(Duration::from_millis(30), clock);
+            assert_eq!(reads.get(), 0, "no socket: no polling");
 
             let (a, mut b) = UnixStream::pair().unwrap();
             let watch = watch_socket(a.as_raw_fd()).expect("connection thread");
-            let t = Instant::now();
-            idle_poll(Duration::from_millis(30));
-            assert!(t.elapsed() >= Duration::from_millis(30), "a quiet socket: the whole budget");
+            let (clock, reads) = ticking();
+            idle_poll_until(Duration::from_millis(30), clock);
+            assert_eq!(reads.get(), 30, "a quiet socket: polled until the budget was spent");
 
-            let writer = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(20));
-                b.write_all(b"x").unwrap();
-                b
-            });
-            let t = Instant::now();
-            idle_poll(Duration::from_secs(30));
-            assert!(t.elapsed() < Duration::from_secs(10), "data ends the poll early");
-            let _b = writer.join().unwrap();
+            b.write_all(b"x").unwrap();
+            let (clock, reads) = ticking();
+            idle_poll_until(Duration::from_millis(30), clock);
+            assert_eq!(reads.get(), 0, "data waiting: the first poll ends it");
 
             drop(watch);
             assert!(IDLE_SOCKETS.with(|s| s.borrow().fds.is_empty()));
-            let t = Instant::now();
-            idle_poll(Duration::from_secs(30));
-            assert!(t.elapsed() < Duration::from_secs(5), "watch dropped: nothing to poll");
+            let (clock, reads) = ticking();
+            idle_poll_until(Duration::from_millis(30), clock);
+            assert_eq!(reads.get(), 0, "watch dropped: nothing to poll");
         })
         .join()
         .unwrap();
