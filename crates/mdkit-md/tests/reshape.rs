@@ -658,6 +658,75 @@ async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
     b.stop().await.unwrap();
 }
 
+/// A member the restripe recovers whose superblock claims more than the reshape wrote on it
+/// (recovery_offset crafted to its whole data area, checksum valid) is capped at assembly, which
+/// says so: beyond the reshape position, where that member holds no parity, a read that a data
+/// member fails is an unrecoverable error, never data rebuilt from it (before the cap this read
+/// returned wrong data). Below the position the reshape did write it; the same data reads
+/// back, the restripe resumes and ends, and the array goes back to raid0 intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_offset_past_the_reshape_position_is_not_trusted() {
+    let mut rng = Rng::new(seed("reshape0-crafted-recovery", 53));
+    let ms = faulty_members("crafted0-", 4, 16 * MIB);
+    let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, &mut rng).await;
+    a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
+    a.set_attribute("sync_speed_max", "20000").unwrap();
+    until_checkpointed(&a).await;
+    a.stop().await.unwrap();
+    drop(a);
+    let mut sb = read_superblock(&ms[3].dev).await.unwrap();
+    assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way");
+    assert!(sb.recovery_offset_sectors < sb.data_size_sectors / 2, "{}", sb.recovery_offset_sectors);
+    sb.recovery_offset_sectors = sb.data_size_sectors;
+    ms[3].mem.as_ref().unwrap().write_bytes(sb.super_offset_sectors * 512, &sb.encode().unwrap());
+    // The members as they are now: the probe below records a bad block on member 0.
+    let image = |m: &SimMember| {
+        let mut v = vec![0u8; (16 * MIB) as usize];
+        m.mem.as_ref().unwrap().read_bytes(0, &mut v);
+        v
+    };
+    let saved: Vec<Vec<u8>> = ms.iter().map(image).collect();
+
+    let o = AssembleOptions { name: "crafted".into(), start_frozen: true, ..AssembleOptions::default() };
+    let got = assemble(member_devs(&ms), o).await.unwrap();
+    let note = got.notes.iter().find(|n| n.contains("recovery_offset")).unwrap_or_else(|| panic!("{:?}", got.notes));
+    assert!(note.contains("crafted0-3") && note.contains("not trusted past sector"), "{note}");
+    let b = got.array;
+    let position: u64 = b.get_attribute("reshape_position").unwrap().parse().unwrap();
+    let sb0 = read_superblock(&ms[0].dev).await.unwrap();
+    assert_eq!(sb0.raw_role(), 0);
+    // The old geometry (raid4 of 3 data roles, 64 KiB chunks) in its last row: member 0's chunk.
+    let row = sb0.data_size_sectors / 128 - 1;
+    let (array_at, member_at) = (row * 3 * 64 * 1024, (sb0.data_offset_sectors + row * 128) * 512);
+    assert!(array_at / 512 > position, "the probe lies beyond the reshape position {position}");
+    let rule =
+        ms[0].fault.as_ref().unwrap().add(FaultRule::error(OpMask::READ, Some(member_at..member_at + 64 * 1024)));
+    let e = b.read_vec(array_at, 64 * 1024).await.expect_err("member 0 failed the read; no parity holds that row");
+    assert_eq!(MdError::of(&e).map(|m| m.kind), Some(MdErrorKind::Unrecoverable), "{e}");
+    ms[0].fault.as_ref().unwrap().remove(rule);
+    b.stop().await.unwrap();
+    drop(b);
+    for (m, v) in ms.iter().zip(&saved) {
+        m.mem.as_ref().unwrap().write_bytes(0, v);
+    }
+
+    let b = Arc::new(assemble_array(&ms).await);
+    assert_eq!((b.sync_status().action, b.core().degraded()), ("reshape", 1));
+    verify_all(&*b, &m).await;
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    assert_eq!((b.info().level, b.info().raid_disks, b.core().degraded()), (Level::Raid4, 5, 1));
+    verify_all(&*b, &m).await;
+    b.grow(
+        GrowChange::Level { level: Level::Raid0, layout: mdkit_md::format::takeover::LayoutChoice::Default },
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    verify_all(&*b, &m).await;
+    b.stop().await.unwrap();
+}
+
 /// A raid0 of members of different sizes (more than one zone) cannot take the raid4 step md
 /// needs: refused with the reason, nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -701,6 +701,12 @@ pub async fn assemble_with(
     } else if resync_cp != MAX_SECTOR {
         notes.push(format!("unclean shutdown: resync from sector {resync_cp}"));
     }
+    for (member, claimed, capped) in pers.reshape().map(|r| r.cap_recovered(&table)).unwrap_or_default() {
+        tracing::warn!(array = name.as_str(), member, claimed, capped, "recovery_offset beyond the reshape position");
+        notes.push(format!(
+            "member {member}: recovery_offset {claimed} lies beyond what the reshape wrote on it; not trusted past sector {capped}"
+        ));
+    }
     for (r, m) in table.recovering() {
         notes.push(format!("member {} resumes rebuilding role {r} from sector {}", m.name(), m.recovery_offset()));
     }

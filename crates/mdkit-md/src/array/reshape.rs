@@ -309,6 +309,27 @@ impl Reshape {
             .collect()
     }
 
+    /// Caps what each member the reshape recovers claims to hold at what the reshape wrote on
+    /// it by the recorded position: the new geometry's per-member end of that position, the most
+    /// raid5_start_reshape's recovery_offset ever says. A superblock claiming more (crafted or
+    /// corrupt; its checksum says nothing of that) would let the old geometry, beyond the
+    /// position, rebuild data from a role that holds no parity there. Capping only lowers a
+    /// claim: the reshape resumes from the position and writes those rows again. Returns
+    /// (member, claimed, capped) for each member capped.
+    pub fn cap_recovered(&self, slots: &SlotTable) -> Vec<(String, u64, u64)> {
+        let written = self.new_rows.end_of(self.position_sectors());
+        self.recovering_members(slots)
+            .into_iter()
+            .filter_map(|m| {
+                let claimed = m.recovery_offset();
+                (claimed > written).then(|| {
+                    m.set_recovery_offset(written);
+                    (m.name().to_string(), claimed, written)
+                })
+            })
+            .collect()
+    }
+
     /// Waits until a write of `[off, off + len)` may go ahead: not into the moved but not yet
     /// recorded sectors between `safe` and `progress`.
     async fn enter_write(&self, off: u64, len: u64) -> tokio::sync::RwLockReadGuard<'_, ()> {
