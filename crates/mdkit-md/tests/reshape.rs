@@ -618,6 +618,35 @@ async fn raid0_2_to_4_under_writes() {
     raid0_grow_under_writes("reshape0-24", 2, 4).await;
 }
 
+/// A raid0 of three members (`members[..3]`, filled) restriping onto `members[3]`, stopped
+/// after its first checkpoint; returns what the array holds.
+async fn stopped_raid0_restripe(ms: &[SimMember], rng: &mut Rng) -> Model {
+    let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, rng).await;
+    a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
+    a.set_attribute("sync_speed_max", "20000").unwrap();
+    until_checkpointed(&a).await;
+    a.stop().await.unwrap();
+    m
+}
+
+/// Lets the resumed raid0 restripe `b` finish (raid4 of 5, the parity role empty), then takes it
+/// back to raid0 with `grow --level 0`, checking the data at each step.
+async fn finish_back_to_raid0(b: Arc<Array>, m: &Model) {
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    assert_eq!((b.info().level, b.info().raid_disks, b.core().degraded()), (Level::Raid4, 5, 1));
+    verify_all(&*b, m).await;
+    b.grow(
+        GrowChange::Level { level: Level::Raid0, layout: mdkit_md::format::takeover::LayoutChoice::Default },
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((b.info().level, b.info().raid_disks), (Level::Raid0, 4));
+    verify_all(&*b, m).await;
+    b.stop().await.unwrap();
+}
+
 /// A raid0 restripe stopped half-way assembles as the raid4 reshape it is on disk: the device
 /// in the old parity role records how far the reshape recovered it (the new geometry's
 /// per-member position), reads are right, the reshape finishes as raid4 with the parity role
@@ -627,12 +656,7 @@ async fn raid0_2_to_4_under_writes() {
 async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
     let mut rng = Rng::new(seed("reshape0-resume", 47));
     let ms = mem_members("resume0-", 4, 16 * MIB);
-    let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, &mut rng).await;
-    a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
-    a.set_attribute("sync_speed_max", "20000").unwrap();
-    until_checkpointed(&a).await;
-    a.stop().await.unwrap();
-    drop(a);
+    let m = stopped_raid0_restripe(&ms, &mut rng).await;
     let sb = read_superblock(&ms[3].dev).await.unwrap();
     assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way: still reshaping");
     assert_eq!((sb.level, sb.raid_disks, sb.delta_disks, sb.raw_role()), (4, 5, 1, 3));
@@ -643,19 +667,7 @@ async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
     assert_eq!(b.sync_status().action, "reshape");
     assert_eq!(b.core().degraded(), 1, "the old parity role counts as missing in the old geometry only");
     verify_all(&*b, &m).await;
-    fast_sync(&b);
-    b.wait_reshape().await.unwrap();
-    assert_eq!((b.info().level, b.info().raid_disks, b.core().degraded()), (Level::Raid4, 5, 1));
-    verify_all(&*b, &m).await;
-    b.grow(
-        GrowChange::Level { level: Level::Raid0, layout: mdkit_md::format::takeover::LayoutChoice::Default },
-        Vec::new(),
-    )
-    .await
-    .unwrap();
-    assert_eq!((b.info().level, b.info().raid_disks), (Level::Raid0, 4));
-    verify_all(&*b, &m).await;
-    b.stop().await.unwrap();
+    finish_back_to_raid0(b, &m).await;
 }
 
 /// A member the restripe recovers whose superblock claims more than the reshape wrote on it
@@ -668,12 +680,7 @@ async fn stopped_raid0_restripe_resumes_and_goes_back_to_raid0() {
 async fn a_recovery_offset_past_the_reshape_position_is_not_trusted() {
     let mut rng = Rng::new(seed("reshape0-crafted-recovery", 53));
     let ms = faulty_members("crafted0-", 4, 16 * MIB);
-    let (a, m) = filled_level(&ms[..3], Level::Raid0, 3, 64, &mut rng).await;
-    a.grow(GrowChange::RaidDevices(4), member_devs(&ms[3..])).await.unwrap();
-    a.set_attribute("sync_speed_max", "20000").unwrap();
-    until_checkpointed(&a).await;
-    a.stop().await.unwrap();
-    drop(a);
+    let m = stopped_raid0_restripe(&ms, &mut rng).await;
     let mut sb = read_superblock(&ms[3].dev).await.unwrap();
     assert_ne!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "stopped mid-way");
     assert!(sb.recovery_offset_sectors < sb.data_size_sectors / 2, "{}", sb.recovery_offset_sectors);
@@ -713,18 +720,7 @@ async fn a_recovery_offset_past_the_reshape_position_is_not_trusted() {
     let b = Arc::new(assemble_array(&ms).await);
     assert_eq!((b.sync_status().action, b.core().degraded()), ("reshape", 1));
     verify_all(&*b, &m).await;
-    fast_sync(&b);
-    b.wait_reshape().await.unwrap();
-    assert_eq!((b.info().level, b.info().raid_disks, b.core().degraded()), (Level::Raid4, 5, 1));
-    verify_all(&*b, &m).await;
-    b.grow(
-        GrowChange::Level { level: Level::Raid0, layout: mdkit_md::format::takeover::LayoutChoice::Default },
-        Vec::new(),
-    )
-    .await
-    .unwrap();
-    verify_all(&*b, &m).await;
-    b.stop().await.unwrap();
+    finish_back_to_raid0(b, &m).await;
 }
 
 /// A raid0 of members of different sizes (more than one zone) cannot take the raid4 step md
