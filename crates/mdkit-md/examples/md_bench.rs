@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! md_bench --dir DIR [--levels raid0,raid1,raid10] [--members 4] [--member-mib 1024]
-//!          [--secs 5] [--qd 32] [--seq-qd 16] [--paired CYCLES [--no-bitmap]]
+//!          [--secs 5] [--qd 32] [--seq-qd 16] [--paired CYCLES [--no-bitmap] [--sweep SPEC]]
 //! ```
 //! For each level: the raw member files first (same files, same run), then an array over them
 //! (created --assume-clean, internal bitmap for raid1/raid10):
@@ -18,7 +18,8 @@
 //! Prints one `result key=value ...` line per measurement; `bench/md.sh` turns them into a
 //! table with ratios and the upstream references. With `--paired CYCLES` it measures only the
 //! sequential write and the rebuild, in alternating windows (`support/paired.rs`,
-//! `bench/md-pairs.sh`).
+//! `bench/md-pairs.sh`); `--sweep SPEC` replaces those with a comparison of several
+//! sequential-write patterns against the same raw reference (`paired::sweep`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +36,7 @@ mod paired;
 
 const MIB: u64 = 1 << 20;
 
+#[derive(Clone)]
 struct Args {
     dir: String,
     levels: Vec<Level>,
@@ -47,6 +49,8 @@ struct Args {
     paired: usize,
     /// `--no-bitmap` (with `--paired`): arrays without the internal bitmap.
     no_bitmap: bool,
+    /// `--sweep SPEC` (with `--paired`): sequential-write windows to compare, see `paired::sweep`.
+    sweep: Option<String>,
 }
 
 fn parse_args() -> Args {
@@ -60,6 +64,7 @@ fn parse_args() -> Args {
         seq_qd: 16,
         paired: 0,
         no_bitmap: false,
+        sweep: None,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -81,6 +86,7 @@ fn parse_args() -> Args {
             "--qd" => a.qd = val.parse().expect("--qd N"),
             "--seq-qd" => a.seq_qd = val.parse().expect("--seq-qd N"),
             "--paired" => a.paired = val.parse().expect("--paired CYCLES"),
+            "--sweep" => a.sweep = Some(val),
             other => panic!("unknown argument {other}"),
         }
         i += 2;

@@ -17,6 +17,12 @@
 //! and each target window is divided by the geometric mean of the reference windows right
 //! before and after it. Prints one `pair level=.. test=.. target=mdkit|aa ratio=.. mbps=..`
 //! line per target window.
+//!
+//! `--sweep SPEC` runs sequential-write windows of other shapes instead, each against the same
+//! reference (`R T1 R T2 ... R`): `raw:BYTES:PER_FILE` writes the raw files with BYTES requests,
+//! PER_FILE in flight on each (`raw:524288:16` is what an array of 512 KiB chunks at client
+//! depth 16 sends its members), `md:QD:bitmap|nobitmap` fills a new array at client depth QD.
+//! It separates what the member I/O pattern costs on this device from what the array adds.
 
 use super::*;
 
@@ -86,17 +92,8 @@ async fn bench_array(a: &Args, level: Level, paths: &[String], name: &str) -> Ar
 /// Sequential 1 MiB writes: the raw files filled once vs an array over them filled once (a
 /// new array each window: the raw passes overwrite its superblocks).
 async fn seq_write(a: &Args, level: Level, paths: &[String], cycles: usize) {
-    let raw = || async move {
-        let t = Target::Many(paths.iter().map(|p| open(p)).collect());
-        mbps(run(&t, Pattern::SeqWrite, MIB, a.members * 4, a.secs, true).await)
-    };
-    let array = || async move {
-        let array = bench_array(a, level, paths, &format!("pairs-{}", level.name())).await;
-        let t = Target::One(array.clone() as DeviceRef);
-        let r = mbps(run(&t, Pattern::SeqWrite, MIB, a.seq_qd, a.secs, true).await);
-        array.stop().await.unwrap();
-        r
-    };
+    let raw = || raw_fill(a, paths, MIB, 4);
+    let array = || array_fill(a, level, paths, a.seq_qd, !a.no_bitmap);
     let windows = alternate(cycles, raw, array).await;
     report_pairs(level.name(), "seq-write-1m", &windows);
 }
@@ -145,6 +142,75 @@ async fn rebuild(a: &Args, level: Level, paths: &[String], cycles: usize) {
     report_pairs(name, "rebuild", &windows);
 }
 
+/// One window shape of `--sweep`.
+enum Shape {
+    Raw { request_bytes: u64, per_file: usize },
+    Array { qd: usize, bitmap: bool },
+}
+
+impl Shape {
+    fn parse(spec: &str) -> Shape {
+        let f: Vec<&str> = spec.split(':').collect();
+        let num = |i: usize| -> u64 {
+            f.get(i).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("--sweep: bad window {spec:?}"))
+        };
+        match f[0] {
+            "raw" => Shape::Raw { request_bytes: num(1), per_file: num(2) as usize },
+            "md" => Shape::Array {
+                qd: num(1) as usize,
+                bitmap: match f.get(2) {
+                    Some(&"bitmap") => true,
+                    Some(&"nobitmap") => false,
+                    _ => panic!("--sweep: {spec:?}: md:QD:bitmap|nobitmap"),
+                },
+            },
+            _ => panic!("--sweep: {spec:?}: raw:BYTES:PER_FILE or md:QD:bitmap|nobitmap"),
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Shape::Raw { request_bytes, per_file } => format!("raw-{}k-x{per_file}", request_bytes / 1024),
+            Shape::Array { qd, bitmap: true } => format!("md-qd{qd}-bitmap"),
+            Shape::Array { qd, bitmap: false } => format!("md-qd{qd}-nobitmap"),
+        }
+    }
+}
+
+/// The raw member files filled once with `request_bytes` requests, `per_file` in flight on each.
+async fn raw_fill(a: &Args, paths: &[String], request_bytes: u64, per_file: usize) -> f64 {
+    let t = Target::Many(paths.iter().map(|p| open(p)).collect());
+    mbps(run(&t, Pattern::SeqWrite, request_bytes, a.members * per_file, a.secs, true).await)
+}
+
+/// A new array over the member files filled once at client depth `qd`.
+async fn array_fill(a: &Args, level: Level, paths: &[String], qd: usize, bitmap: bool) -> f64 {
+    let a2 = Args { no_bitmap: !bitmap, ..a.clone() };
+    let array = bench_array(&a2, level, paths, &format!("pairs-{}", level.name())).await;
+    let r = mbps(run(&Target::One(array.clone() as DeviceRef), Pattern::SeqWrite, MIB, qd, a.secs, true).await);
+    array.stop().await.unwrap();
+    r
+}
+
+/// `--sweep`: every shape of `spec` in turn, each between two reference windows, `cycles` times.
+async fn sweep(a: &Args, level: Level, paths: &[String], cycles: usize, spec: &str) {
+    let shapes: Vec<Shape> = spec.split(',').map(Shape::parse).collect();
+    let labels: Vec<&'static str> = shapes.iter().map(|s| &*Box::leak(s.label().into_boxed_str())).collect();
+    let mut windows = Vec::new();
+    for _ in 0..cycles {
+        for (shape, label) in shapes.iter().zip(&labels) {
+            windows.push(Window::Reference(raw_fill(a, paths, MIB, 4).await));
+            let mbps = match *shape {
+                Shape::Raw { request_bytes, per_file } => raw_fill(a, paths, request_bytes, per_file).await,
+                Shape::Array { qd, bitmap } => array_fill(a, level, paths, qd, bitmap).await,
+            };
+            windows.push(Window::Target(label, mbps));
+        }
+    }
+    windows.push(Window::Reference(raw_fill(a, paths, MIB, 4).await));
+    report_pairs(level.name(), "seq-write-1m", &windows);
+}
+
 /// Every paired measurement of one level.
 pub async fn bench_level_paired(a: &Args, level: Level, cycles: usize) {
     let paths: Vec<String> = (0..a.members).map(|i| member_path(a, level, i)).collect();
@@ -155,9 +221,13 @@ pub async fn bench_level_paired(a: &Args, level: Level, cycles: usize) {
     let raw = Target::Many(paths.iter().map(|p| open(p)).collect());
     run(&raw, Pattern::SeqWrite, MIB, a.members * 4, a.secs, true).await;
     drop(raw);
-    seq_write(a, level, &paths, cycles).await;
-    if level != Level::Raid0 {
-        rebuild(a, level, &paths, cycles).await;
+    if let Some(spec) = &a.sweep {
+        sweep(a, level, &paths, cycles, spec).await;
+    } else {
+        seq_write(a, level, &paths, cycles).await;
+        if level != Level::Raid0 {
+            rebuild(a, level, &paths, cycles).await;
+        }
     }
     for p in &paths {
         let _ = std::fs::remove_file(p);
