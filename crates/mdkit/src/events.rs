@@ -289,7 +289,7 @@ fn pool_events(name: &str, old: Option<&PoolState>, new: &PoolState) -> Vec<Even
     let was = |f: fn(&PoolState) -> bool| old.is_some_and(f);
     let mut ev = Vec::new();
     if new.low_water && !was(|p| p.low_water) {
-        ev.push(Event::new("LowWater", name, None, "free data blocks below low_water_blocks"));
+        ev.push(Event::new("LowWater", name, None, "free data blocks down to low_water_blocks"));
     }
     if new.out_of_data_space && !was(|p| p.out_of_data_space) {
         ev.push(Event::new("OutOfDataSpace", name, None, "no free data blocks"));

@@ -26,6 +26,7 @@ mod soak;
 mod systemd;
 mod thin;
 mod thin_activate_lab;
+mod thin_cli_paths;
 mod thin_corrupt;
 mod thin_lifecycle;
 mod thin_origin;

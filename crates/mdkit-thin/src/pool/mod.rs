@@ -36,8 +36,8 @@
 //! * **Out of data space**: `error_if_no_space` fails provisioning writes at once with ENOSPC;
 //!   otherwise they queue up to `no_space_timeout` (dm default 60 s) for space (freed blocks
 //!   become free at the next commit; a grown data device via [`Pool::resize_data`]) and then
-//!   fail. Free space below `low_water_blocks` logs a warning once per crossing and shows in
-//!   status. The metadata engine keeps a reserve so a commit always has room; when metadata
+//!   fail. Free space down to `low_water_blocks` (free <= mark, dm-thin's test) logs a warning
+//!   once per crossing and shows in status. The metadata engine keeps a reserve so a commit always has room; when metadata
 //!   space runs out the pool commits and goes read-only.
 //! * **Metadata I/O error or damage**: the transaction is aborted, NEEDS_CHECK is set in the
 //!   superblock, the pool fails every write; reads of committed mappings continue.

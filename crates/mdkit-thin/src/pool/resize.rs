@@ -89,7 +89,7 @@ impl Pool {
         self.inner.state.low_water_events.subscribe()
     }
 
-    /// True while free data blocks are below the low-water mark.
+    /// True while free data blocks are down to the low-water mark (free <= mark).
     pub fn low_water_reached(&self) -> bool {
         self.inner.state.low_water_reached.load(Ordering::Acquire)
     }

@@ -90,7 +90,7 @@ pub(crate) struct PoolState {
     pub low_water_reached: AtomicBool,
     /// The low-water mark in data blocks (from `opts`; changed by `Pool::set_low_water_blocks`).
     pub low_water_blocks: AtomicU64,
-    /// Counts crossings below the low-water mark (dm-thin's low-water dm event).
+    /// Counts times the low-water mark was reached (dm-thin's low-water dm event).
     pub low_water_events: watch::Sender<u64>,
     pub counters: Counters,
 }

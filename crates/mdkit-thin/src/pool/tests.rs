@@ -225,18 +225,18 @@ fn low_water_shows_in_status_once_crossed_and_clears_when_space_returns() {
         r.pool.create_thin(0).await.unwrap();
         let v = r.pool.thin(0, 16 * BS).await.unwrap();
         let reached = |st: &super::PoolStatus| (st.low_water_blocks, st.low_water_reached);
-        for i in 0..5 {
+        for i in 0..4 {
             v.write_slice(i * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
         }
-        // 3 blocks free: not below the mark.
+        // 4 blocks free: above the mark.
         assert_eq!(reached(&r.pool.status().await.unwrap()), (3, false));
-        v.write_slice(5 * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
-        assert_eq!(reached(&r.pool.status().await.unwrap()), (3, true), "2 free < 3");
+        v.write_slice(4 * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
+        assert_eq!(reached(&r.pool.status().await.unwrap()), (3, true), "3 free <= 3, as dm-thin");
         // Freed and committed: above the mark again.
         v.discard(0, 2 * BS).await.unwrap();
         r.pool.flush().await.unwrap();
         let st = r.pool.status().await.unwrap();
-        assert_eq!((st.used_data_blocks, reached(&st)), (4, (3, false)), "{st}");
+        assert_eq!((st.used_data_blocks, reached(&st)), (3, (3, false)), "{st}");
         r.pool.close().await.unwrap();
     });
 }
@@ -252,13 +252,13 @@ fn low_water_events_count_crossings_and_resizes_refuse_what_dm_thin_refuses() {
         for i in 0..6 {
             v.write_slice(i * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
         }
-        assert_eq!(*ev.borrow_and_update(), 1, "one event for one crossing (2 free < 3)");
-        // A lower mark is evaluated at once (2 free, not below 2) and re-arms the event.
-        r.pool.set_low_water_blocks(2).await.unwrap();
+        assert_eq!(*ev.borrow_and_update(), 1, "one event for one crossing (3 free <= 3, then 2)");
+        // A lower mark is evaluated at once (2 free, above 1) and re-arms the event.
+        r.pool.set_low_water_blocks(1).await.unwrap();
         assert!(!r.pool.low_water_reached());
         v.write_slice(6 * BS, &[1u8; 4096], WriteFlags::NONE).await.unwrap();
         assert_eq!(*ev.borrow_and_update(), 2);
-        assert_eq!(r.pool.status().await.unwrap().low_water_blocks, 2);
+        assert_eq!(r.pool.status().await.unwrap().low_water_blocks, 1);
 
         // A RAM device does not grow: beyond it, and shrinking, are refused; equal is a no-op.
         let e = r.pool.resize_data_to(9).await.unwrap_err().to_string();

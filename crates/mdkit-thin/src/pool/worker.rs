@@ -429,15 +429,16 @@ impl Worker {
         self.check_low_water();
     }
 
-    /// Sets `low_water_reached`; a crossing below the mark logs once and raises a low-water
-    /// event (re-armed when free space is back above the mark).
+    /// Sets `low_water_reached`; reaching the mark logs once and raises a low-water event
+    /// (re-armed when free space is back above the mark). Reached at `free <= mark`, as dm-thin's
+    /// check_low_water_mark (so a mark of 0 fires when the last block is taken).
     pub fn check_low_water(&self) {
         let free = self.state.free_data_blocks.load(Ordering::Acquire);
         let lw = self.state.low_water_blocks.load(Ordering::Acquire);
-        let below = free < lw;
+        let below = free <= lw;
         let was = self.state.low_water_reached.swap(below, Ordering::AcqRel);
         if below && !was {
-            tracing::warn!(pool = %self.state.name, free_data_blocks = free, low_water_blocks = lw, "thin pool data space below the low-water mark");
+            tracing::warn!(pool = %self.state.name, free_data_blocks = free, low_water_blocks = lw, "thin pool data space reached the low-water mark");
             self.state.low_water_events.send_modify(|n| *n += 1);
         }
     }
@@ -447,7 +448,8 @@ impl Worker {
             let md = self.md.read();
             (md.free_metadata_blocks(), md.status().metadata_low_water_blocks)
         };
-        let below = free < lw;
+        // The metadata space map's threshold fires at `free <= threshold` (below_threshold).
+        let below = free <= lw;
         if below && !self.meta_low_warned {
             tracing::warn!(pool = %self.state.name, free_metadata_blocks = free, metadata_low_water_blocks = lw, "thin pool metadata space below its low-water mark");
         }

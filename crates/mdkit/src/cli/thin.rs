@@ -271,7 +271,15 @@ fn pool_create(a: PoolCreateArgs) -> Result<ExitCode> {
         "[[volume]]\nname = {:?}\nkind = \"thin-pool\"\nmetadata = {}\ndata = {}\nblock_size = {}\noptions = {}",
         a.name, args["metadata"], args["data"], args["block_size"], args["options"]
     );
-    for k in ["autoextend_threshold_percent", "autoextend_step", "autoextend_max_size"] {
+    // Every remembered key but the create-only sizes: a config without the no-space timeout and
+    // the low-water mark would open a different pool (60 s queueing, no low-water warnings).
+    for k in [
+        "no_space_timeout_s",
+        "low_water_blocks",
+        "autoextend_threshold_percent",
+        "autoextend_step",
+        "autoextend_max_size",
+    ] {
         if !args[k].is_null() {
             println!("{k} = {}", args[k]);
         }
@@ -329,7 +337,7 @@ fn status_text(v: &Value) -> String {
         out += "  NEEDS_CHECK is set: run `mdkit thin check METADATA-DEV` offline\n";
     }
     if v["low_water_reached"].as_bool() == Some(true) {
-        out += &format!("  free data blocks are below the low-water mark ({})\n", u(&v["low_water_blocks"]));
+        out += &format!("  free data blocks are down to the low-water mark ({})\n", u(&v["low_water_blocks"]));
     }
     out += &format!(
         "  {:<8} {:>14} {:>20} {:>14}  {}\n",

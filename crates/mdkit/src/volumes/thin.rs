@@ -16,8 +16,8 @@
 //! options = ["error_if_no_space"]   # dm-thin features: skip_block_zeroing, error_if_no_space,
 //!                               # no_discard_passdown, ignore_discard, read_only
 //! no_space_timeout_s = 60       # queue writes this long when out of data space, then fail
-//! low_water_blocks = 1024       # warn (log, status) when free data blocks fall below
-//! autoextend_threshold_percent = 80  # file data device: grow it when more than 80% is used
+//! low_water_blocks = 1024       # warn (log, status) when free data blocks are down to it
+//! autoextend_threshold_percent = 80  # file data device: grow it once 80% is used
 //! autoextend_step = "20%"       # by 20% of its size (or a size, "1GiB"), see thin_autoextend.rs
 //! autoextend_max_size = "1TiB"  # never beyond this
 //! commit_interval_ms = 1000     # commit at least this often when metadata changed

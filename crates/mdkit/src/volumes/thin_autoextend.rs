@@ -78,7 +78,8 @@ impl Policy {
         Ok(Some(Policy { threshold_percent, step, max_bytes: p.autoextend_max_size.map(Size::bytes) }))
     }
 
-    /// Free data blocks below which the pool must grow: used > threshold% of `total_blocks`.
+    /// The pool's low-water mark: it must grow when free data blocks are down to this (the
+    /// pool's `free <= mark`), i.e. once threshold% of `total_blocks` is used.
     pub fn low_water_blocks(&self, total_blocks: u64) -> u64 {
         (total_blocks * (100 - self.threshold_percent) / 100).max(1)
     }
@@ -243,7 +244,7 @@ mod tests {
     fn low_water_and_steps() {
         let bs = 64 << 10;
         let p = Policy::from_params(&params(Some(75), Some("50%"), Some(10 << 20)), true, None).unwrap().unwrap();
-        assert_eq!(p.low_water_blocks(64), 16, "used > 48 of 64 blocks");
+        assert_eq!(p.low_water_blocks(64), 16, "grows once 48 of 64 blocks are used");
         assert_eq!(p.low_water_blocks(1), 1);
         assert_eq!(p.next_bytes(4 << 20, bs), Some(6 << 20));
         assert_eq!(p.next_bytes(8 << 20, bs), Some(10 << 20), "capped");
