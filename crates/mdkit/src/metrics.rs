@@ -112,6 +112,30 @@ fn service_metrics(sink: &mut Sink, status: &Value) {
         &[],
         count(&status["connections_accepted"]),
     );
+    let a = &status["admission"];
+    for (reason, key) in [("full", "refused_full"), ("per_peer", "refused_per_peer")] {
+        let help = "NBD connections closed at accept by the connection limits";
+        sink.counter("mdkit_nbd_connections_refused", help, &[("reason", reason)], count(&a[key]));
+    }
+    for (reason, key) in [("max_handshakes", "handshakes_evicted"), ("timeout", "handshakes_timed_out")] {
+        let help = "NBD connections cut before they finished the handshake";
+        sink.counter("mdkit_nbd_handshakes_cut", help, &[("reason", reason)], count(&a[key]));
+    }
+    let b = &status["payload_budget"];
+    sink.gauge(
+        "mdkit_nbd_payload_budget_bytes",
+        "READ/WRITE payload bytes allowed at once",
+        &[],
+        num(&b["limit_bytes"]),
+    );
+    sink.gauge("mdkit_nbd_payload_budget_used_bytes", "READ/WRITE payload bytes held now", &[], num(&b["used_bytes"]));
+    sink.gauge(
+        "mdkit_nbd_payload_budget_peak_bytes",
+        "most READ/WRITE payload bytes held at once",
+        &[],
+        num(&b["peak_bytes"]),
+    );
+    sink.counter("mdkit_nbd_payload_budget_waits", "requests that waited for payload budget", &[], count(&b["waits"]));
 }
 
 fn volume_metrics(sink: &mut Sink, v: &Value) {

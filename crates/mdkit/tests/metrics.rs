@@ -87,7 +87,7 @@ impl Scrape {
     }
 }
 
-fn metrics_url(srv: &Server) -> String {
+pub(crate) fn metrics_url(srv: &Server) -> String {
     let start = Instant::now();
     loop {
         let log = srv.log_text();

@@ -10,6 +10,7 @@ mod bad_input;
 mod bench_smoke;
 mod block_status;
 mod cli;
+mod cli_paths;
 mod clients;
 mod docs;
 mod ext4;

@@ -27,6 +27,25 @@ pub fn run(args: StatusArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What the NBD connection limits and the payload budget did, when they did anything.
+fn limits_line(v: &Value) -> String {
+    let a = &v["admission"];
+    let n = |k: &str| a[k].as_u64().unwrap_or(0);
+    let (full, per_peer) = (n("refused_full"), n("refused_per_peer"));
+    let (evicted, timed_out) = (n("handshakes_evicted"), n("handshakes_timed_out"));
+    let waits = v["payload_budget"]["waits"].as_u64().unwrap_or(0);
+    if full + per_peer + evicted + timed_out + waits == 0 {
+        return String::new();
+    }
+    let b = &v["payload_budget"];
+    format!(
+        "limits: refused {full} (all slots established) + {per_peer} (per-peer limit); handshakes cut: {evicted} (max_handshakes), {timed_out} (timeout); payload budget: {} waits, peak {} of {}\n",
+        waits,
+        size(b["peak_bytes"].as_u64().unwrap_or(0)),
+        size(b["limit_bytes"].as_u64().unwrap_or(0)),
+    )
+}
+
 fn human(v: &Value) -> String {
     let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
     let u = |v: &Value| v.as_u64().unwrap_or(0);
@@ -39,7 +58,9 @@ fn human(v: &Value) -> String {
         s(&v["data_dir"])
     );
     let listeners: Vec<String> = v["listeners"].as_array().map(|a| a.iter().map(&s).collect()).unwrap_or_default();
-    out += &format!("listeners: {}\nconnections: {}\n\n", listeners.join(", "), u(&v["connections"]));
+    out += &format!("listeners: {}\nconnections: {}\n", listeners.join(", "), u(&v["connections"]));
+    out += &limits_line(v);
+    out += "\n";
     out += &format!("{:<16} {:<10} {:>12} {:<10}\n", "VOLUME", "KIND", "SIZE", "STATE");
     for vol in v["volumes"].as_array().into_iter().flatten() {
         out += &format!(
@@ -145,6 +166,20 @@ mod tests {
         assert!(h.contains("vol0") && h.contains("1.0 GiB") && h.contains("active"), "{h}");
         assert!(h.contains("default") && h.contains("127.0.0.1:10809"), "{h}");
         assert!(!h.contains("FAILED"), "{h}");
+        assert!(!h.contains("limits:"), "nothing refused, no limits line: {h}");
+    }
+
+    #[test]
+    fn human_output_says_what_the_connection_limits_did() {
+        let v = serde_json::json!({
+            "admission": {"refused_full": 1, "refused_per_peer": 2, "handshakes_evicted": 3, "handshakes_timed_out": 4},
+            "payload_budget": {"limit_bytes": 64u64 << 20, "used_bytes": 0, "peak_bytes": 32u64 << 20, "waits": 5},
+        });
+        let h = human(&v);
+        assert!(
+            h.contains("limits: refused 1 (all slots established) + 2 (per-peer limit); handshakes cut: 3 (max_handshakes), 4 (timeout); payload budget: 5 waits, peak 32.0 MiB of 64.0 MiB"),
+            "{h}"
+        );
     }
 
     #[test]

@@ -107,7 +107,30 @@ pub async fn status(svc: Arc<Service>) -> Result<Value> {
         "default_export": svc.default_export,
         "connections": svc.nbd.connection_count(),
         "connections_accepted": svc.nbd.connections_accepted(),
+        "admission": admission_json(&svc.nbd.admission_stats()),
+        "payload_budget": budget_json(&svc.nbd.payload_budget()),
         "volumes": vols,
         "exports": exports,
     }))
+}
+
+/// What the connection limits (`[nbd] max_connections`, `max_connections_per_peer`,
+/// `max_handshakes`, `handshake_timeout_ms`) did since start: how many connections they closed.
+fn admission_json(a: &mdkit_nbd::AdmissionSnapshot) -> Value {
+    json!({
+        "refused_full": a.refused_total,
+        "refused_per_peer": a.refused_per_peer,
+        "handshakes_evicted": a.handshakes_evicted,
+        "handshakes_timed_out": a.handshakes_timed_out,
+    })
+}
+
+/// The server-wide READ/WRITE payload budget (`[nbd] payload_budget_bytes`).
+fn budget_json(b: &mdkit_nbd::BudgetSnapshot) -> Value {
+    json!({
+        "limit_bytes": b.limit_bytes,
+        "used_bytes": b.used_bytes,
+        "peak_bytes": b.peak_bytes,
+        "waits": b.waits,
+    })
 }

@@ -79,10 +79,16 @@ impl Server {
     }
 
     pub fn start_with_config(dir: tempfile::TempDir, config_path: PathBuf) -> Server {
+        Server::start_with_args(dir, config_path, &[])
+    }
+
+    /// Like [`Server::start_with_config`] with extra `mdkit serve` arguments.
+    pub fn start_with_args(dir: tempfile::TempDir, config_path: PathBuf, serve_args: &[&str]) -> Server {
         let log = dir.path().join("mdkit.log");
         let child = Command::new(MDKIT)
             .args(["serve", "--config"])
             .arg(&config_path)
+            .args(serve_args)
             .env("RUST_LOG", "info,mdkit_nbd=debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
