@@ -355,3 +355,35 @@ fn nbd_limits_in_the_config_reach_the_service() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn detail_scan_prints_an_array_line_per_running_array() {
+    common::require_tool("mdadm", "mdadm");
+    let srv = Server::start("");
+    let (m1, m5) = (members(&srv, "one", 2), members(&srv, "five", 3));
+    mdkit_ok(&srv, &create_args("one", "raid1", &m1, &[]));
+    mdkit_ok(&srv, &create_args("five", "raid5", &m5, &["--chunk", "64K"]));
+    let scan = mdkit_ok(&srv, &["detail", "--scan"]);
+    let lines: Vec<&str> = scan.lines().collect();
+    assert_eq!(lines.len(), 2, "{scan}");
+    for (name, member) in [("one", &m1[0]), ("five", &m5[0])] {
+        let line = lines.iter().find(|l| l.starts_with(&format!("ARRAY {name} "))).unwrap_or_else(|| panic!("{scan}"));
+        // The kernel's own tool reads the same UUID and name from a member.
+        let brief = String::from_utf8(common::run(Command::new("mdadm").args(["--examine", "--brief", member])).stdout)
+            .unwrap();
+        let field = |text: &str, key: &str| {
+            text.split_whitespace().find_map(|w| w.strip_prefix(key)).map(str::to_string).unwrap_or_default()
+        };
+        assert_eq!(field(line, "UUID="), field(&brief, "UUID="), "{line} / {brief}");
+        assert_eq!(field(line, "name="), field(&brief, "name="), "{line} / {brief}");
+        assert_eq!(field(line, "metadata="), "1.2", "{line}");
+    }
+    mdkit_ok(&srv, &["stop", "one"]);
+    let scan = mdkit_ok(&srv, &["detail", "--scan"]);
+    assert!(scan.lines().count() == 1 && scan.starts_with("ARRAY five "), "{scan}");
+    // A name or --json with --scan, or neither: usage errors.
+    for bad in [&["detail"][..], &["detail", "five", "--scan"], &["detail", "--scan", "--json"]] {
+        let out = common::mdkit(&srv, bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

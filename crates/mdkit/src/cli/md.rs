@@ -6,7 +6,7 @@
 //!              [--export E] [--force] MEMBER...
 //! mdkit examine MEMBER... [--json]            (offline: reads the superblocks)
 //! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--run] [--export E]
-//! mdkit detail NAME [--json]
+//! mdkit detail NAME [--json] | --scan
 //! mdkit stop NAME
 //! mdkit manage NAME --add|--fail|--remove|--re-add|--replace MEMBER [--with MEMBER] [--write-mostly]
 //! mdkit attr NAME [KEY[=VALUE]]
@@ -116,6 +116,19 @@ pub struct AssembleArgs {
 #[derive(Args, Debug)]
 pub struct NameArgs {
     pub name: String,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DetailArgs {
+    #[arg(required_unless_present = "scan")]
+    pub name: Option<String>,
+    /// Every running array as an mdadm.conf ARRAY line (mdadm --detail --scan).
+    #[arg(long, conflicts_with_all = ["name", "json"])]
+    pub scan: bool,
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -389,14 +402,39 @@ pub fn assemble(a: AssembleArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn detail(a: NameArgs) -> Result<ExitCode> {
-    let d = a.control.client()?.call("md.detail", json!({ "name": a.name }))?;
+pub fn detail(a: DetailArgs) -> Result<ExitCode> {
+    let Some(name) = &a.name else { return scan(&a.control) };
+    let d = a.control.client()?.call("md.detail", json!({ "name": name }))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {
         print!("{}", detail_text(&d, std::io::stdout().is_terminal()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `detail --scan`: mdadm's ARRAY line for every running array (an array stopped between the
+/// list and its detail is skipped).
+fn scan(control: &ControlArgs) -> Result<ExitCode> {
+    let mut client = control.client()?;
+    let list = client.call("md.list", Value::Null)?;
+    for a in list["arrays"].as_array().into_iter().flatten() {
+        let Some(name) = a["name"].as_str() else { continue };
+        let Ok(d) = client.call("md.detail", json!({ "name": name })) else { continue };
+        println!("{}", array_line(name, &d));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ARRAY NAME metadata=V name=SET_NAME UUID=U`, as mdadm --detail --scan prints it (the array
+/// is named by its service name where mdadm gives the device path).
+fn array_line(name: &str, d: &Value) -> String {
+    let s = |k: &str| d[k].as_str().unwrap_or("").to_string();
+    let mut line = format!("ARRAY {name} metadata={}", s("metadata"));
+    if !s("set_name").is_empty() {
+        line += &format!(" name={}", s("set_name"));
+    }
+    line + &format!(" UUID={}", s("uuid"))
 }
 
 pub fn stop(a: NameArgs) -> Result<ExitCode> {

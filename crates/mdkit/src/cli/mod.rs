@@ -45,8 +45,9 @@ pub enum Command {
     Examine(md::ExamineArgs),
     /// Assemble an md array from its members and start it in the service.
     Assemble(md::AssembleArgs),
-    /// Show an md array's state, members and progress (like mdadm --detail).
-    Detail(md::NameArgs),
+    /// Show an md array's state, members and progress (like mdadm --detail); `--scan`: one
+    /// mdadm.conf ARRAY line per running array (mdadm --detail --scan).
+    Detail(md::DetailArgs),
     /// Stop an md array (flush, mark clean) and forget it.
     Stop(md::NameArgs),
     /// Add, fail, remove, re-add or replace an md array member.
