@@ -17,6 +17,7 @@ mod ext4;
 mod isolation;
 mod md;
 mod md_assemble_refusals;
+mod md_cli_paths;
 mod md_parity;
 mod metrics;
 mod monitor;

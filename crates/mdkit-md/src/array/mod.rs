@@ -506,20 +506,45 @@ impl Array {
     }
 
     /// `--replace`: rebuild a spare as the member's replacement, then fail the member.
-    /// With `with`, that device is added as the spare to use.
+    /// With `with`, that device is added and becomes the replacement (not another spare).
     pub async fn replace_member(&self, member: &str, with: Option<MemberDev>) -> stdio::Result<()> {
         let m = self.find(member)?;
-        if self.core().slots().role_of(&m).is_none() || m.is_faulty() {
-            return Err(stdio::Error::new(
-                stdio::ErrorKind::InvalidInput,
-                format!("{}: {member} is not an active member", self.name()),
-            ));
+        let refuse =
+            |why: &str| stdio::Error::new(stdio::ErrorKind::InvalidInput, format!("{}: {member} {why}", self.name()));
+        let slots = self.core().slots();
+        let role = slots.role_of(&m).filter(|_| !m.is_faulty()).ok_or_else(|| refuse("is not an active member"))?;
+        if slots.slot(role).is_some_and(|s| s.replacement.as_ref().is_some_and(|r| !r.is_faulty())) {
+            return Err(refuse("is already being replaced"));
         }
+        drop(slots);
         if let Some(w) = with {
+            let name = w.name.clone();
             self.add_member(w).await?;
+            self.take_as_replacement(role, &name).await?;
         }
         m.set(flag::WANT_REPLACEMENT);
         self.kick_sync();
+        Ok(())
+    }
+
+    /// mdadm `--with` writes the spare's `slot` (md slot_store): that device becomes the
+    /// replacement of `role`. Left to the recovery task, the first spare would be taken, which
+    /// is an older spare when the array already had one. A spare the recovery task already
+    /// put into an empty role stays there.
+    async fn take_as_replacement(&self, role: usize, spare: &str) -> stdio::Result<()> {
+        let _p = self.pause.enter().await;
+        let core = self.core();
+        let _g = core.membership.lock().await;
+        let slots = core.slots();
+        let Some(s) = slots.spares().iter().find(|s| s.name() == spare).cloned() else {
+            tracing::warn!(array = self.name(), member = spare, "no longer a spare: not made the replacement");
+            return Ok(());
+        };
+        let mut t = (*slots).clone();
+        sync::make_replacement(&mut t, role, &s);
+        core.set_slots(t);
+        core.update_superblocks("replacement chosen").await?;
+        tracing::info!(array = self.name(), member = spare, role, "spare becomes replacement (--with)");
         Ok(())
     }
 

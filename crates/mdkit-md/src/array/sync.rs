@@ -446,11 +446,7 @@ async fn activate_spares(core: &Arc<ArrayCore>) -> io::Result<()> {
         }
         let Some(s) = spares.first().cloned() else { break };
         spares.remove(0);
-        t.remove(&s);
-        s.clear(flag::IN_SYNC);
-        s.set(flag::REPLACEMENT);
-        s.set_recovery_offset(0);
-        t.set_replacement(role, Some(s.clone()));
+        make_replacement(&mut t, role, &s);
         tracing::info!(array = core.name(), member = s.name(), role, "spare becomes replacement");
         changed = true;
     }
@@ -459,6 +455,15 @@ async fn activate_spares(core: &Arc<ArrayCore>) -> io::Result<()> {
         core.update_superblocks("spare activated").await?;
     }
     Ok(())
+}
+
+/// Moves spare `s` into `role` of `t` as its replacement, rebuilt from sector 0.
+pub(crate) fn make_replacement(t: &mut SlotTable, role: usize, s: &Arc<Member>) {
+    t.remove(s);
+    s.clear(flag::IN_SYNC);
+    s.set(flag::REPLACEMENT);
+    s.set_recovery_offset(0);
+    t.set_replacement(role, Some(s.clone()));
 }
 
 fn set_running(core: &ArrayCore, w: &Work, generation: u64) {

@@ -16,6 +16,8 @@ const RESPONSE_MAX_BYTES: u64 = 64 << 20;
 
 pub struct ControlClient {
     path: PathBuf,
+    /// How long one read or write may wait (`--timeout-s`).
+    timeout: Duration,
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
@@ -28,7 +30,7 @@ impl ControlClient {
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
         let writer = s.try_clone()?;
-        Ok(ControlClient { path: path.to_path_buf(), reader: BufReader::new(s), writer })
+        Ok(ControlClient { path: path.to_path_buf(), timeout, reader: BufReader::new(s), writer })
     }
 
     /// Sends one command and returns its result, or the server's error as an `Err`.
@@ -37,7 +39,10 @@ impl ControlClient {
         line.push(b'\n');
         send_all(&self.writer, &line).with_context(|| format!("sending {cmd:?} to {}", self.path.display()))?;
         let mut resp = Vec::new();
-        (&mut self.reader).take(RESPONSE_MAX_BYTES).read_until(b'\n', &mut resp)?;
+        (&mut self.reader)
+            .take(RESPONSE_MAX_BYTES)
+            .read_until(b'\n', &mut resp)
+            .map_err(|e| self.read_error(cmd, e))?;
         if resp.is_empty() {
             return Err(anyhow!("{}: connection closed without a response to {cmd:?}", self.path.display()));
         }
@@ -47,6 +52,20 @@ impl ControlClient {
         } else {
             Err(anyhow!("{}", resp.error.unwrap_or_else(|| "unknown error".into())))
         }
+    }
+
+    /// A failed read of the answer to `cmd`. The socket's read timeout surfaces as EAGAIN
+    /// ("Resource temporarily unavailable"), which says nothing about waiting: name the
+    /// timeout and the flag that sets it instead.
+    fn read_error(&self, cmd: &str, e: std::io::Error) -> anyhow::Error {
+        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            return anyhow!(
+                "{}: timed out: no answer to {cmd:?} within {} s (--timeout-s sets the limit)",
+                self.path.display(),
+                self.timeout.as_secs()
+            );
+        }
+        anyhow::Error::new(e).context(format!("reading the answer to {cmd:?} from {}", self.path.display()))
     }
 }
 

@@ -529,12 +529,19 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
                 Some(w) => {
                     let o = open_new(w).await?;
                     check_not_in_use(&svc, &o.sources).await?;
-                    vol.sources.lock().push((o.devs[0].name.clone(), o.sources[0].clone()));
-                    Some(o.devs[0].clone())
+                    Some((o.devs[0].clone(), o.sources[0].clone()))
                 }
                 None => None,
             };
-            vol.array.replace_member(&m, with).await?;
+            let replaced = vol.array.replace_member(&m, with.as_ref().map(|(dev, _)| dev.clone())).await;
+            // Recorded only if the array holds the device: a refused replace (the member is a
+            // spare, the device too small) must not leave it listed as in use by this array.
+            if let Some((dev, source)) = with
+                && vol.array.core().slots().all_members().iter().any(|x| x.name() == dev.name)
+            {
+                vol.sources.lock().push((dev.name, source));
+            }
+            replaced?;
         }
         other => bail!("action {other:?}: use add, fail, remove, re-add or replace"),
     }
