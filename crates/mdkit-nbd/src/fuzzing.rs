@@ -43,7 +43,7 @@ pub fn handshake(client_bytes: &[u8]) -> Outcome {
     let server = server(false);
     let sent = Arc::new(AtomicUsize::new(0));
     let mut stream = tokio::io::join(client_bytes, CountingSink(sent.clone()));
-    let r = runtime().block_on(handshake::negotiate(&mut stream, server.shared(), "fuzz"));
+    let r = runtime().block_on(handshake::negotiate(&mut stream, server.shared(), "fuzz", 0));
     Outcome { completed: matches!(r, Ok(Some(_))), reply_bytes: sent.load(Ordering::Relaxed) }
 }
 

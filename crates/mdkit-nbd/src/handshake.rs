@@ -47,9 +47,11 @@ fn contexts_for(selection: &Option<Selection>, export: &ExportState) -> Vec<Meta
     }
 }
 
-/// Runs the handshake. `Ok(None)`: the client ended it (ABORT or EOF) politely.
-/// `Err`: protocol violation or I/O error; the caller hard-disconnects.
-pub async fn negotiate<S>(s: &mut S, shared: &Shared, peer: &str) -> io::Result<Option<Negotiated>>
+/// Runs the handshake of connection `conn_id`. `Ok(None)`: the client ended it (ABORT or EOF)
+/// politely. `Err`: protocol violation or I/O error; the caller hard-disconnects. The
+/// connection is marked negotiated ([`Shared::handshake_done`]) before the reply that ends the
+/// handshake goes out, so a handshake flood cannot cut a client that already has it.
+pub async fn negotiate<S>(s: &mut S, shared: &Shared, peer: &str, conn_id: u64) -> io::Result<Option<Negotiated>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -137,7 +139,7 @@ where
                 selection = meta_context::list_or_set(s, shared, option, &data, structured).await?;
             }
             OPT_INFO | OPT_GO => {
-                if let Some(mut n) = info_or_go(s, shared, option, &data, structured).await? {
+                if let Some(mut n) = info_or_go(s, shared, option, &data, structured, conn_id).await? {
                     n.contexts = contexts_for(&selection, &n.export);
                     return Ok(Some(n));
                 }
@@ -155,6 +157,7 @@ where
                 if !no_zeroes {
                     out.resize(out.len() + 124, 0);
                 }
+                shared.handshake_done(conn_id);
                 s.write_all(&out).await?;
                 let contexts = contexts_for(&selection, &export);
                 return Ok(Some(Negotiated { export, structured, block_size_committed: false, flags, contexts }));
@@ -176,6 +179,7 @@ async fn info_or_go<S>(
     option: u32,
     data: &[u8],
     structured: bool,
+    conn_id: u64,
 ) -> io::Result<Option<Negotiated>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -221,6 +225,9 @@ where
     put_option_reply(&mut out, option, REP_INFO, &info);
 
     put_option_reply(&mut out, option, REP_ACK, &[]);
+    if option == OPT_GO {
+        shared.handshake_done(conn_id);
+    }
     s.write_all(&out).await?;
     if option == OPT_GO {
         let block_size_committed = requests.contains(&INFO_BLOCK_SIZE);

@@ -171,6 +171,13 @@ impl Shared {
     pub fn exports_snapshot(&self) -> Vec<Arc<ExportState>> {
         self.exports.read().values().cloned().collect()
     }
+
+    /// Connection `id` has negotiated: it no longer counts as a handshake, so a newer one can
+    /// no longer cut it. Called before the reply that ends the handshake is written: once the
+    /// client has that reply it may rightly count on its connection.
+    pub fn handshake_done(&self, id: u64) {
+        self.connections.lock().handshake_done(id);
+    }
 }
 
 impl NbdServer {
@@ -510,7 +517,7 @@ impl Drop for ConnectionGuard {
 async fn run_connection<S: Transport>(mut stream: S, id: u64, peer: &str, shared: &Arc<Shared>) {
     let mut shutdown = shared.shutdown_tx.subscribe();
     let negotiated = tokio::select! {
-        r = tokio::time::timeout(shared.options.handshake_timeout, handshake::negotiate(&mut stream, shared, peer)) => r,
+        r = tokio::time::timeout(shared.options.handshake_timeout, handshake::negotiate(&mut stream, shared, peer, id)) => r,
         _ = shutdown.wait_for(|v| *v) => return,
     };
     let neg = match negotiated {
@@ -526,7 +533,6 @@ async fn run_connection<S: Transport>(mut stream: S, id: u64, peer: &str, shared
             return;
         }
     };
-    shared.connections.lock().handshake_done(id);
     let export = neg.export.clone();
     tracing::debug!(peer, export = %export.export.name, structured = neg.structured, flags = neg.flags, "transmission");
     export.stats.connections.fetch_add(1, Ordering::Relaxed);
