@@ -19,37 +19,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{MDKIT, Server, mdkit_err, mdkit_json, mdkit_ok, nbd_read, nbd_write_at, pattern, sha256};
+use common::{
+    SMALL_POOL as POOL, Server, mdkit_err, mdkit_json, mdkit_ok, nbd_read, nbd_write_at, offline, pattern, sha256,
+};
 use mdkit_thin::meta::{FileMetaIo, ThinMetadata};
-
-const POOL: &str = r#"
-[[volume]]
-name = "pool0"
-kind = "thin-pool"
-metadata = "pool0.meta"
-metadata_size = "8MiB"
-data = "pool0.data"
-data_size = "64MiB"
-block_size = "64KiB"
-create = true
-
-[[volume]]
-name = "vol0"
-kind = "thin"
-pool = "pool0"
-id = 0
-size = "16MiB"
-create = true
-
-[[export]]
-name = "vol0"
-volume = "vol0"
-"#;
-
-/// `mdkit ARGS` without a control socket (offline verbs).
-fn offline(args: &[&str]) -> std::process::Output {
-    Command::new(MDKIT).args(args).output().expect("run mdkit")
-}
 
 fn offline_json(args: &[&str]) -> (bool, serde_json::Value) {
     let out = offline(args);

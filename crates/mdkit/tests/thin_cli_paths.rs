@@ -21,7 +21,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MDKIT, Server, mdkit_json as json, mdkit_ok, nbd_write_at, pattern, require_tool, restart, run};
+use common::{
+    SMALL_POOL as POOL, Server, mdkit_json as json, mdkit_ok, nbd_write_at, offline_ok, pattern, require_tool, restart,
+    run,
+};
 use mdkit_thin::meta::Superblock;
 use mdkit_thin::meta::block::{BlockKind, seal};
 use serde_json::Value;
@@ -152,42 +155,6 @@ fn pool_create_low_water_and_no_space_timeout_take_effect_and_survive_restart() 
 
 //------------------------------------------------------------------------------------------------
 // repair
-
-const POOL: &str = r#"
-[[volume]]
-name = "pool0"
-kind = "thin-pool"
-metadata = "pool0.meta"
-metadata_size = "8MiB"
-data = "pool0.data"
-data_size = "64MiB"
-block_size = "64KiB"
-create = true
-
-[[volume]]
-name = "vol0"
-kind = "thin"
-pool = "pool0"
-id = 0
-size = "16MiB"
-create = true
-
-[[export]]
-name = "vol0"
-volume = "vol0"
-"#;
-
-/// `mdkit ARGS` without a control socket (offline verbs), asserting success; its stdout.
-fn offline_ok(args: &[&str]) -> String {
-    let out = Command::new(MDKIT).args(args).output().expect("run mdkit");
-    assert!(
-        out.status.success(),
-        "mdkit {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// `transaction` and `nr_data_blocks` of the `<superblock>` element of thin_dump XML.
 fn superblock_values(xml: &str) -> (u64, u64) {

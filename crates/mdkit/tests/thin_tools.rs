@@ -17,50 +17,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{MDKIT, Server, mdkit_ok, nbd_write_at, pattern, require_tool, run};
-
-const POOL: &str = r#"
-[[volume]]
-name = "pool0"
-kind = "thin-pool"
-metadata = "pool0.meta"
-metadata_size = "8MiB"
-data = "pool0.data"
-data_size = "64MiB"
-block_size = "64KiB"
-create = true
-
-[[volume]]
-name = "vol0"
-kind = "thin"
-pool = "pool0"
-id = 0
-size = "16MiB"
-create = true
-
-[[export]]
-name = "vol0"
-volume = "vol0"
-"#;
+use common::{SMALL_POOL as POOL, Server, mdkit_ok, nbd_write_at, offline, offline_ok, pattern, require_tool, run};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(run(cmd).stdout).unwrap()
-}
-
-/// `mdkit ARGS` without a control socket (offline verbs).
-fn offline(args: &[&str]) -> std::process::Output {
-    Command::new(MDKIT).args(args).output().expect("run mdkit")
-}
-
-fn offline_ok(args: &[&str]) -> String {
-    let out = offline(args);
-    assert!(
-        out.status.success(),
-        "mdkit {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The text with `nr_data_blocks="N"` replaced by `nr_data_blocks="0"` (what the tools print

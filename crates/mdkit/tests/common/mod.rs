@@ -201,6 +201,49 @@ impl Drop for Server {
     }
 }
 
+/// A thin pool on two new files of the data directory (8 MiB metadata, 64 MiB data, 64 KiB
+/// blocks) with thin device 0 of 16 MiB as volume and export `vol0`.
+pub const SMALL_POOL: &str = r#"
+[[volume]]
+name = "pool0"
+kind = "thin-pool"
+metadata = "pool0.meta"
+metadata_size = "8MiB"
+data = "pool0.data"
+data_size = "64MiB"
+block_size = "64KiB"
+create = true
+
+[[volume]]
+name = "vol0"
+kind = "thin"
+pool = "pool0"
+id = 0
+size = "16MiB"
+create = true
+
+[[export]]
+name = "vol0"
+volume = "vol0"
+"#;
+
+/// `mdkit ARGS` without a control socket (offline verbs).
+pub fn offline(args: &[&str]) -> Output {
+    Command::new(MDKIT).args(args).output().expect("run mdkit")
+}
+
+/// Like [`offline`], asserting success; its stdout.
+pub fn offline_ok(args: &[&str]) -> String {
+    let out = offline(args);
+    assert!(
+        out.status.success(),
+        "mdkit {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
