@@ -80,12 +80,39 @@ struct RawNbd {
 }
 
 /// A byte count: an integer, or a string with a binary suffix ("512", "4KiB", "1G", "2TiB").
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(untagged)]
+/// A malformed value is refused with an error naming it (serde adds the key).
+#[derive(Debug, Clone, Copy)]
 pub enum Size {
     Bytes(u64),
-    #[serde(deserialize_with = "deserialize_size_str")]
     Text(u64),
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Size, D::Error> {
+        d.deserialize_any(SizeVisitor)
+    }
+}
+
+struct SizeVisitor;
+
+impl serde::de::Visitor<'_> for SizeVisitor {
+    type Value = Size;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a size: a whole number of bytes or a string such as \"64MiB\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Size, E> {
+        Ok(Size::Bytes(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Size, E> {
+        u64::try_from(v).map(Size::Bytes).map_err(|_| E::custom(format!("size {v}: must not be negative")))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Size, E> {
+        parse_size(v).map(Size::Text).map_err(E::custom)
+    }
 }
 
 impl Size {
@@ -96,9 +123,23 @@ impl Size {
     }
 }
 
-fn deserialize_size_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_size(&s).map_err(serde::de::Error::custom)
+/// `key`'s size, when given, as a non-zero multiple of 512 bytes (what a member file, a mem
+/// disk or a thin volume can be).
+pub fn check_sector_multiple(key: &str, size: Option<Size>) -> Result<()> {
+    match size.map(Size::bytes) {
+        Some(b) if b == 0 || !b.is_multiple_of(512) => bail!("{key} = {b} bytes: must be a non-zero multiple of 512"),
+        _ => Ok(()),
+    }
+}
+
+/// `queue_depth`, when given, within what a member file's io_uring takes.
+pub fn check_queue_depth(queue_depth: Option<u32>) -> Result<()> {
+    match queue_depth {
+        Some(qd) if qd == 0 || qd > mdkit_io::file::MAX_QUEUE_DEPTH => {
+            bail!("queue_depth = {qd}: use 1..={}", mdkit_io::file::MAX_QUEUE_DEPTH)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Parses "4096", "4K", "4KiB", "1.5GiB" is refused (whole numbers only). Suffixes are binary.
@@ -131,10 +172,9 @@ pub struct VolumeSpec {
 
 impl VolumeSpec {
     /// Parses the kind-specific keys into `T` (use `#[serde(deny_unknown_fields)]` on `T`).
+    /// The error names the key and the value, not the volume: callers add that.
     pub fn parse_params<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        toml::Value::Table(self.params.clone())
-            .try_into()
-            .with_context(|| format!("volume {:?} (kind {:?})", self.name, self.kind))
+        Ok(toml::Value::Table(self.params.clone()).try_into()?)
     }
 }
 
@@ -396,7 +436,7 @@ fn valid_name(s: &str) -> bool {
 }
 
 /// Removes `.` and `..` components lexically (no symlink resolution; the path may not exist).
-fn normalize(p: &Path) -> PathBuf {
+pub fn normalize(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {

@@ -360,3 +360,31 @@ fn detail_scan_prints_an_array_line_per_running_array() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+#[test]
+fn a_refused_create_leaves_no_member_file_behind() {
+    let srv = Server::start("");
+    // An existing member file (not made by the create) is never removed.
+    let kept = srv.path("kept.img");
+    std::fs::write(&kept, pattern(38, 64 << 20)).unwrap();
+    let before = sha256(&kept);
+    for (case, extra, member_size) in [
+        ("chunk", &["--chunk", "3K"][..], "16M"),
+        ("raid-devices", &["--raid-devices", "0"][..], "16M"),
+        ("members too small", &[][..], "16K"),
+    ] {
+        let ms: Vec<String> = (0..2).map(|i| srv.path(&format!("new-{i}.img")).display().to_string()).collect();
+        let mut args = vec!["create", "x", "--level", "raid5", "--member-size", member_size];
+        args.extend_from_slice(extra);
+        args.extend(ms.iter().map(String::as_str));
+        args.push(kept.to_str().unwrap());
+        let e = mdkit_err(&srv, &args);
+        assert!(!e.is_empty(), "{case}");
+        for m in &ms {
+            assert!(!Path::new(m).exists(), "{case}: the refused create left {m} ({e})");
+        }
+        assert_eq!(sha256(&kept), before, "{case}: the existing member changed ({e})");
+    }
+    let st = mdkit_json(&srv, &["status", "--json"]);
+    assert!(!st.to_string().contains("\"x\""), "a refused array is listed: {st:#}");
+}

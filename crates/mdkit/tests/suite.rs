@@ -14,6 +14,7 @@ mod cli_paths;
 mod clients;
 mod docs;
 mod ext4;
+mod hostile_values;
 mod isolation;
 mod md;
 mod md_assemble_refusals;

@@ -94,7 +94,10 @@ fn size_arg(flag: &str, s: &str) -> Result<serde_json::Value> {
         return Ok(json!("max"));
     }
     let bytes = if s.chars().all(|c| c.is_ascii_digit()) {
-        s.parse::<u64>().map_err(|e| anyhow!("{flag} {s:?}: {e}"))?.saturating_mul(1024)
+        s.parse::<u64>()
+            .ok()
+            .and_then(|k| k.checked_mul(1024))
+            .ok_or_else(|| anyhow!("{flag} {s:?}: not a number of KiB below 16 EiB"))?
     } else {
         parse_size(s).map_err(|e| anyhow!("{flag}: {e}"))?
     };

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
-use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, open_members, start_array, with_missing};
+use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, OpenedMembers, open_members, start_array, with_missing};
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
@@ -238,7 +238,22 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
         open_members(&a.members, &svc.config.data_dir, &vols, how).await?
     };
-    check_not_in_use(&svc, &opened.sources).await?;
+    let assembled = match create_on(&svc, &a, &opened).await {
+        Ok(assembled) => assembled,
+        Err(e) => {
+            // Refused after opening: the member files made for it go again.
+            opened.discard();
+            return Err(e);
+        }
+    };
+    let vol = MdVolume::new(&a.name, assembled.array, opened);
+    install(&svc, vol, a.export).await
+}
+
+/// Writes the new array onto the opened members, unless a member is in use or (without
+/// --force) holds an md superblock already.
+async fn create_on(svc: &Service, a: &CreateArgs, opened: &OpenedMembers) -> Result<mdkit_md::array::Assembled> {
+    check_not_in_use(svc, &opened.sources).await?;
     if !a.force {
         for m in &opened.devs {
             if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {
@@ -252,9 +267,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
         }
     }
     let opts = a.params.to_options(&a.name, opened.devs.len(), opened.all_created)?;
-    let assembled = mdkit_md::array::create(opened.devs.clone(), opts).await?;
-    let vol = MdVolume::new(&a.name, assembled.array, opened);
-    install(&svc, vol, a.export).await
+    Ok(mdkit_md::array::create(opened.devs.clone(), opts).await?)
 }
 
 #[derive(Deserialize)]

@@ -23,7 +23,7 @@ use mdkit_io::{
 use serde::Deserialize;
 
 use super::{BoxFuture, OpenContext, Volume, VolumeKind};
-use crate::config::{Size, VolumeSpec};
+use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple};
 
 pub struct FileKind;
 
@@ -59,7 +59,9 @@ impl VolumeKind for FileKind {
     }
 
     fn check(&self, spec: &VolumeSpec) -> Result<()> {
-        spec.parse_params::<FileParams>().map(|_| ())
+        let p: FileParams = spec.parse_params()?;
+        check_sector_multiple("size", p.size)?;
+        check_queue_depth(p.queue_depth)
     }
 
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {

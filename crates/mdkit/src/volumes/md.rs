@@ -34,7 +34,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -51,7 +51,7 @@ use serde::Deserialize;
 use super::faults::{self, FaultSpec};
 use super::md_remote::{RemoteLinks, RemoteMember, spawn_watch, unreachable_reason};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
-use crate::config::{Size, VolumeSpec};
+use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple, normalize};
 
 pub struct MdKind;
 
@@ -137,6 +137,8 @@ pub struct OpenedMembers {
     pub devs: Vec<MemberDev>,
     pub sources: Vec<String>,
     pub all_created: bool,
+    /// The member files this call created (removed again by [`OpenedMembers::discard`]).
+    pub created_files: Vec<PathBuf>,
     /// The remote members, opened or (with `allow_unreachable`) missing.
     pub remote: Vec<RemoteMember>,
     pub remote_options: NbdClientOptions,
@@ -171,6 +173,7 @@ pub async fn open_members(
     if specs.is_empty() {
         bail!("no members given");
     }
+    refuse_repeated_members(specs, data_dir)?;
     let names = member_names(specs);
     // Remote members first: a bad URI or an unreachable server must not leave member files
     // created behind it.
@@ -196,6 +199,29 @@ pub async fn open_members(
             },
         }
     }
+    let mut created_files = Vec::new();
+    let r = open_local_members(specs, names, remote_devs, data_dir, volumes, how, &mut created_files);
+    let (devs, sources, all_created) = match r {
+        Ok(v) => v,
+        Err(e) => {
+            remove_files(&created_files);
+            return Err(e);
+        }
+    };
+    Ok(OpenedMembers { devs, sources, all_created, created_files, remote, remote_options: how.remote })
+}
+
+/// The local members of [`open_members`] (files, other volumes) beside the remote ones opened
+/// already; the files it creates are added to `created_files` as it goes.
+fn open_local_members(
+    specs: &[String],
+    names: Vec<String>,
+    remote_devs: Vec<Option<Arc<NbdDevice>>>,
+    data_dir: &Path,
+    volumes: &Volumes,
+    how: MemberOpen,
+    created_files: &mut Vec<PathBuf>,
+) -> Result<(Vec<MemberDev>, Vec<String>, bool)> {
     let mut devs = Vec::with_capacity(specs.len());
     let mut sources = Vec::with_capacity(specs.len());
     let mut all_created = true;
@@ -219,11 +245,52 @@ pub async fn open_members(
         }
         let p = Path::new(spec);
         let path = if p.is_absolute() { p.to_path_buf() } else { data_dir.join(p) };
+        if !path.exists() && how.create_size_bytes.is_some() {
+            created_files.push(path.clone());
+        }
         let dev = open_member_file(&path, how, &mut all_created)?;
         devs.push(MemberDev::new(name, dev));
         sources.push(path.display().to_string());
     }
-    Ok(OpenedMembers { devs, sources, all_created, remote, remote_options: how.remote })
+    Ok((devs, sources, all_created))
+}
+
+fn remove_files(paths: &[PathBuf]) {
+    for p in paths {
+        if let Err(e) = std::fs::remove_file(p) {
+            tracing::warn!(path = %p.display(), "removing a member file created for a refused request: {e}");
+        }
+    }
+}
+
+impl OpenedMembers {
+    /// Undoes what opening did on a request that is refused afterwards: closes the members and
+    /// removes the files created for it, so a refused create leaves the disk as it was.
+    pub fn discard(self) {
+        let created = self.created_files.clone();
+        drop(self);
+        remove_files(&created);
+    }
+}
+
+/// Refuses a member given twice, before any member file is created or written: the same
+/// spec, the same path spelt two ways, or two paths of one file (a hard or symbolic link).
+fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: Vec<(&str, std::path::PathBuf, Option<(u64, u64)>)> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let path = if spec.starts_with("volume:") || is_nbd_uri(spec) {
+            std::path::PathBuf::from(spec)
+        } else {
+            normalize(&data_dir.join(spec))
+        };
+        let inode = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+        if let Some((first, ..)) = seen.iter().find(|(_, p, i)| *p == path || (inode.is_some() && *i == inode)) {
+            bail!("member {spec:?} is the same device as member {first:?}; each member must be given once");
+        }
+        seen.push((spec, path, inode));
+    }
+    Ok(())
 }
 
 async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<Arc<NbdDevice>, mdkit_io::NbdClientError> {
@@ -440,14 +507,38 @@ impl VolumeKind for MdKind {
 
     fn check(&self, spec: &VolumeSpec) -> Result<()> {
         let parsed = parse(spec)?;
+        let p = &parsed.params;
+        let members: Vec<&str> = p.members.iter().map(MemberEntry::spec).collect();
+        if members.is_empty() {
+            bail!("members = []: an array needs at least one member");
+        }
+        let same = |a: &str, b: &str| a == b || normalize(Path::new(a)) == normalize(Path::new(b));
+        for (i, m) in members.iter().enumerate() {
+            if members[..i].iter().any(|e| same(e, m)) {
+                bail!("member {m:?} is given twice");
+            }
+            if m.strip_prefix("volume:") == Some(spec.name.as_str()) {
+                bail!("member {m:?}: an array cannot be a member of itself");
+            }
+        }
+        if let Some(w) = p.write_mostly.iter().find(|w| !members.contains(&w.as_str())) {
+            bail!("write_mostly {w:?} is not one of the members {members:?}");
+        }
+        check_sector_multiple("member_size", p.member_size)?;
+        check_queue_depth(p.queue_depth)?;
         if let Some(c) = &parsed.create {
-            c.to_options(&spec.name, parsed.params.members.len(), false)?;
+            check_create_geometry(c, members.len())?;
+            c.to_options(&spec.name, members.len(), false)?;
         }
         remote_options(&parsed.params)?;
         for uri in parsed.params.members.iter().map(|m| m.spec()).filter(|m| is_nbd_uri(m)) {
             mdkit_io::NbdUri::parse(uri)?;
         }
         Ok(())
+    }
+
+    fn bases(&self, spec: &VolumeSpec) -> Vec<String> {
+        parse(spec).map(|p| super::volume_refs(p.params.members.iter().map(MemberEntry::spec))).unwrap_or_default()
     }
 
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
@@ -487,6 +578,27 @@ impl VolumeKind for MdKind {
             Ok(vol as Arc<dyn Volume>)
         })
     }
+}
+
+/// The create keys that do not depend on the members' sizes, checked before any member file
+/// is created (`create` itself checks them again against the real members).
+fn check_create_geometry(c: &CreateParams, members: usize) -> Result<()> {
+    if let Some(n) = c.raid_devices
+        && (n == 0 || n as usize > members)
+    {
+        bail!("raid_devices = {n}: use 1..={members} (the number of members)");
+    }
+    if let Some(kib) = c.chunk_kib
+        && (kib < 4 || !kib.is_power_of_two())
+    {
+        bail!("chunk = {kib} KiB: must be a power of two of at least 4 KiB");
+    }
+    if let Some(b) = c.bitmap_chunk_bytes
+        && (b < 512 || !b.is_power_of_two())
+    {
+        bail!("bitmap_chunk = {b} bytes: must be a power of two from 512 bytes to 2 GiB");
+    }
+    Ok(())
 }
 
 /// An md volume's keys, with the uuid and the create parameters parsed.

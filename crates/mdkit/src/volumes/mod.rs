@@ -75,6 +75,13 @@ pub trait VolumeKind: Send + Sync {
         Ok(())
     }
 
+    /// The volumes `spec` is built on (`"volume:NAME"` devices, a thin volume's pool), for
+    /// [`check_specs`]: each must be defined before it. Called after [`VolumeKind::check`].
+    fn bases(&self, spec: &VolumeSpec) -> Vec<String> {
+        let _ = spec;
+        Vec::new()
+    }
+
     /// Opens the volume described by `spec`, creating its backing storage if the kind and the
     /// config say so. Volumes defined earlier in the config are in `ctx.volumes`.
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>>;
@@ -120,13 +127,29 @@ pub trait Volume: Send + Sync + 'static {
     fn close(&self) -> BoxFuture<'_, Result<()>>;
 }
 
-/// Checks every spec's kind and keys (see [`VolumeKind::check`]).
+/// Checks every spec's kind and keys (see [`VolumeKind::check`]), and that every volume it is
+/// built on is defined before it (volumes open in config order, so this also refuses cycles).
 pub fn check_specs(specs: &[VolumeSpec]) -> Result<()> {
-    for spec in specs {
+    for (i, spec) in specs.iter().enumerate() {
         let kind = kind_for(&spec.kind).map_err(|e| anyhow!("volume {:?}: {e}", spec.name))?;
         kind.check(spec).map_err(|e| anyhow!("volume {:?} (kind {}): {e:#}", spec.name, spec.kind))?;
+        for base in kind.bases(spec) {
+            if !specs[..i].iter().any(|s| s.name == base) {
+                bail!(
+                    "volume {:?} (kind {}) is built on volume {base:?}, which is not defined before it \
+                     (volumes open in config order)",
+                    spec.name,
+                    spec.kind
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// The volume names of `"volume:NAME"` device specs.
+pub fn volume_refs<'a>(devices: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    devices.into_iter().filter_map(|d| d.strip_prefix("volume:")).map(str::to_string).collect()
 }
 
 /// Opens one volume; an error or a panic in the kind's open becomes an error naming the volume.

@@ -58,7 +58,7 @@ use serde::{Deserialize, Serialize};
 use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
 use super::thin_origin::open_origin;
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
-use crate::config::{Size, VolumeSpec};
+use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple};
 
 /// File (in the data directory) with thin sizes and run-time pools and volumes.
 pub const STATE_FILE: &str = "thin-pools.json";
@@ -151,6 +151,31 @@ impl PoolParams {
 
     fn block_bytes(&self) -> Option<u64> {
         self.block_size.map(Size::bytes)
+    }
+
+    /// Checks every key without opening anything (`serve --check-config`, `thin.pool-create`
+    /// before it creates a file).
+    pub fn check(&self, pool_name: &str) -> Result<()> {
+        if crate::config::normalize(Path::new(&self.metadata)) == crate::config::normalize(Path::new(&self.data)) {
+            bail!("metadata and data are both {:?}: a pool needs two devices", self.data);
+        }
+        for dev in [&self.metadata, &self.data] {
+            if dev.strip_prefix("volume:") == Some(pool_name) {
+                bail!("{dev:?}: a thin pool cannot be stored on itself");
+            }
+        }
+        check_sector_multiple("metadata_size", self.metadata_size)?;
+        check_sector_multiple("data_size", self.data_size)?;
+        check_queue_depth(self.queue_depth)?;
+        if let Some(b) = self.block_bytes() {
+            let sectors = u32::try_from(b / 512).unwrap_or(u32::MAX);
+            if !b.is_multiple_of(512) || mdkit_thin::meta::superblock::check_data_block_size(sectors).is_err() {
+                bail!("block_size = {b} bytes: must be a multiple of 64 KiB between 64 KiB and 1 GiB");
+            }
+        }
+        self.pool_options()?;
+        self.autoextend_policy()?;
+        Ok(())
     }
 
     /// The autoextend policy, validated (`None` when not configured).
@@ -308,6 +333,7 @@ pub async fn open_pool(
     data_dir: &Path,
     volumes: &Volumes,
 ) -> Result<Arc<ThinPoolVolume>> {
+    p.check(name).with_context(|| format!("thin pool {name}"))?;
     let opts = p.pool_options()?;
     let autoextend = p.autoextend_policy().with_context(|| format!("thin pool {name}"))?;
     let (meta, meta_src, meta_file) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
@@ -352,6 +378,15 @@ pub async fn open_pool(
 impl VolumeKind for ThinPoolKind {
     fn kind(&self) -> &'static str {
         "thin-pool"
+    }
+
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        spec.parse_params::<PoolParams>()?.check(&spec.name)
+    }
+
+    fn bases(&self, spec: &VolumeSpec) -> Vec<String> {
+        let p = spec.parse_params::<PoolParams>();
+        p.map(|p| super::volume_refs([p.metadata.as_str(), p.data.as_str()])).unwrap_or_default()
     }
 
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {
@@ -522,6 +557,24 @@ pub async fn open_thin(
 impl VolumeKind for ThinKind {
     fn kind(&self) -> &'static str {
         "thin"
+    }
+
+    fn check(&self, spec: &VolumeSpec) -> Result<()> {
+        let p: ThinParams = spec.parse_params()?;
+        if p.pool == spec.name {
+            bail!("pool = {:?}: a thin volume cannot be its own pool", p.pool);
+        }
+        if p.id > mdkit_thin::meta::MAX_DEVICE_ID {
+            bail!("id = {}: a thin device id has 24 bits (0..={})", p.id, mdkit_thin::meta::MAX_DEVICE_ID);
+        }
+        check_sector_multiple("size", p.size)
+    }
+
+    fn bases(&self, spec: &VolumeSpec) -> Vec<String> {
+        let Ok(p) = spec.parse_params::<ThinParams>() else { return Vec::new() };
+        let mut bases = super::volume_refs(p.external_origin.as_deref());
+        bases.push(p.pool);
+        bases
     }
 
     fn open<'a>(&'a self, spec: &'a VolumeSpec, ctx: &'a OpenContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Volume>>> {

@@ -148,7 +148,9 @@ fn config_block(
             return Err(format!("{file}:{}: a config fragment with no example before it", block.first_line));
         }
     };
-    if complete {
+    // Fragments extend "the example at the top" (the docs' wording): the file's first complete
+    // config, not a later complete one that shows something else.
+    if complete && last_full.is_none() {
         *last_full = Some(block.text.clone());
     }
     if !execute {

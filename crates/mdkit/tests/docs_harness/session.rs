@@ -50,6 +50,11 @@ impl Session<'_> {
     fn script(&self, listing: &Listing) -> String {
         let config_args = if self.config.is_some() { format!("--config {CONFIG_FILE}") } else { String::new() };
         let mut sh = format!("config_args=\"{config_args}\"\n{PROLOGUE}");
+        if self.config.is_some() {
+            // A documented config whose volumes do not open is a broken example, although the
+            // service itself starts (a failed volume is isolated).
+            sh.push_str(CONFIG_VOLUMES_OPEN);
+        }
         for (i, cmd) in self.commands.iter().enumerate() {
             let ready_path = listing.ready_path(self.file, &cmd.key);
             let _ = writeln!(sh, "# {}:{}", self.file, cmd.line);
@@ -97,6 +102,11 @@ impl Session<'_> {
 }
 
 const CONFIG_FILE: &str = "doc-config.toml";
+
+const CONFIG_VOLUMES_OPEN: &str = r#"if mdkit status $config_args --json | grep -q '"state": "failed"'; then
+    fail "a volume of the documented config did not open: $(mdkit status $config_args | grep -i -A1 failed)"
+fi
+"#;
 
 const PROLOGUE: &str = r#"set -u
 fail() { echo "harness: $*" >&2; exit 90; }

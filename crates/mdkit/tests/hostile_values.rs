@@ -1,0 +1,197 @@
+//! Hostile config values and CLI arguments. Each must be refused with an error naming the key
+//! (or flag) and the value, before anything is created on disk, and never with a panic. The
+//! cases pinned here were accepted by `--check-config` (and then created member files, wrote a
+//! thin device or an md superblock before failing the open), or named no value:
+//! `size = -1` said "data did not match any variant of untagged enum Size"; `members = ["a",
+//! "a"]` created a raid1 with one file as both members; a thin-pool volume's keys were not
+//! checked at all.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// `mdkit serve --check-config` on `body` in a fresh directory: (success, stderr, files left).
+fn check_config(body: &str) -> (bool, String, Vec<String>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n{body}\n", dir.path().display())).expect("config");
+    let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&config).output().expect("mdkit");
+    let mut files: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.retain(|f| f != "c.toml");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned(), files)
+}
+
+const FILE: &str = "[[volume]]\nname = \"v\"\nkind = \"file\"\npath = \"v.img\"\n";
+const MD: &str = "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmember_size = \"4MiB\"\ncreate = true\n";
+const POOL: &str =
+    "[[volume]]\nname = \"pool\"\nkind = \"thin-pool\"\nmetadata_size = \"4MiB\"\ndata_size = \"16MiB\"\n";
+const POOL_OK: &str = "[[volume]]\nname = \"pool\"\nkind = \"thin-pool\"\nmetadata = \"m\"\ndata = \"d\"\n";
+
+#[test]
+fn check_config_names_the_key_and_value_of_every_hostile_value() {
+    let thin = |kv: &str| format!("{POOL_OK}[[volume]]\nname = \"t\"\nkind = \"thin\"\npool = \"pool\"\n{kv}");
+    let cases: Vec<(String, &[&str])> = vec![
+        (format!("{FILE}size = -1"), &["size -1: must not be negative", "`size`"]),
+        (format!("{FILE}size = \"-1\""), &["size \"-1\"", "`size`"]),
+        (format!("{FILE}size = \"999999999999T\""), &["\"999999999999T\" overflows 64 bits"]),
+        (format!("{FILE}size = \"1e30\""), &["size \"1e30\""]),
+        (format!("{FILE}size = 1.5"), &["floating point `1.5`", "`size`"]),
+        (format!("{FILE}size = 0"), &["size = 0 bytes: must be a non-zero multiple of 512"]),
+        (format!("{FILE}size = \"0B\""), &["size = 0 bytes"]),
+        (format!("{FILE}size = \"1000\""), &["size = 1000 bytes"]),
+        (format!("{FILE}size = \"1M\"\nqueue_depth = 0"), &["queue_depth = 0: use 1..=4096"]),
+        (format!("{FILE}size = \"1M\"\nqueue_depth = 1000000"), &["queue_depth = 1000000"]),
+        ("[[volume]]\nname = \"m\"\nkind = \"mem\"\nsize = \"8EiB\"".into(), &["unknown unit \"EiB\""]),
+        ("[[volume]]\nname = \"m\"\nkind = \"mem\"\nsize = \"1M\"\nlogical_block_bytes = 4097".into(), &["4097"]),
+        (format!("{MD}members = []\nlevel = \"raid1\""), &["members = []"]),
+        (format!("{MD}members = [\"a\", \"./a\"]\nlevel = \"raid1\""), &["member \"./a\" is given twice"]),
+        (format!("{MD}members = [\"volume:md0\", \"b\"]\nlevel = \"raid1\""), &["\"volume:md0\"", "itself"]),
+        (format!("{MD}members = [\"volume:later\", \"b\"]\nlevel = \"raid1\""), &["\"later\"", "not defined before"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nraid_devices = 0"), &["raid_devices = 0"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nraid_devices = 4000000000"), &["4000000000"]),
+        (format!("{MD}members = [\"a\", \"b\", \"c\"]\nlevel = \"raid5\"\nchunk = \"3K\""), &["chunk = 3 KiB"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nbitmap_chunk = 1"), &["bitmap_chunk = 1 bytes"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nqueue_depth = 0"), &["queue_depth = 0"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nwrite_mostly = [\"c\"]"), &["write_mostly \"c\""]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nmember_size = 1000"), &["member_size = 1000"]),
+        (format!("{POOL}metadata = \"p\"\ndata = \"./p\""), &["metadata and data are both"]),
+        (format!("{POOL}metadata = \"volume:pool\"\ndata = \"d\""), &["\"volume:pool\"", "itself"]),
+        (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nblock_size = \"3K\""), &["block_size = 3072 bytes"]),
+        (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nbogus = 1"), &["unknown field `bogus`"]),
+        (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nqueue_depth = 0"), &["queue_depth = 0"]),
+        (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nmetadata_size = 1000"), &["metadata_size = 1000"]),
+        (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nautoextend_threshold_percent = 0"), &["percent 0"]),
+        (thin("id = 16777216\nsize = \"1M\""), &["id = 16777216"]),
+        (thin("id = 1\nsize = \"1000\""), &["size = 1000 bytes"]),
+        (thin("id = -1"), &["`-1`", "`id`"]),
+        ("[[volume]]\nname = \"t\"\nkind = \"thin\"\npool = \"t\"\nid = 0".into(), &["pool = \"t\"", "own pool"]),
+        ("[[volume]]\nname = \"t\"\nkind = \"thin\"\npool = \"p\"\nid = 0\n[[volume]]\nname = \"p\"\nkind = \"thin-pool\"\nmetadata = \"m\"\ndata = \"volume:t\"".into(), &["\"p\", which is not defined before"]),
+    ];
+    for (body, wants) in &cases {
+        let (ok, err, files) = check_config(body);
+        assert!(!ok, "accepted:\n{body}");
+        assert!(!err.contains("panicked"), "{body}:\n{err}");
+        for w in *wants {
+            assert!(err.contains(w), "{body}:\nmissing {w:?} in:\n{err}");
+        }
+        assert!(files.is_empty(), "{body}: --check-config created {files:?}");
+    }
+}
+
+/// A bad key stops `mdkit serve` before it creates anything; a volume whose open fails (the same
+/// file twice through a hard link, a directory, /dev/null) is listed as failed with its reason,
+/// leaves its member untouched, and the other volumes are served.
+#[test]
+fn serve_refuses_bad_keys_and_isolates_bad_members() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("c.toml");
+    let body = format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nraid_devices = 0");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n{body}\n", dir.path().display())).unwrap();
+    let out = Command::new(MDKIT).args(["serve", "--config"]).arg(&config).output().expect("mdkit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("raid_devices = 0") && !err.contains("panicked"), "{err}");
+    assert!(!dir.path().join("a").exists() && !dir.path().join("b").exists(), "member files created");
+
+    let base = if Path::new("/var/tmp").is_dir() { "/var/tmp" } else { "/tmp" };
+    let dir = tempfile::Builder::new().prefix("mdkit-test-").tempdir_in(base).unwrap();
+    std::fs::write(dir.path().join("x.img"), pattern(7, 1 << 20)).unwrap();
+    std::fs::hard_link(dir.path().join("x.img"), dir.path().join("y.img")).unwrap();
+    std::fs::create_dir(dir.path().join("adir")).unwrap();
+    let before = sha256(&dir.path().join("x.img"));
+    let body = "[[volume]]\nname = \"twice\"\nkind = \"md\"\nmembers = [\"x.img\", \"y.img\"]\ncreate = true\nlevel = \"raid1\"\n\
+         [[volume]]\nname = \"dirvol\"\nkind = \"file\"\npath = \"adir\"\n\
+         [[volume]]\nname = \"null\"\nkind = \"md\"\nmembers = [\"/dev/null\", \"z.img\"]\nmember_size = \"4MiB\"\ncreate = true\nlevel = \"raid1\"\n\
+         [[volume]]\nname = \"ram\"\nkind = \"mem\"\nsize = \"1MiB\"\n\
+         [[export]]\nname = \"ram\"\nvolume = \"ram\"\n";
+    let config = dir.path().join("mdkit.toml");
+    let text = format!(
+        "data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\", \"unix:nbd.sock\"]\n{body}",
+        dir.path().display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let srv = Server::start_with_config(dir, config);
+    let st = srv.status();
+    let vol = |n: &str| -> Value {
+        st["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("{n}: {st:#}"))
+    };
+    let twice = vol("twice");
+    assert_eq!(twice["state"], "failed", "{st:#}");
+    assert!(twice["error"].as_str().unwrap().contains("is the same device as member \"x.img\""), "{st:#}");
+    assert!(vol("dirvol")["error"].as_str().unwrap().contains("adir: open: Is a directory"), "{st:#}");
+    assert!(vol("null")["error"].as_str().unwrap().contains("/dev/null"), "{st:#}");
+    assert_eq!(vol("ram")["state"], "active", "{st:#}");
+    nbd_write_at(&srv, "ram", 4096, &pattern(1, 4096));
+    assert_eq!(&nbd_read(&srv, "ram", 8192)[4096..], &pattern(1, 4096)[..]);
+    assert_eq!(sha256(&srv.path("x.img")), before, "a refused member was written");
+    assert!(!srv.path("z.img").exists() || std::fs::metadata(srv.path("z.img")).unwrap().len() == 4 << 20);
+    assert!(!srv.log_text().contains("panicked"), "{}", srv.log_text());
+}
+
+/// CLI values: refused with the flag and the value, the array keeps serving.
+#[test]
+fn cli_values_are_refused_with_the_flag_and_value() {
+    let srv = Server::start(
+        "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmembers = [\"a\", \"b\"]\nmember_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n\
+         [[export]]\nname = \"md0\"\nvolume = \"md0\"\n",
+    );
+    let cases: &[(&[&str], &str)] = &[
+        (&["grow", "md0", "--size", "18446744073709551615"], "--size \"18446744073709551615\": not a number of KiB"),
+        (&["grow", "md0", "--size", "999999999999T"], "overflows 64 bits"),
+        (&["grow", "md0", "--array-size", "abc"], "--array-size: size \"abc\""),
+        (&["grow", "md0", "--raid-devices", "4000000000"], "--raid-devices 4000000000 is out of range"),
+        (&["attr", "md0", "sync_speed_max=-1"], "\"-1\""),
+        (&["attr", "md0", "sync_speed_max=18446744073709551616"], "18446744073709551616"),
+        (
+            &[
+                "thin",
+                "pool-create",
+                "p1",
+                "--metadata",
+                "pm",
+                "--data",
+                "pd",
+                "--metadata-size",
+                "4M",
+                "--data-size",
+                "16M",
+                "--block-size",
+                "3K",
+            ],
+            "block_size = 3072 bytes",
+        ),
+        (
+            &[
+                "thin",
+                "pool-create",
+                "p1",
+                "--metadata",
+                "pm",
+                "--data",
+                "pm",
+                "--metadata-size",
+                "4M",
+                "--data-size",
+                "16M",
+            ],
+            "metadata and data are both",
+        ),
+    ];
+    for (args, want) in cases {
+        let err = mdkit_err(&srv, args);
+        assert!(err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(!srv.path("pm").exists() && !srv.path("pd").exists(), "refused pool-create created files");
+    nbd_write_at(&srv, "md0", 0, &pattern(3, 4096));
+    assert_eq!(nbd_read(&srv, "md0", 4096), pattern(3, 4096));
+    assert!(!srv.log_text().contains("panicked"));
+}
