@@ -187,6 +187,11 @@ fn serve_threads_sets_the_data_path_thread_count() {
         nbd_write_at(&srv, "m", 0, &data);
         assert_eq!(nbd_read(&srv, "m", 1 << 20), data, "--threads {n}");
     }
+    for bad in ["0", "1025", "-1", "many"] {
+        let out = Command::new(common::MDKIT).args(["serve", "--threads", bad, "--check-config"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains(bad), "--threads {bad}: {err}");
+    }
 }
 
 const BLOCK_BYTES: usize = 64 << 10;

@@ -26,9 +26,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub check_config: bool,
     /// Data-path threads: each runs a current-thread runtime serving NBD connections, with an
-    /// io_uring per member of its own (default: one per CPU).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    /// io_uring per member of its own (default: one per CPU; 1..=1024).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
@@ -68,8 +68,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         .worker_threads(cpus.min(2))
         .build()
         .context("starting the tokio runtime")?;
-    let data_path = mdkit_nbd::ConnectionThreads::start_with(args.threads.unwrap_or(cpus).max(1), config.nbd.idle_poll)
-        .context("starting the data-path threads")?;
+    let data_path =
+        mdkit_nbd::ConnectionThreads::start_with(args.threads.map_or(cpus, usize::from).max(1), config.nbd.idle_poll)
+            .context("starting the data-path threads")?;
     rt.block_on(crate::service::run(config, data_path.handles()))?;
     // Member devices drain their rings when dropped; give background tasks no chance to linger.
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
