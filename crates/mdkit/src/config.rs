@@ -295,7 +295,10 @@ impl Config {
         let mut names = BTreeSet::new();
         for v in &self.volumes {
             if !valid_name(&v.name) {
-                bail!("volume name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", v.name);
+                bail!(
+                    "volume name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters, not . or ..)",
+                    v.name
+                );
             }
             if !names.insert(v.name.as_str()) {
                 bail!("volume {:?} is defined twice", v.name);
@@ -431,8 +434,12 @@ fn positive(v: Option<usize>, default: usize, what: &str) -> Result<usize> {
     }
 }
 
-fn valid_name(s: &str) -> bool {
-    (1..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+/// A volume name: 1..=64 letters, digits, '-', '_' and '.', and not "." or "..".
+pub(crate) fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s != "."
+        && s != ".."
 }
 
 /// Removes `.` and `..` components lexically (no symlink resolution; the path may not exist).

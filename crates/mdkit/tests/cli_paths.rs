@@ -393,3 +393,34 @@ fn a_refused_create_leaves_no_member_file_behind() {
     let st = mdkit_json(&srv, &["status", "--json"]);
     assert!(!st.to_string().contains("\"x\""), "a refused array is listed: {st:#}");
 }
+
+#[test]
+fn a_device_a_running_pool_uses_is_refused_to_other_pools_and_arrays() {
+    let srv = Server::start(POOL);
+    let (meta, data) = (srv.path("pool0.meta"), srv.path("pool0.data"));
+    let link = srv.path("data-link");
+    std::fs::hard_link(&data, &link).unwrap();
+    let (meta_sum, data_sum) = (sha256(&meta), sha256(&data));
+    let new_meta = srv.path("p2.meta");
+    for data_arg in [&data, &link] {
+        let e = mdkit_err(
+            &srv,
+            &["thin", "pool-create", "p2", "--metadata", new_meta.to_str().unwrap(), "--metadata-size", "4M"]
+                .into_iter()
+                .chain(["--data", data_arg.to_str().unwrap()])
+                .collect::<Vec<_>>(),
+        );
+        assert!(e.contains("already used by thin pool \"pool0\""), "{e}");
+        assert!(!new_meta.exists(), "the refused pool-create left its metadata file");
+    }
+    let fresh = srv.path("fresh.img");
+    let e = mdkit_err(
+        &srv,
+        &["create", "x", "--level", "raid1", "--member-size", "16M", meta.to_str().unwrap(), fresh.to_str().unwrap()],
+    );
+    assert!(e.contains("already used by thin pool \"pool0\""), "{e}");
+    assert!(!fresh.exists(), "the refused create left {}", fresh.display());
+    assert_eq!((sha256(&meta), sha256(&data)), (meta_sum, data_sum), "a refused request wrote to pool0's devices");
+    let st = mdkit_json(&srv, &["thin", "status", "pool0", "--json"]);
+    assert_eq!(st["mode"], "rw", "{st:#}");
+}

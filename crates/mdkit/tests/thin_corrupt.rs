@@ -3,7 +3,7 @@
 //! service keeps serving everything else.
 //! - `thin pool-create / create / snapshot / status / list / delete / check` exactly as README.md
 //!   shows them (relative paths, `--block-size 64K`), then thin_check accepts the metadata;
-//!   `pool-create` on a device that holds a pool is refused unless `--force`;
+//!   `pool-create` on a device a running pool uses is refused, even with `--force`;
 //! - a run-time pool with a damaged btree node, then with its superblock zeroed: after a restart
 //!   it is not opened (the log names the block and thin_restore), the other export still
 //!   serves, neither pool file changed; pool-create refuses the lost pool unless `--force`;
@@ -139,17 +139,20 @@ fn readme_thin_commands_then_a_lost_superblock_is_refused_and_the_rest_keeps_ser
     assert!(out.contains("deleted thin device 1") && out.contains("removed volume tp.1"), "{out}");
     assert!(nbd_read(&srv, "tp.0", 1 << 20) == a);
 
-    // The metadata now holds a pool: pool-create refuses it, naming what is there.
+    // The metadata belongs to the running pool: pool-create refuses it, even with --force.
     let mut again = POOL_CREATE;
     again[2] = "tp2";
     let e = err(&srv, &again);
-    assert!(e.contains("already holds a thin pool") && e.contains("--force"), "{e}");
-    let bad_block = ["--metadata-size", "1M", "--block-size", "3K"];
+    assert!(e.contains("already used by thin pool \"tp\""), "{e}");
+    let e = err(&srv, &[&again[..], &["--force"]].concat());
+    assert!(e.contains("already used by thin pool \"tp\""), "--force: {e}");
+    let bad_block = ["--metadata-size", "1M", "--data-size", "1M", "--block-size", "3K"];
     let e = err(
         &srv,
-        &[&["thin", "pool-create", "tp3", "--metadata", "x.meta", "--data", "tp.data"][..], &bad_block].concat(),
+        &[&["thin", "pool-create", "tp3", "--metadata", "x.meta", "--data", "x.data"][..], &bad_block].concat(),
     );
     assert!(e.contains("3K") || e.contains("3072"), "{e}");
+    assert!(!srv.path("x.meta").exists() && !srv.path("x.data").exists(), "a refused pool-create left its files");
 
     let mut srv = restart(srv);
     assert!(nbd_read(&srv, "tp.0", 1 << 20) == a, "run-time thin volume after a restart");

@@ -33,6 +33,7 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, OpenedMembers, open_members, start_array, with_missing};
 use crate::volumes::open_guard::OpenGuard;
+use crate::volumes::thin::ThinPoolVolume;
 use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
 
@@ -148,8 +149,9 @@ pub fn register(r: &mut Registry) {
     r.register("md.attr", "get all, get one or set an md attribute (sysfs names: sync_action, ...)", |svc, args| {
         Box::pin(async move { attr(svc, args).await })
     });
-    r.register("md.list", "the running md arrays", |svc, _| {
+    r.register("md.list", "the running md arrays", |svc, args| {
         Box::pin(async move {
+            super::no_args("md.list", &args)?;
             let vols = svc.volumes.read().await;
             let arrays: Vec<Value> = vols
                 .iter()
@@ -189,10 +191,6 @@ pub(crate) fn as_md(v: &Arc<dyn Volume>) -> &MdVolume {
     v.as_any().downcast_ref::<MdVolume>().expect("md_volume checked the kind")
 }
 
-fn valid_name(s: &str) -> bool {
-    (1..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateArgs {
@@ -206,16 +204,23 @@ struct CreateArgs {
     force: bool,
 }
 
-/// Refuses members another running array already uses (same file opened twice = corruption).
-/// Members assembly left out are not in use.
+/// Refuses devices a running array or thin pool already uses (one file opened by two of them
+/// = corruption). Members assembly left out are not in use.
 pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
     let vols = svc.volumes.read().await;
     for v in vols.iter() {
         if let Some(m) = v.as_any().downcast_ref::<MdVolume>() {
             drop_left_out_sources(m);
             for s in m.member_sources() {
-                if sources.contains(&s) {
-                    bail!("member {s} is already used by md array {:?}", m.name);
+                if let Some(given) = sources.iter().find(|x| same_member(x, &s)) {
+                    bail!("member {given} is already used by md array {:?} (as {s})", m.name);
+                }
+            }
+        }
+        if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
+            for s in p.sources() {
+                if let Some(given) = sources.iter().find(|x| same_member(x, s)) {
+                    bail!("{given} is already used by thin pool {:?} (as {s})", v.name());
                 }
             }
         }
@@ -223,13 +228,25 @@ pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Resul
     Ok(())
 }
 
+/// Two member sources name one device: the same string, or two paths of one file (`./a`
+/// and `a`, a hard or symbolic link).
+fn same_member(a: &str, b: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        _ if a == b => true,
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
+}
+
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: CreateArgs = serde_json::from_value(args).context("md.create arguments")?;
-    if !valid_name(&a.name) {
-        bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
-    }
+    super::check_name("array name", &a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
+    }
+    if let Some(e) = &a.export {
+        super::check_new_export(&svc, e).await?;
     }
     // Refuse bad parameters before any member file is created.
     a.params.to_options(&a.name, a.members.len(), false)?;
@@ -286,9 +303,7 @@ struct AssembleArgs {
 
 async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: AssembleArgs = serde_json::from_value(args).context("md.assemble arguments")?;
-    if !valid_name(&a.name) {
-        bail!("array name {:?}: use letters, digits, '-', '_' and '.' (1..=64 characters)", a.name);
-    }
+    super::check_name("array name", &a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }

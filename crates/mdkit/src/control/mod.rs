@@ -120,6 +120,54 @@ pub fn registry() -> Registry {
     r
 }
 
+/// Refuses `name` for a new volume, array or pool unless the config would take it.
+pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
+    if !crate::config::valid_name(name) {
+        return Err(anyhow!("{what} {name:?}: use letters, digits, '-', '_' and '.' (1..=64 characters, not . or ..)"));
+    }
+    Ok(())
+}
+
+/// Refuses a new export name the NBD server would not take or another export has, before
+/// anything is created for it.
+pub(crate) async fn check_new_export(svc: &Service, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > mdkit_nbd::handshake::NAME_MAX_BYTES || name.contains('\0') {
+        return Err(anyhow!(
+            "export name {:.80?}: must be 1..={} bytes without NUL",
+            name,
+            mdkit_nbd::handshake::NAME_MAX_BYTES
+        ));
+    }
+    if let Some(e) = svc.exports.read().await.iter().find(|e| e.name == name) {
+        return Err(anyhow!("export name {name:?} is taken (volume {:?})", e.volume));
+    }
+    if let Some(e) = svc.failed_exports.read().await.iter().find(|e| e.spec.name == name) {
+        return Err(anyhow!("export name {name:?} is taken (failed volume {:?})", e.spec.volume));
+    }
+    Ok(())
+}
+
+/// Refuses arguments to a command that takes none (`null` and `{}` are none).
+pub(crate) fn no_args(cmd: &str, args: &Value) -> Result<()> {
+    match args {
+        Value::Null => Ok(()),
+        Value::Object(m) if m.is_empty() => Ok(()),
+        other => Err(anyhow!("{cmd} takes no arguments, got {:.200}", other.to_string())),
+    }
+}
+
+/// The JSON type of `v`, for messages.
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 //------------------------------------------------------------------------------------------------
 
 /// The running control socket; [`ControlServer::stop`] removes it.
@@ -149,9 +197,9 @@ impl ControlServer {
             .with_context(|| format!("chmod {}", path.display()))?;
         let mut registry = registry;
         let help = registry.help();
-        registry.register("help", "list the control commands", move |_, _| {
+        registry.register("help", "list the control commands", move |_, args| {
             let help = help.clone();
-            Box::pin(async move { Ok(help) })
+            Box::pin(async move { no_args("help", &args).map(|()| help) })
         });
         let registry = Arc::new(registry);
         let clients = Arc::new(Semaphore::new(CLIENTS_MAX));
@@ -204,6 +252,12 @@ async fn serve_client(stream: UnixStream, service: Arc<Service>, registry: Arc<R
             return Ok(());
         }
         let resp = match serde_json::from_slice::<Request>(&line) {
+            // Every command takes named arguments; serde would read an array as positional ones.
+            Ok(req) if !(req.args.is_null() || req.args.is_object()) => Response::err(format!(
+                "{:.100}: arguments must be a JSON object, not {}",
+                req.cmd,
+                json_type(&req.args)
+            )),
             Ok(req) if req.cmd == monitor::STREAM_CMD => return monitor::stream(r, w, service, req.args).await,
             Ok(req) => registry.call(service.clone(), req).await,
             Err(e) => Response::err(format!("malformed request: {e}")),

@@ -19,8 +19,11 @@ use crate::volumes::failed::panic_message;
 use mdkit_nbd::ExportStatsSnapshot;
 
 pub fn register(r: &mut Registry) {
-    r.register("status", "volumes (kind, size, state), exports with counters, listeners, connections", |svc, _args| {
-        Box::pin(async move { status(svc).await })
+    r.register("status", "volumes (kind, size, state), exports with counters, listeners, connections", |svc, args| {
+        Box::pin(async move {
+            super::no_args("status", &args)?;
+            status(svc).await
+        })
     });
 }
 

@@ -17,6 +17,7 @@
 //! Pools and volumes made here are remembered in `<data_dir>/thin-pools.json` and opened again
 //! (with their exports) when the service starts, after the configured volumes.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -91,6 +92,7 @@ fn parse_pool_create(args: Value) -> Result<PoolCreateArgs> {
 
 async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a = parse_pool_create(args)?;
+    super::check_name("thin pool name", &a.name)?;
     {
         let vols = svc.volumes.read().await;
         if vols.get(&a.name).is_some() {
@@ -107,10 +109,30 @@ async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
             );
         }
     }
-    let vol = {
+    // A device another pool or an array uses would be written by both.
+    let sources: Vec<String> = [&a.params.metadata, &a.params.data]
+        .into_iter()
+        .map(|s| if s.starts_with("volume:") { s.clone() } else { svc.config.data_dir.join(s).display().to_string() })
+        .collect();
+    super::md::check_not_in_use(&svc, &sources).await?;
+    // Files the pool would be created on: removed again if it is refused.
+    let new_files: Vec<PathBuf> = [&a.params.metadata, &a.params.data]
+        .into_iter()
+        .filter(|s| !s.starts_with("volume:"))
+        .map(|s| svc.config.data_dir.join(s))
+        .filter(|p| !p.exists())
+        .collect();
+    let opened = {
         let vols = svc.volumes.read().await;
-        open_pool(&a.name, &a.params, PoolOpen::Format { force: a.force }, &svc.config.data_dir, &vols).await?
+        open_pool(&a.name, &a.params, PoolOpen::Format { force: a.force }, &svc.config.data_dir, &vols).await
     };
+    let vol = opened.inspect_err(|_| {
+        for p in new_files.iter().filter(|p| p.exists()) {
+            if let Err(e) = std::fs::remove_file(p) {
+                tracing::warn!(path = %p.display(), "removing a file created for a refused pool-create: {e}");
+            }
+        }
+    })?;
     let st = vol.pool().status().await?;
     {
         let mut vols = svc.volumes.write().await;
@@ -207,6 +229,36 @@ struct CreateArgs {
     external_origin: Option<String>,
 }
 
+/// Refuses a volume name or export a new thin volume would get, before its thin device is
+/// created: `name` defaults to POOL.ID, `export` to the name ("" = none).
+pub(super) async fn check_new_thin(
+    svc: &Service,
+    pool: &str,
+    id: u64,
+    name: Option<&str>,
+    export: Option<&str>,
+) -> Result<()> {
+    let name = name.map_or_else(|| format!("{pool}.{id}"), str::to_string);
+    super::check_name("volume name", &name)?;
+    if svc.volumes.read().await.get(&name).is_some() {
+        bail!("a volume named {name:?} already exists (give another --name)");
+    }
+    match export {
+        Some("") => Ok(()),
+        Some(e) => super::check_new_export(svc, e).await,
+        None => super::check_new_export(svc, &name).await,
+    }
+}
+
+/// A thin device's virtual size: whole 512-byte sectors, at least one, and no more than a
+/// block device can have (an `loff_t`).
+fn check_thin_size(size: u64) -> Result<u64> {
+    if size == 0 || !size.is_multiple_of(512) || size > i64::MAX as u64 {
+        bail!("size {size} bytes: must be a non-zero multiple of 512 below 2^63");
+    }
+    Ok(size)
+}
+
 /// Opens `id` as a run-time volume (and export), remembering it (with its external origin,
 /// if given).
 pub(super) async fn register_thin(
@@ -258,8 +310,9 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     if a.origin.is_some() {
         bail!("thin.create takes no origin (use thin.snapshot)");
     }
-    let size = a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes();
+    let size = check_thin_size(a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes())?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     // A bad origin is refused before the device exists.
     drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
     pool.create_thin(a.id).await?;
@@ -286,7 +339,7 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
         bail!("thin.snapshot takes no external_origin (a snapshot uses its origin's)");
     }
     let size = match a.size {
-        Some(s) => s.bytes(),
+        Some(s) => check_thin_size(s.bytes())?,
         None => load_state(&svc.config.data_dir)?
             .sizes
             .get(&size_key(&a.pool, origin))
@@ -294,6 +347,7 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
             .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
     };
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     pool.create_snapshot(a.id, origin).await?;
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);

@@ -420,6 +420,11 @@ impl ThinPoolVolume {
         &self.pool
     }
 
+    /// Its metadata and data devices: a file's path, or `volume:NAME`.
+    pub fn sources(&self) -> [&str; 2] {
+        [&self.meta_src, &self.data_src]
+    }
+
     pub fn files(&self) -> &PoolFiles {
         &self.files
     }
