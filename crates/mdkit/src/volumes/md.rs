@@ -277,10 +277,12 @@ impl OpenedMembers {
 /// spec, the same path spelt two ways, or two paths of one file (a hard or symbolic link).
 fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let mut seen: Vec<(&str, std::path::PathBuf, Option<(u64, u64)>)> = Vec::with_capacity(specs.len());
+    /// A member already seen: its spec, its normalised path and its file's (device, inode).
+    type Seen<'a> = (&'a str, PathBuf, Option<(u64, u64)>);
+    let mut seen: Vec<Seen> = Vec::with_capacity(specs.len());
     for spec in specs {
         let path = if spec.starts_with("volume:") || is_nbd_uri(spec) {
-            std::path::PathBuf::from(spec)
+            PathBuf::from(spec)
         } else {
             normalize(&data_dir.join(spec))
         };
