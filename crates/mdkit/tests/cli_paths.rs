@@ -424,3 +424,25 @@ fn a_device_a_running_pool_uses_is_refused_to_other_pools_and_arrays() {
     let st = mdkit_json(&srv, &["thin", "status", "pool0", "--json"]);
     assert_eq!(st["mode"], "rw", "{st:#}");
 }
+
+#[test]
+fn a_pool_resize_the_metadata_cannot_map_is_refused_and_the_pool_keeps_serving() {
+    let srv = Server::start(POOL);
+    let data = pattern(39, 1 << 20);
+    nbd_write_at(&srv, "vol0", 0, &data);
+    let files = [srv.path("pool0.meta"), srv.path("pool0.data")];
+    let sizes = || files.iter().map(|f| std::fs::metadata(f).unwrap().len()).collect::<Vec<_>>();
+    let before = sizes();
+    // 15 TiB of 64 KiB blocks needs ~15,600 metadata blocks of space map; 8 MiB has 2,048.
+    // Tried, the growth ran out of metadata space half-way and failed the pool (NEEDS_CHECK),
+    // after growing the data file to 15 TiB.
+    let e = mdkit_err(&srv, &["thin", "pool-resize", "pool0", "--data-size", "15T"]);
+    assert!(e.contains("grow the metadata first"), "{e}");
+    let e = mdkit_err(&srv, &["thin", "pool-resize", "pool0", "--metadata-size", "1T"]);
+    assert!(e.contains("metadata maps at most"), "{e}");
+    assert_eq!(sizes(), before, "a refused resize grew a pool file");
+    let st = mdkit_json(&srv, &["thin", "status", "pool0", "--json"]);
+    assert!(st["mode"] == "rw" && st["needs_check"] == false, "{st:#}");
+    nbd_write_at(&srv, "vol0", 1 << 20, &data);
+    assert_eq!(nbd_read(&srv, "vol0", 2 << 20), [&data[..], &data[..]].concat());
+}

@@ -870,10 +870,33 @@ impl ThinMetadata {
                 self.dsm.nr_blocks()
             )));
         }
+        self.check_data_growth(nr_data_blocks)?;
+        self.guard(|s| s.dsm.extend(&mut s.tm, nr_data_blocks))
+    }
+
+    /// Refuses a data growth the metadata cannot map, before anything changes: past the format's
+    /// limit, or needing more metadata blocks for the data space map (new bitmap blocks and the
+    /// index nodes listing them) than are free beyond the reserve. Tried anyway, the growth
+    /// would run out of metadata space half-way, which poisons the transaction and fails the
+    /// pool (dm-thin sets needs_check there).
+    pub fn check_data_growth(&self, nr_data_blocks: u64) -> Result<()> {
         if nr_data_blocks > MAX_DATA_BLOCKS {
             return Err(MetaError::InvalidArgument(format!("{nr_data_blocks} data blocks exceed the 2^40 limit")));
         }
-        self.guard(|s| s.dsm.extend(&mut s.tm, nr_data_blocks))
+        let new_bitmaps = nr_bitmaps(nr_data_blocks).saturating_sub(nr_bitmaps(self.dsm.nr_blocks()));
+        if new_bitmaps == 0 {
+            return Ok(());
+        }
+        // An index leaf holds over 100 entries; the rest shadows the path and the superblock.
+        let needed = new_bitmaps + new_bitmaps.div_ceil(100) + 16;
+        let free = self.free_metadata_blocks();
+        if needed > free {
+            return Err(MetaError::InvalidArgument(format!(
+                "mapping {nr_data_blocks} data blocks needs about {needed} more metadata blocks for the data space map, \
+                 and {free} are free: grow the metadata first"
+            )));
+        }
+        Ok(())
     }
 
     /// The most metadata blocks the space map may grow to: the device's current size, capped at

@@ -32,6 +32,17 @@ impl Pool {
         self.inner.data.topology().size_bytes / self.inner.state.block_bytes
     }
 
+    /// Whether the metadata can map `nr_data_blocks` data blocks (see
+    /// [`crate::meta::ThinMetadata::check_data_growth`]); nothing changes. For a caller that
+    /// must grow the data device first.
+    pub async fn check_data_growth(&self, nr_data_blocks: u64) -> Result<(), PoolError> {
+        let name = self.name().to_string();
+        self.inner
+            .call(move |w| w.md.read().check_data_growth(nr_data_blocks))
+            .await?
+            .map_err(|e| PoolError::new(&name, PoolErrorKind::InvalidArgument(e.to_string())))
+    }
+
     /// Grows the pool to `nr_data_blocks` (at most what the data device holds now). A size
     /// equal to the current one changes nothing; a smaller one is refused.
     pub async fn resize_data_to(&self, nr_data_blocks: u64) -> Result<Resized, PoolError> {

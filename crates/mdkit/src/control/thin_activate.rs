@@ -27,6 +27,7 @@ use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::thin::{ThinPoolVolume, ThinVolumeVol, load_state, size_key, update_state};
 use crate::volumes::thin_origin::refresh_origins;
+use mdkit_thin::meta::sm_format::MAX_METADATA_BLOCKS;
 
 pub fn register(r: &mut Registry) {
     r.register("thin.activate", "open an existing thin device as a volume and export it", |svc, args| {
@@ -235,6 +236,13 @@ async fn grow_metadata(pv: &ThinPoolVolume, t: Target) -> Result<(u64, u64)> {
                     total * METADATA_BLOCK_BYTES
                 );
             }
+            // Refused before the file grows: a refused resize leaves the device as it was.
+            if nr > MAX_METADATA_BLOCKS {
+                bail!(
+                    "metadata_size {b} bytes: dm-thin metadata maps at most {MAX_METADATA_BLOCKS} blocks ({} bytes)",
+                    MAX_METADATA_BLOCKS * METADATA_BLOCK_BYTES
+                );
+            }
             if let Some(f) = file {
                 f.grow_file(b.max(f.refresh_size()?))?;
             }
@@ -266,6 +274,8 @@ async fn grow_data(pv: &ThinPoolVolume, t: Target) -> Result<(u64, u64)> {
                     total * bs
                 );
             }
+            // Refused before the file grows: a refused resize leaves the device as it was.
+            pool.check_data_growth(nr).await?;
             if let Some(f) = file {
                 f.grow_file(b.max(f.refresh_size()?))?;
             }
