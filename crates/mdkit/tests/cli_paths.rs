@@ -446,3 +446,19 @@ fn a_pool_resize_the_metadata_cannot_map_is_refused_and_the_pool_keeps_serving()
     nbd_write_at(&srv, "vol0", 1 << 20, &data);
     assert_eq!(nbd_read(&srv, "vol0", 2 << 20), [&data[..], &data[..]].concat());
 }
+
+#[test]
+fn a_thin_pool_is_not_taken_as_a_block_device() {
+    let srv = Server::start(POOL);
+    let e = mdkit_err(&srv, &["thin", "create", "pool0", "7", "--size", "4M", "--external-origin", "volume:pool0"]);
+    assert!(e.contains("\"pool0\" is a thin pool, not a block device"), "{e}");
+    let fresh = srv.path("m1.img");
+    let e = mdkit_err(
+        &srv,
+        &["create", "x", "--level", "raid1", "--member-size", "16M", "volume:pool0", fresh.to_str().unwrap()],
+    );
+    assert!(e.contains("\"pool0\" is a thin pool, not a block device"), "{e}");
+    assert!(!fresh.exists(), "the refused create left {}", fresh.display());
+    let list = mdkit_json(&srv, &["thin", "list", "pool0", "--json"]);
+    assert_eq!(list["thins"].as_array().unwrap().len(), 1, "device 7 was created: {list:#}");
+}

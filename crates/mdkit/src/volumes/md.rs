@@ -235,10 +235,8 @@ fn open_local_members(
             continue;
         }
         if let Some(v) = spec.strip_prefix("volume:") {
-            let vol = volumes
-                .get(v)
-                .ok_or_else(|| anyhow!("member {spec:?}: no volume named {v:?} (volumes open in config order)"))?;
-            devs.push(MemberDev::new(name, vol.device()));
+            let dev = volumes.block_device(v, spec).context("md member")?;
+            devs.push(MemberDev::new(name, dev));
             sources.push(spec.clone());
             all_created = false;
             continue;

@@ -172,6 +172,18 @@ impl Volumes {
         self.list.iter().find(|v| v.name() == name)
     }
 
+    /// The block device of volume `name` for use under another volume (`spec` as given, for
+    /// messages). A thin pool serves no blocks of its own: using it is refused.
+    pub fn block_device(&self, name: &str, spec: &str) -> Result<DeviceRef> {
+        let vol = self
+            .get(name)
+            .ok_or_else(|| anyhow!("{spec:?}: no volume named {name:?} (volumes open in config order)"))?;
+        if vol.kind() == "thin-pool" {
+            bail!("{spec:?}: {name:?} is a thin pool, not a block device (use one of its thin volumes)");
+        }
+        Ok(vol.device())
+    }
+
     /// Whether `name` is taken, by an open or a failed volume.
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some() || self.get_failed(name).is_some()

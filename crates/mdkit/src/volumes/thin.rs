@@ -269,9 +269,7 @@ fn open_device(
     volumes: &Volumes,
 ) -> Result<(DeviceRef, String, Option<Arc<FileDevice>>)> {
     if let Some(v) = spec.strip_prefix("volume:") {
-        let vol =
-            volumes.get(v).ok_or_else(|| anyhow!("{spec:?}: no volume named {v:?} (volumes open in config order)"))?;
-        return Ok((vol.device(), spec.to_string(), None));
+        return Ok((volumes.block_device(v, spec)?, spec.to_string(), None));
     }
     let path = Path::new(spec);
     let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };

@@ -23,7 +23,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use mdkit_io::{DeviceRef, FileDevice, FileOptions};
 
 use super::thin::ThinVolumeVol;
@@ -33,10 +33,7 @@ use super::{Volume, Volumes};
 /// files and block devices read-only.
 pub fn open_origin(spec: &str, data_dir: &Path, volumes: &Volumes) -> Result<DeviceRef> {
     if let Some(v) = spec.strip_prefix("volume:") {
-        let vol = volumes
-            .get(v)
-            .ok_or_else(|| anyhow!("external origin {spec:?}: no volume named {v:?} (volumes open in config order)"))?;
-        return Ok(vol.device());
+        return volumes.block_device(v, spec).context("external origin");
     }
     let path = Path::new(spec);
     let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };
