@@ -162,9 +162,13 @@ fn plan_size(
         }
     };
     if new < old {
+        // Name what was asked for: the rounded value alone (3K -> 0 KiB) reads like a misparse.
+        let asked = match size {
+            GrowSize::Sectors(s) if round(s) != s => format!("{} KiB (rounded down to {} KiB)", s / 2, new / 2),
+            _ => format!("{} KiB", new / 2),
+        };
         return refuse(format!(
-            "{name}: --size {} KiB is below the {} KiB per member in use: shrinking would cut off data and is refused",
-            new / 2,
+            "{name}: --size {asked} is below the {} KiB per member in use: shrinking would cut off data and is refused",
             old / 2
         ));
     }
@@ -490,6 +494,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("shrinking would cut off data"), "{e}");
+        // 4 KiB rounds down to no chunk at all: the message says what was asked.
+        assert!(e.contains("--size 4 KiB (rounded down to 0 KiB)"), "{e}");
         let e = plan(
             "md0",
             &ms,
