@@ -328,7 +328,7 @@ fn md_create(w: &mut World, data: &Path) {
         (json!(["va.img", "adir"]), "adir"),
         (json!(["va.img", sock]), "mdkit.sock"),
         (json!(["va.img", "volume:nope"]), "nope"),
-        (json!(["va.img", "volume:pool0"]), "member 1"),
+        (json!(["va.img", "volume:pool0"]), "is a thin pool, not a block device"),
         (json!(["va.img", "a\0b"]), "does not exist"),
         (json!(["va.img", "h0-a.img"]), "h0-a.img"),
         (json!(["va.img", "./h0-a.img"]), "h0-a.img"),
