@@ -231,12 +231,9 @@ pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Resul
 /// Two member sources name one device: the same string, or two paths of one file (`./a`
 /// and `a`, a hard or symbolic link).
 fn same_member(a: &str, b: &str) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        _ if a == b => true,
-        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
-        _ => false,
-    }
+    a == b
+        || crate::volumes::md::file_identity(Path::new(a))
+            .is_some_and(|x| Some(x) == crate::volumes::md::file_identity(Path::new(b)))
 }
 
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {

@@ -127,11 +127,8 @@ async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
         open_pool(&a.name, &a.params, PoolOpen::Format { force: a.force }, &svc.config.data_dir, &vols).await
     };
     let vol = opened.inspect_err(|_| {
-        for p in new_files.iter().filter(|p| p.exists()) {
-            if let Err(e) = std::fs::remove_file(p) {
-                tracing::warn!(path = %p.display(), "removing a file created for a refused pool-create: {e}");
-            }
-        }
+        let made: Vec<PathBuf> = new_files.into_iter().filter(|p| p.exists()).collect();
+        crate::volumes::md::remove_files(&made);
     })?;
     let st = vol.pool().status().await?;
     {

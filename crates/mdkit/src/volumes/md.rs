@@ -253,12 +253,19 @@ fn open_local_members(
     Ok((devs, sources, all_created))
 }
 
-fn remove_files(paths: &[PathBuf]) {
+/// Removes files a refused request created (member files, pool files).
+pub(crate) fn remove_files(paths: &[PathBuf]) {
     for p in paths {
         if let Err(e) = std::fs::remove_file(p) {
-            tracing::warn!(path = %p.display(), "removing a member file created for a refused request: {e}");
+            tracing::warn!(path = %p.display(), "removing a file created for a refused request: {e}");
         }
     }
+}
+
+/// The (device, inode) of an existing file: two paths name one file when these match.
+pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl OpenedMembers {
@@ -274,7 +281,6 @@ impl OpenedMembers {
 /// Refuses a member given twice, before any member file is created or written: the same
 /// spec, the same path spelt two ways, or two paths of one file (a hard or symbolic link).
 fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
     /// A member already seen: its spec, its normalised path and its file's (device, inode).
     type Seen<'a> = (&'a str, PathBuf, Option<(u64, u64)>);
     let mut seen: Vec<Seen> = Vec::with_capacity(specs.len());
@@ -284,7 +290,7 @@ fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
         } else {
             normalize(&data_dir.join(spec))
         };
-        let inode = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+        let inode = file_identity(&path);
         if let Some((first, ..)) = seen.iter().find(|(_, p, i)| *p == path || (inode.is_some() && *i == inode)) {
             bail!("member {spec:?} is the same device as member {first:?}; each member must be given once");
         }
