@@ -20,7 +20,8 @@ use mdkit_io::{
     BlockDevice, BlockDeviceExt, CrashEventKind, CrashGroup, CrashOptions, CrashPoint, CrashPolicy, Rng, SharedBuf,
     WriteFlags,
 };
-use mdkit_md::array::{Array, AssembleOptions, GrowChange, assemble};
+use mdkit_io::{DeviceRef, MemDevice};
+use mdkit_md::array::{Array, AssembleOptions, GrowChange, assemble, read_superblock};
 use mdkit_md::format::takeover::LayoutChoice;
 use mdkit_md::layout::Level;
 
@@ -139,6 +140,65 @@ impl Kind {
     }
 }
 
+/// What a failure message needs to be understood (and replayed): the cut point, every image's
+/// superblock as found, what assembly left out, and where the images were saved
+/// (`MDKIT_CRASH_DUMP`, default a directory under the system temp dir).
+async fn explain(group: &CrashGroup, p: CrashPoint, found: &[MemDevice], refused: &str) -> String {
+    let mut out = group.describe(p);
+    let dir = std::env::var("MDKIT_CRASH_DUMP")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir().join("mdkit-crash-dump"));
+    let _ = std::fs::create_dir_all(&dir);
+    for img in found {
+        let dev: DeviceRef = Arc::new(img.snapshot(img.name()));
+        let sb = match read_superblock(&dev).await {
+            Ok(sb) => format!(
+                "role {} events {} reshape_position {} resync_offset {} features {:#x}",
+                sb.dev_number, sb.events, sb.reshape_position_sectors, sb.resync_offset_sectors, sb.feature_map
+            ),
+            Err(e) => format!("no superblock: {e}"),
+        };
+        let file = dir.join(format!("{}.img", img.name()));
+        let saved =
+            std::fs::write(&file, img.to_image()).map_or_else(|e| format!("not saved: {e}"), |_| "saved".into());
+        out.push_str(&format!("\n  {}: {sb} ({saved} to {})", img.name(), file.display()));
+    }
+    out.push_str(&format!("\n  {refused}"));
+    out
+}
+
+/// The first thing wrong with `got` (the array read back after the cut at `p`), if any.
+fn first_problem(
+    got: &[u8],
+    before: &Model,
+    used: &[bool],
+    written: &[Written],
+    flushes: &[Flushed],
+    p: u64,
+) -> Option<String> {
+    for (blk, (g, d)) in got.chunks(4096).zip(before.data.chunks(4096)).enumerate() {
+        if !used[blk] && g != d {
+            return Some(format!("block {blk} written before the reshape changed"));
+        }
+    }
+    for w in written {
+        let g = &got[w.off as usize..w.off as usize + w.data.len()];
+        if durable(w, flushes, p) {
+            if g != w.data {
+                return Some(format!("durable write at {} lost", w.off));
+            }
+            continue;
+        }
+        let old = before.slice(w.off, w.data.len() as u64);
+        for (i, ((g, d), o)) in g.chunks(512).zip(w.data.chunks(512)).zip(old.chunks(512)).enumerate() {
+            if g != d && g != o {
+                return Some(format!("sector {i} of the write at {} is neither old nor new", w.off));
+            }
+        }
+    }
+    None
+}
+
 async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_points: usize) {
     let s = seed(name, 53);
     let mut rng = Rng::new(s);
@@ -182,11 +242,13 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     for (k, p) in points.into_iter().enumerate() {
         let policy = CrashPolicy::ALL[k % CrashPolicy::ALL.len()];
         let ms = image_members(&names, group.image_at(CrashPoint(p), &mut rng, policy).unwrap());
+        let found: Vec<_> = ms.iter().map(|m| m.mem.as_ref().unwrap().snapshot(m.name.clone())).collect();
         let ctx = format!("{name}: point {p} ({policy:?}), seed {s}");
-        let b = assemble(member_devs(&ms), AssembleOptions { name: "crash".into(), ..Default::default() })
+        let assembled = assemble(member_devs(&ms), AssembleOptions { name: "crash".into(), ..Default::default() })
             .await
-            .unwrap_or_else(|e| panic!("{ctx}: assembly refused: {e}"))
-            .array;
+            .unwrap_or_else(|e| panic!("{ctx}: assembly refused: {e}"));
+        let refused = format!("assembly left out {:?}, notes {:?}", assembled.refused, assembled.notes);
+        let b = assembled.array;
         if let Some(r) = b.core().personality().reshape() {
             mid_way += usize::from(r.completed().0 > 0 && !r.is_done());
         }
@@ -202,24 +264,13 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
         fast_sync(&b);
         b.wait_sync_idle().await;
         let got = b.read_vec(0, before.data.len()).await.unwrap();
-        for (blk, (g, d)) in got.chunks(4096).zip(before.data.chunks(4096)).enumerate() {
-            if !used[blk] {
-                assert!(g == d, "{ctx}: block {blk} written before the reshape changed");
-            }
+        let mut problem = first_problem(&got, &before, &used, &written, &flushes, p);
+        if problem.is_none() && b.info().level != Level::Raid0 {
+            let mismatches = check(&b).await;
+            problem = (mismatches > 0).then(|| format!("{mismatches} mismatches after the reshape"));
         }
-        for w in &written {
-            let g = &got[w.off as usize..w.off as usize + w.data.len()];
-            if durable(w, &flushes, p) {
-                assert!(g == w.data, "{ctx}: durable write at {} lost", w.off);
-                continue;
-            }
-            let old = before.slice(w.off, w.data.len() as u64);
-            for (i, ((g, d), o)) in g.chunks(512).zip(w.data.chunks(512)).zip(old.chunks(512)).enumerate() {
-                assert!(g == d || g == o, "{ctx}: sector {i} of the write at {} is neither old nor new", w.off);
-            }
-        }
-        if b.info().level != Level::Raid0 {
-            assert_eq!(check(&b).await, 0, "{ctx}: mismatches after the reshape");
+        if let Some(problem) = problem {
+            panic!("{ctx}: {problem}\n{}", explain(&group, CrashPoint(p), &found, &refused).await);
         }
         b.stop().await.unwrap();
     }

@@ -260,7 +260,7 @@ fn md_create(w: &mut World, data: &Path) {
             if (v.is_null() && !["name", "members", "level"].contains(&k)) || (k == "members" && v.is_array()) {
                 continue; // null is "not given" for optional fields
             }
-            w.refused("md.create", with(k, v), &["md.create arguments"]);
+            w.refused("md.create", with(k, v), &["md.create: bad arguments", &format!("`{k}")]);
         }
     }
     for n in bad_names() {
@@ -274,7 +274,7 @@ fn md_create(w: &mut World, data: &Path) {
         w.refused("md.create", with("raid_devices", n), &["raid"]);
     }
     for n in [json!(-1), json!(u64::MAX), json!(1u64 << 63)] {
-        w.refused("md.create", with("raid_devices", n.clone()), &["md.create arguments", &n.to_string()]);
+        w.refused("md.create", with("raid_devices", n.clone()), &["bad arguments: `raid_devices`", &n.to_string()]);
     }
     let raid0 = |k: &str, v: Value| {
         let mut a = with("level", json!("raid0"));
@@ -285,7 +285,7 @@ fn md_create(w: &mut World, data: &Path) {
         w.refused("md.create", raid0("chunk_kib", c), &["chunk"]);
     }
     for c in [json!(-1), json!("64")] {
-        w.refused("md.create", raid0("chunk_kib", c), &["md.create arguments"]);
+        w.refused("md.create", raid0("chunk_kib", c), &["md.create: bad arguments: `chunk_kib`"]);
     }
     for (k, v, want) in [
         ("bitmap", json!("external"), "bitmap"),
@@ -293,14 +293,14 @@ fn md_create(w: &mut World, data: &Path) {
         ("bitmap_chunk_bytes", json!(3), "bitmap chunk"),
         ("bitmap_chunk_bytes", json!(1), "bitmap chunk"),
         ("bitmap_chunk_bytes", json!(u32::MAX), "bitmap chunk"),
-        ("bitmap_chunk_bytes", json!(u64::MAX), "md.create arguments"),
+        ("bitmap_chunk_bytes", json!(u64::MAX), "bad arguments: `bitmap_chunk_bytes`"),
         ("metadata", json!("0.90"), "metadata"),
         ("metadata", json!("9"), "metadata"),
         ("layout", json!("bogus"), "layout"),
         ("write_behind", json!(u32::MAX), "write-behind"),
-        ("write_behind", json!(-1), "md.create arguments"),
-        ("force", json!("yes"), "md.create arguments"),
-        ("assume_clean", json!(1), "md.create arguments"),
+        ("write_behind", json!(-1), "bad arguments: `write_behind`"),
+        ("force", json!("yes"), "bad arguments: `force`"),
+        ("assume_clean", json!(1), "bad arguments: `assume_clean`"),
         ("export", json!("a\0b"), "export"),
         ("export", json!(""), "export"),
         ("export", json!("ram"), "export"),
@@ -314,10 +314,10 @@ fn md_create(w: &mut World, data: &Path) {
     let abs_va = data.join("va.img").display().to_string();
     let escape = format!("../{}/esc.img", w.outside.file_name().unwrap().to_string_lossy());
     for (members, want) in [
-        (json!("va.img"), "md.create arguments"),
+        (json!("va.img"), "bad arguments: `members`"),
         (json!([]), "no members"),
-        (json!([1, 2]), "md.create arguments"),
-        (json!(["va.img", null]), "md.create arguments"),
+        (json!([1, 2]), "bad arguments: `members[0]`"),
+        (json!(["va.img", null]), "bad arguments: `members[1]`"),
         (json!(["va.img", ""]), "member"),
         (json!(["va.img", "va.img"]), "va.img"),
         (json!(["va.img", "./va.img"]), "va.img"),
@@ -352,7 +352,7 @@ fn md_create(w: &mut World, data: &Path) {
         w.refused("md.create", new(s.clone(), ("", Value::Null)), &[&s.to_string()]);
     }
     for s in [json!(-1), json!("1G"), json!("999999999999T"), json!(1e30), json!([1])] {
-        w.refused("md.create", new(s, ("", Value::Null)), &["md.create arguments"]);
+        w.refused("md.create", new(s, ("", Value::Null)), &["md.create: bad arguments: `member_size_bytes`"]);
     }
     w.refused("md.create", new(json!(4096), ("", Value::Null)), &["too small"]);
     for extra in [("level", json!("raid9")), ("chunk_kib", json!(3)), ("name", json!("a/b")), ("export", json!("\0"))] {
@@ -377,7 +377,7 @@ fn md_assemble(w: &mut World) {
         w.refused("md.assemble", with("uuid", json!(u)), &["uuid"]);
     }
     for (k, v) in [("uuid", json!(5)), ("run", json!("yes")), ("force", json!([])), ("members", json!({}))] {
-        w.refused("md.assemble", with(k, v), &["md.assemble arguments"]);
+        w.refused("md.assemble", with(k, v), &["md.assemble: bad arguments", &format!("`{k}`")]);
     }
     for m in [json!(["va.img", "va.img"]), json!(["va.img", "./va.img"]), json!(["h0-a.img"]), json!(["/dev/null"])] {
         w.refused("md.assemble", with("members", m), &[]);
@@ -392,7 +392,7 @@ fn md_named(w: &mut World) {
         w.refused(cmd, json!([]), &["arguments"]);
         w.refused(cmd, json!({ "name": "h0", "bogus": 1 }), &["bogus"]);
         for v in wrong_types() {
-            w.refused(cmd, json!({ "name": v }), &["arguments"]);
+            w.refused(cmd, json!({ "name": v }), &[&format!("{cmd}: bad arguments: `name`")]);
         }
         for n in bad_names() {
             w.refused(cmd, json!({ "name": n }), &["no volume named"]);
@@ -411,8 +411,8 @@ fn md_manage(w: &mut World, data: &Path) {
         w.refused("md.manage", m(a, "va.img"), &["action"]);
     }
     for v in wrong_types() {
-        w.refused("md.manage", json!({ "name": "h0", "action": v, "member": "va.img" }), &["md.manage arguments"]);
-        w.refused("md.manage", json!({ "name": "h0", "action": "add", "member": v }), &["md.manage arguments"]);
+        w.refused("md.manage", json!({ "name": "h0", "action": v, "member": "va.img" }), &["bad arguments: `action`"]);
+        w.refused("md.manage", json!({ "name": "h0", "action": "add", "member": v }), &["bad arguments: `member`"]);
     }
     w.refused(
         "md.manage",
@@ -424,7 +424,7 @@ fn md_manage(w: &mut World, data: &Path) {
                 Value::Object(o)
             })
             .unwrap(),
-        &["md.manage arguments"],
+        &["md.manage: bad arguments: `write_mostly`"],
     );
     for who in ["nope", "", "../h0-a.img", "a\0b", &"m".repeat(20_000)] {
         w.refused("md.manage", m("fail", who), &["no member"]);
@@ -473,7 +473,7 @@ fn md_grow(w: &mut World) {
         w.refused("md.grow", g("raid_devices", v), &["raid"]);
     }
     for v in [json!(-1), json!(u64::MAX), json!("3"), json!(5.5)] {
-        w.refused("md.grow", g("raid_devices", v), &["md.grow arguments"]);
+        w.refused("md.grow", g("raid_devices", v), &["md.grow: bad arguments: `raid_devices`"]);
     }
     for v in [json!("bogus"), json!("")] {
         w.refused("md.grow", g("bitmap", v), &["bitmap"]);
@@ -487,7 +487,7 @@ fn md_grow(w: &mut World) {
     for (k, v) in
         [("chunk_kib", json!(-1)), ("bitmap", json!(5)), ("write_behind", json!(-1)), ("write_behind", json!("4"))]
     {
-        w.refused("md.grow", g(k, v), &["md.grow arguments"]);
+        w.refused("md.grow", g(k, v), &["md.grow: bad arguments", &format!("`{k}`")]);
     }
     for v in ["raid9", "", "raid1\n"] {
         w.refused("md.grow", g("level", json!(v)), &["level"]);
@@ -529,8 +529,8 @@ fn md_attr(w: &mut World) {
         w.refused("md.attr", a(k, v), &[k]);
     }
     for v in wrong_types().into_iter().filter(|v| !v.is_null()) {
-        w.refused("md.attr", json!({ "name": "h0", "key": v }), &["md.attr arguments"]);
-        w.refused("md.attr", json!({ "name": "h0", "key": "sync_action", "value": v }), &["md.attr arguments"]);
+        w.refused("md.attr", json!({ "name": "h0", "key": v }), &["md.attr: bad arguments: `key`"]);
+        w.refused("md.attr", json!({ "name": "h0", "key": "sync_action", "value": v }), &["bad arguments: `value`"]);
     }
 }
 
@@ -561,7 +561,7 @@ fn thin_pool_create(w: &mut World, data: &Path) {
         if v != json!(true) {
             w.refused("thin.pool-create", with("force", v.clone()), &["force"]);
         }
-        w.refused("thin.pool-create", with("metadata", v.clone()), &["bad arguments"]);
+        w.refused("thin.pool-create", with("metadata", v.clone()), &["bad arguments: `metadata`"]);
         w.refused("thin.pool-create", with("options", v), &[]);
     }
     for s in ["-1", "1e30", "999999999999T", "8Q", "", "0x10", "8.5M"] {
@@ -617,7 +617,7 @@ fn thin_pool_verbs(w: &mut World) {
         w.refused(cmd, json!([]), &["arguments must be a JSON object"]);
         w.refused(cmd, json!({ "pool": "pool0", "bogus": 1 }), &["bogus"]);
         for v in wrong_types() {
-            w.refused(cmd, json!({ "pool": v }), &["bad arguments"]);
+            w.refused(cmd, json!({ "pool": v }), &[&format!("{cmd}: bad arguments: `pool`")]);
         }
         for n in bad_names() {
             w.refused(cmd, json!({ "pool": n }), &["no volume named"]);
@@ -628,11 +628,15 @@ fn thin_pool_verbs(w: &mut World) {
     }
     w.refused("thin.release-metadata-snap", json!({ "pool": "pool0" }), &["metadata snap"]);
     w.refused("thin.dump", json!({ "pool": "pool0", "metadata_snap": true }), &["metadata snap"]);
-    w.refused("thin.dump", json!({ "pool": "pool0", "metadata_snap": "yes" }), &["thin.dump: bad arguments"]);
+    w.refused(
+        "thin.dump",
+        json!({ "pool": "pool0", "metadata_snap": "yes" }),
+        &["thin.dump: bad arguments: `metadata_snap`"],
+    );
     let d = |l: Value, r: Value| json!({ "pool": "pool0", "left": l, "right": r });
     w.refused("thin.delta", json!({ "pool": "pool0", "left": 0 }), &["right"]);
     for v in [json!(-1), json!("0"), json!(1.5), Value::Null, json!([0])] {
-        w.refused("thin.delta", d(json!(0), v), &["bad arguments"]);
+        w.refused("thin.delta", d(json!(0), v), &["thin.delta: bad arguments: `right`"]);
     }
     for v in [json!(77), json!(u64::MAX), json!(1u64 << 63), json!(1u64 << 24)] {
         w.refused("thin.delta", d(json!(0), v.clone()), &[&v.to_string()]);
@@ -653,7 +657,7 @@ fn thin_devices(w: &mut World) {
     w.refused("thin.create", with("origin", json!(0)), &["origin"]);
     w.refused("thin.create", with("id", json!(0)), &["0"]);
     for v in [json!(-1), json!("5"), json!(1.5), json!([5]), json!({ "id": 5 })] {
-        w.refused("thin.create", with("id", v), &["bad arguments"]);
+        w.refused("thin.create", with("id", v), &["thin.create: bad arguments: `id`"]);
     }
     for v in [json!(u64::MAX), json!(1u64 << 63), json!(1u64 << 24)] {
         w.refused("thin.create", with("id", v.clone()), &[&v.to_string()]);
@@ -693,7 +697,7 @@ fn thin_devices(w: &mut World) {
         w.refused("thin.snapshot", snap("origin", v.clone()), &[&v.to_string()]);
     }
     for v in [json!(-1), json!("0"), Value::Bool(true)] {
-        w.refused("thin.snapshot", snap("origin", v), &["bad arguments"]);
+        w.refused("thin.snapshot", snap("origin", v), &["thin.snapshot: bad arguments: `origin`"]);
     }
     for v in [json!(0), json!(1), json!(u64::MAX), json!("1e30")] {
         w.refused("thin.snapshot", snap("size", v), &["size"]);
@@ -707,7 +711,7 @@ fn thin_devices(w: &mut World) {
         w.refused(cmd, json!({ "pool": "pool0" }), &["id"]);
         w.refused(cmd, json!({ "id": 0 }), &["pool"]);
         for v in [json!(-1), json!("0"), Value::Null, json!([0])] {
-            w.refused(cmd, json!({ "pool": "pool0", "id": v }), &["bad arguments"]);
+            w.refused(cmd, json!({ "pool": "pool0", "id": v }), &[&format!("{cmd}: bad arguments: `id`")]);
         }
         for v in [json!(77), json!(u64::MAX), json!(1u64 << 63)] {
             w.refused(cmd, json!({ "pool": "pool0", "id": v }), &[&v.to_string()]);
@@ -735,7 +739,7 @@ fn thin_pool_resize(w: &mut World) {
             w.refused("thin.pool-resize", r(k, json!(v)), &["shrinking"]);
         }
         for v in [json!(5), json!(-1), json!([]), json!(true)] {
-            w.refused("thin.pool-resize", r(k, v), &["bad arguments"]);
+            w.refused("thin.pool-resize", r(k, v), &[&format!("thin.pool-resize: bad arguments: `{k}`")]);
         }
     }
     w.refused("thin.pool-resize", json!({ "pool": "vol0" }), &["vol0"]);

@@ -174,7 +174,7 @@ struct NameArg {
 }
 
 pub(crate) async fn md_volume(svc: &Service, args: &Value) -> Result<Arc<dyn Volume>> {
-    let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
+    let a: NameArg = super::parse_args("md.detail", args.clone())?;
     let vols = svc.volumes.read().await;
     let v = vols.get(&a.name).ok_or_else(|| match vols.get_failed(&a.name) {
         Some(f) => anyhow!("volume {:?} failed to open: {} (`mdkit stop {}` forgets it)", a.name, f.error, a.name),
@@ -202,6 +202,23 @@ struct CreateArgs {
     export: Option<String>,
     #[serde(default)]
     force: bool,
+}
+
+impl CreateArgs {
+    /// `md.create`'s arguments. serde's `flatten` hides which key a wrong value was given for;
+    /// then the [`CreateParams`] keys alone are parsed again to name it.
+    fn parse(args: Value) -> Result<CreateArgs> {
+        super::parse_args("md.create", args.clone()).map_err(|e| {
+            let mut params = args.as_object().cloned().unwrap_or_default();
+            for k in ["name", "members", "member_size_bytes", "export", "force"] {
+                params.remove(k);
+            }
+            match super::parse_args::<CreateParams>("md.create", Value::Object(params)) {
+                Err(named) if named.to_string().contains("bad arguments: `") => named,
+                _ => e,
+            }
+        })
+    }
 }
 
 /// Refuses devices a running array or thin pool already uses (one file opened by two of them
@@ -237,7 +254,7 @@ fn same_member(a: &str, b: &str) -> bool {
 }
 
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: CreateArgs = serde_json::from_value(args).context("md.create arguments")?;
+    let a = CreateArgs::parse(args)?;
     super::check_name("array name", &a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
@@ -299,7 +316,7 @@ struct AssembleArgs {
 }
 
 async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: AssembleArgs = serde_json::from_value(args).context("md.assemble arguments")?;
+    let a: AssembleArgs = super::parse_args("md.assemble", args)?;
     super::check_name("array name", &a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
@@ -445,7 +462,7 @@ fn resume_then_level(svc: &Arc<Service>, vol: &MdVolume, l: &str) {
 }
 
 async fn stop(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: NameArg = serde_json::from_value(args.clone()).context("arguments")?;
+    let a: NameArg = super::parse_args("md.stop", args.clone())?;
     if let Some(exports) = svc.forget_failed(&a.name).await {
         forget(&svc, &a.name)?;
         OpenGuard::clear_crashed(&svc.config.data_dir, &a.name)?;
@@ -502,7 +519,7 @@ fn resolve_member(vol: &MdVolume, spec: &str, data_dir: &Path) -> Option<String>
 }
 
 async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: ManageArgs = serde_json::from_value(args).context("md.manage arguments")?;
+    let a: ManageArgs = super::parse_args("md.manage", args)?;
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     drop_left_out_sources(vol);
@@ -583,7 +600,7 @@ struct AttrArgs {
 }
 
 async fn attr(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: AttrArgs = serde_json::from_value(args).context("md.attr arguments")?;
+    let a: AttrArgs = super::parse_args("md.attr", args)?;
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     match (a.key, a.value) {

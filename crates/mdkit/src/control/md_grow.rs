@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use mdkit_md::array::{BitmapChange, GrowChange, GrowSize, LayoutChoice};
 use mdkit_md::layout::names::{parse_layout, parse_level};
 use serde::Deserialize;
@@ -130,7 +130,7 @@ fn change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
 }
 
 pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: GrowArgs = serde_json::from_value(args).context("md.grow arguments")?;
+    let a: GrowArgs = super::parse_args("md.grow", args)?;
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
     let vol = as_md(&v);
     let level = vol.array.info().level.name();

@@ -266,6 +266,19 @@ async fn serve_client(stream: UnixStream, service: Arc<Service>, registry: Arc<R
     }
 }
 
+/// A verb's arguments as `T`; a wrong value names the argument it was given for
+/// (`md.create: bad arguments: `chunk_kib`: invalid type: string "x", expected u32`).
+pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(cmd: &str, args: Value) -> Result<T> {
+    serde_path_to_error::deserialize(args).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            anyhow!("{cmd}: bad arguments: {}", e.inner())
+        } else {
+            anyhow!("{cmd}: bad arguments: `{path}`: {}", e.inner())
+        }
+    })
+}
+
 async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, resp: &Response) -> Result<()> {
     let mut out = serde_json::to_vec(resp)?;
     out.push(b'\n');

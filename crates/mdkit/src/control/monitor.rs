@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,7 +37,7 @@ fn parse(args: Value) -> Result<MonitorArgs> {
     if args.is_null() {
         return Ok(MonitorArgs::default());
     }
-    serde_json::from_value(args).context("monitor arguments")
+    super::parse_args("monitor", args)
 }
 
 pub fn register(r: &mut Registry) {

@@ -56,7 +56,7 @@ pub fn register(r: &mut Registry) {
 }
 
 pub(super) fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
-    serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
+    super::parse_args(cmd, args)
 }
 
 /// `thin.pool-create` arguments: `name`, `force` and the `thin-pool` keys ([`PoolParams`],
@@ -85,8 +85,7 @@ fn parse_pool_create(args: Value) -> Result<PoolCreateArgs> {
     if map.contains_key("create") {
         bail!("thin.pool-create: bad arguments: `create` is a config-file key (pool-create always formats)");
     }
-    let params: PoolParams =
-        serde_json::from_value(Value::Object(map.clone())).context("thin.pool-create: bad arguments")?;
+    let params: PoolParams = super::parse_args("thin.pool-create", Value::Object(map.clone()))?;
     Ok(PoolCreateArgs { name, force, params_json: map, params })
 }
 

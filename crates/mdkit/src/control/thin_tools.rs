@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use mdkit_thin::meta::delta::{self, DeltaHeader, DeltaKind, DeltaSegment};
 use mdkit_thin::meta::snapshot_xml_metadata;
 use mdkit_thin::pool::SnapUse;
@@ -65,7 +65,7 @@ struct DeltaArgs {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
-    serde_json::from_value(args).with_context(|| format!("{cmd}: bad arguments"))
+    super::parse_args(cmd, args)
 }
 
 fn snap_use(held: bool) -> SnapUse {
