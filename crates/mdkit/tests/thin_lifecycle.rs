@@ -247,6 +247,35 @@ fn autoextend_grows_the_data_file_on_low_water_events() {
     assert_thin_check_clean(&srv, "pool0.meta");
 }
 
+/// A step the metadata cannot map (16 TiB of 64 KiB blocks needs ~16,000 space-map blocks; the
+/// metadata has 1,024) is refused before the data file grows, says why in status, and leaves
+/// the pool serving.
+#[test]
+fn autoextend_step_the_metadata_cannot_map_grows_nothing() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    require_tool("thin_check", "thin-provisioning-tools");
+    let cfg = pool_config(
+        "4MiB",
+        "autoextend_threshold_percent = 80\nautoextend_step = \"16TiB\"\nautoextend_max_size = \"32TiB\"\noptions = [\"error_if_no_space\"]",
+    );
+    let srv = Server::start(&cfg);
+    mdkit_ok(&srv, &["thin", "create", "pool0", "1", "--size", "64M", "--export", "v"]);
+    let a = pattern(11, 56 * 65536);
+    nbd_write_at(&srv, "v", 0, &a);
+    let st = wait_status(&srv, "autoextend error", |st| st["autoextend"]["last_error"].is_string());
+    let e = st["autoextend"]["last_error"].as_str().unwrap();
+    assert!(e.contains("metadata"), "names the metadata as the reason: {st:#}");
+    assert_eq!(st["autoextend"]["extensions"], 0, "{st:#}");
+    assert_eq!((st["total_data_blocks"].as_u64(), st["mode"].as_str()), (Some(64), Some("rw")), "{st:#}");
+    assert_eq!(file_len(&srv, "pool0.data"), 4 << 20, "the data file did not grow");
+    assert!(nbd_read(&srv, "v", a.len()) == a, "what was written reads back");
+    // The pool still takes writes into the space it has.
+    let b = pattern(12, 4 * 65536);
+    nbd_write_at(&srv, "v", a.len() as u64, &b);
+    assert!(nbd_read(&srv, "v", a.len() + b.len())[a.len()..] == b[..]);
+}
+
 #[test]
 fn pool_create_flags_set_the_autoextend_policy() {
     require_tool("qemu-io", "qemu-utils");

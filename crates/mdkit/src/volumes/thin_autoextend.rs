@@ -195,7 +195,8 @@ async fn run(name: String, pool: Pool, file: Arc<FileDevice>, ae: Arc<Autoextend
     }
 }
 
-/// One step: grow the file, move the mark, extend the pool. `None` at the cap. The count goes
+/// One step: check the metadata can map it, grow the file, move the mark, extend the pool.
+/// `None` at the cap. The count goes
 /// up when the file grew, before writers waiting for space are woken (they may look at it).
 ///
 /// The mark moves to its value for the new size before the pool grows, so no one ever sees
@@ -205,6 +206,8 @@ async fn extend_once(pool: &Pool, file: &FileDevice, ae: &Autoextend) -> Result<
     let policy = &ae.policy;
     let cur = file.refresh_size()?;
     let Some(next) = policy.next_bytes(cur, pool.data_block_bytes()) else { return Ok(None) };
+    // A step the metadata cannot map is refused before the file grows (it would stay grown).
+    pool.check_data_growth(next / pool.data_block_bytes()).await?;
     let now = file.grow_file(next)?;
     ae.extensions.fetch_add(1, Ordering::AcqRel);
     let new_blocks = pool.data_device_blocks();
