@@ -117,6 +117,11 @@ impl ConnTable {
         self.all.insert(id, Slot { abort, peer_ip });
     }
 
+    /// Whether connection `id` is still negotiating (a newer one could cut it).
+    pub fn is_handshaking(&self, id: u64) -> bool {
+        self.handshaking.contains_key(&id)
+    }
+
     /// The connection finished its handshake: it can no longer be cut to make room.
     pub fn handshake_done(&mut self, id: u64) {
         self.handshaking.remove(&id);

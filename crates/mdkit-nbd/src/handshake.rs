@@ -287,6 +287,79 @@ mod tests {
         v
     }
 
+    /// A client's socket: reads a scripted byte string; for each reply the server writes, notes
+    /// whether the connection was still negotiating when the client could first see it.
+    struct Observed {
+        client: std::io::Cursor<Vec<u8>>,
+        shared: Arc<Shared>,
+        still_handshaking: Vec<bool>,
+    }
+
+    impl tokio::io::AsyncRead for Observed {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::pin::Pin::new(&mut self.client).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Observed {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let now = self.shared.is_handshaking(7);
+            self.still_handshaking.push(now);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Once a client can read the reply that ends its handshake (GO's ACK, or EXPORT_NAME's
+    /// export data), its connection no longer counts as a handshake: a flood of new connections
+    /// arriving right then cannot cut it (it was marked after the write, and a test with a
+    /// real flood caught a client cut in that gap).
+    #[test]
+    fn a_client_holding_the_final_reply_is_no_longer_a_handshake() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for client in crate::fuzzing::seed_handshakes().into_iter().take(2) {
+            let server = crate::NbdServer::new(crate::ServerOptions { max_handshakes: 1, ..Default::default() });
+            let device = Arc::new(mdkit_io::MemDevice::new("d", 1 << 20));
+            server
+                .add_export(crate::Export { name: "d".into(), description: String::new(), device, read_only: false })
+                .unwrap();
+            server.set_default_export(Some("d".into()));
+            let shared = server.shared().clone();
+            let idle = rt.spawn(std::future::pending::<()>());
+            shared.insert_connection(7, idle.abort_handle());
+            let mut s = Observed {
+                client: std::io::Cursor::new(client),
+                shared: shared.clone(),
+                still_handshaking: Vec::new(),
+            };
+            let done = rt.block_on(negotiate(&mut s, &shared, "test", 7)).unwrap();
+            assert!(done.is_some(), "the seed handshake negotiates");
+            let seen = &s.still_handshaking;
+            assert!(seen.len() >= 2 && seen[0], "earlier replies go out while it negotiates: {seen:?}");
+            assert_eq!(seen.last(), Some(&false), "the final reply goes out after it stopped counting: {seen:?}");
+            idle.abort();
+        }
+    }
+
     #[test]
     fn info_request_parser_accepts_wellformed_and_rejects_inconsistent() {
         assert_eq!(parse_info_request(&info(b"abc", &[3, 1])), Some(("abc".into(), vec![3, 1])));

@@ -178,6 +178,18 @@ impl Shared {
     pub fn handshake_done(&self, id: u64) {
         self.connections.lock().handshake_done(id);
     }
+
+    /// Takes connection `id` into the table as accept does (tests drive `negotiate` directly).
+    #[cfg(test)]
+    pub(crate) fn insert_connection(&self, id: u64, abort: tokio::task::AbortHandle) {
+        self.connections.lock().insert(id, abort, None);
+    }
+
+    /// Whether connection `id` is still negotiating.
+    #[cfg(test)]
+    pub(crate) fn is_handshaking(&self, id: u64) -> bool {
+        self.connections.lock().is_handshaking(id)
+    }
 }
 
 impl NbdServer {
