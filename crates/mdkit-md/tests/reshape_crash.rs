@@ -141,15 +141,31 @@ impl Kind {
 }
 
 /// What a failure message needs to be understood (and replayed): the cut point, every image's
-/// superblock as found, what assembly left out, and where the images were saved
-/// (`MDKIT_CRASH_DUMP`, default a directory under the system temp dir).
-async fn explain(group: &CrashGroup, p: CrashPoint, found: &[MemDevice], refused: &str) -> String {
+/// superblock as found, what assembly left out, and where the images were saved with the data
+/// written before the reshape and the blocks written during it (`MDKIT_CRASH_DUMP`, default a
+/// directory under the system temp dir; [`replay_saved_crash`] runs them again).
+async fn explain(
+    group: &CrashGroup,
+    p: CrashPoint,
+    found: &[MemDevice],
+    refused: &str,
+    before: &Model,
+    used: &[bool],
+) -> String {
     let mut out = group.describe(p);
     let dir = std::env::var("MDKIT_CRASH_DUMP")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::env::temp_dir().join("mdkit-crash-dump"));
     let _ = std::fs::create_dir_all(&dir);
-    for img in found {
+    let used: Vec<u8> = used.iter().map(|&u| u8::from(u)).collect();
+    let saved =
+        std::fs::write(dir.join("before.bin"), &before.data).and_then(|()| std::fs::write(dir.join("used.bin"), used));
+    out.push_str(&format!(
+        "\n  saved to {} ({})",
+        dir.display(),
+        saved.map_or_else(|e| e.to_string(), |()| "ok".into())
+    ));
+    for (i, img) in found.iter().enumerate() {
         let dev: DeviceRef = Arc::new(img.snapshot(img.name()));
         let sb = match read_superblock(&dev).await {
             Ok(sb) => format!(
@@ -158,13 +174,51 @@ async fn explain(group: &CrashGroup, p: CrashPoint, found: &[MemDevice], refused
             ),
             Err(e) => format!("no superblock: {e}"),
         };
-        let file = dir.join(format!("{}.img", img.name()));
-        let saved =
-            std::fs::write(&file, img.to_image()).map_or_else(|e| format!("not saved: {e}"), |_| "saved".into());
-        out.push_str(&format!("\n  {}: {sb} ({saved} to {})", img.name(), file.display()));
+        let saved = std::fs::write(dir.join(format!("member-{i:02}.img")), img.to_image())
+            .map_or_else(|e| format!(", not saved: {e}"), |()| String::new());
+        out.push_str(&format!("\n  {}: {sb}{saved}", img.name()));
     }
     out.push_str(&format!("\n  {refused}"));
     out
+}
+
+/// Assembles the images a failure saved (`MDKIT_CRASH_REPLAY=DIR`, see [`explain`]), lets the
+/// reshape finish and lists the blocks not written during it that no longer hold what was
+/// written before it. A debugging aid: it needs a saved failure, so it is not in the suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "replays a failure saved by a crash test: MDKIT_CRASH_REPLAY=DIR"]
+async fn replay_saved_crash() {
+    let dir = std::path::PathBuf::from(std::env::var("MDKIT_CRASH_REPLAY").expect("MDKIT_CRASH_REPLAY=DIR"));
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("member-"))
+        .collect();
+    files.sort();
+    let names: Vec<String> = files.iter().map(|f| f.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    let images =
+        files.iter().zip(&names).map(|(f, n)| MemDevice::from_image(n.clone(), &std::fs::read(f).unwrap())).collect();
+    let ms = image_members(&names, images);
+    let before = std::fs::read(dir.join("before.bin")).unwrap();
+    let used = std::fs::read(dir.join("used.bin")).unwrap();
+    let got =
+        assemble(member_devs(&ms), AssembleOptions { name: "replay".into(), ..Default::default() }).await.unwrap();
+    eprintln!("left out {:?}, notes {:?}", got.refused, got.notes);
+    let b = got.array;
+    if let Some(r) = b.core().personality().reshape() {
+        eprintln!("reshape at {} of {}", r.position_sectors(), r.new_array_sectors());
+    }
+    b.set_array_size(Some(before.len() as u64)).unwrap();
+    fast_sync(&b);
+    b.wait_reshape().await.unwrap();
+    fast_sync(&b);
+    b.wait_sync_idle().await;
+    let data = b.read_vec(0, before.len()).await.unwrap();
+    let bad: Vec<usize> = (0..used.len())
+        .filter(|&i| used[i] == 0 && data[i * 4096..(i + 1) * 4096] != before[i * 4096..(i + 1) * 4096])
+        .collect();
+    eprintln!("{} blocks changed: {:?}", bad.len(), &bad[..bad.len().min(64)]);
+    assert!(bad.is_empty());
 }
 
 /// The first thing wrong with `got` (the array read back after the cut at `p`), if any.
@@ -235,6 +289,9 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     let mut points = interesting_points(&group, started_at, end);
     let stride = (points.len() / max_points.max(1)).max(1);
     points = points.into_iter().step_by(stride).collect();
+    // MDKIT_CRASH_RANDOM_POINTS=N takes N random points instead (hunting a rare failure).
+    let random_points =
+        std::env::var("MDKIT_CRASH_RANDOM_POINTS").ok().and_then(|n| n.parse().ok()).unwrap_or(random_points);
     points.extend((0..random_points).map(|_| started_at + rng.below(end - started_at + 1)));
     points.push(end);
     eprintln!("{name}: {} cut points", points.len());
@@ -270,7 +327,7 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
             problem = (mismatches > 0).then(|| format!("{mismatches} mismatches after the reshape"));
         }
         if let Some(problem) = problem {
-            panic!("{ctx}: {problem}\n{}", explain(&group, CrashPoint(p), &found, &refused).await);
+            panic!("{ctx}: {problem}\n{}", explain(&group, CrashPoint(p), &found, &refused, &before, &used).await);
         }
         b.stop().await.unwrap();
     }
