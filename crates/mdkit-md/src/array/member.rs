@@ -271,8 +271,10 @@ impl Member {
         self.sb.lock().clone()
     }
 
-    pub(crate) fn store_superblock(&self, sb: Superblock) {
-        *self.sb.lock() = sb;
+    /// Changes the in-memory superblock in place, under its lock. A superblock round in flight
+    /// keeps the change when it stores what it wrote ([`super::sb`]); the next round writes it.
+    pub(crate) fn update_superblock(&self, f: impl FnOnce(&mut Superblock)) {
+        f(&mut self.sb.lock());
     }
 
     /// md's `dev-NAME/state` words for this member given whether it holds a slot.

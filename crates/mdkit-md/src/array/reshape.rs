@@ -580,9 +580,7 @@ impl Reshape {
         let p = self.progress.load(Ordering::Acquire);
         core.flush_members().await?;
         for m in core.slots().all_members() {
-            let mut sb = m.superblock();
-            sb.reshape_position_sectors = p;
-            m.store_superblock(sb);
+            m.update_superblock(|sb| sb.reshape_position_sectors = p);
         }
         core.update_superblocks(why).await?;
         self.safe.store(p, Ordering::Release);
@@ -599,10 +597,10 @@ impl Reshape {
             m.set(flag::IN_SYNC);
         }
         for m in core.slots().all_members() {
-            let mut sb = m.superblock();
-            crate::format::reshape::finish_superblock(&mut sb, self.new_array_sectors);
-            crate::format::reshape::drop_removed_roles(&mut sb);
-            m.store_superblock(sb);
+            m.update_superblock(|sb| {
+                crate::format::reshape::finish_superblock(sb, self.new_array_sectors);
+                crate::format::reshape::drop_removed_roles(sb);
+            });
         }
         core.update_superblocks("reshape finished").await?;
         self.safe.store(self.progress.load(Ordering::Acquire), Ordering::Release);

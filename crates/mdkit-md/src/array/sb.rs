@@ -157,6 +157,26 @@ pub(crate) fn compose(
     sb
 }
 
+/// What a round wrote, laid over the member's in-memory superblock as it is now: the fields
+/// [`compose`] derives from the array's state come from `written`, every other field stays as
+/// it is now. Something may have changed the superblock since the round composed it (a
+/// reshape checkpoint records its position while a clean/dirty round is flushing); storing
+/// `written` whole would undo that change, and the checkpoint's own round would then write
+/// the old position while the engine goes on as if the new one were recorded.
+fn keep_round_fields(cur: &mut Superblock, written: &Superblock) {
+    const ROUND_FEATURES: u32 =
+        feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::RECOVERY_BITMAP | feature::BAD_BLOCKS;
+    cur.events = written.events;
+    cur.utime = written.utime;
+    cur.resync_offset_sectors = written.resync_offset_sectors;
+    cur.dev_roles.clone_from(&written.dev_roles);
+    cur.cnt_corrected_read = written.cnt_corrected_read;
+    cur.devflags = (cur.devflags & !DEVFLAG_WRITE_MOSTLY) | (written.devflags & DEVFLAG_WRITE_MOSTLY);
+    cur.feature_map = (cur.feature_map & !ROUND_FEATURES) | (written.feature_map & ROUND_FEATURES);
+    cur.recovery_offset_sectors = written.recovery_offset_sectors;
+    cur.sb_csum = crate::format::superblock::sb_checksum(&cur.encode_unchecked(), cur.max_dev());
+}
+
 impl ArrayCore {
     /// Writes a superblock round covering everything requested before this call (see the
     /// module documentation). `why` is for the log.
@@ -270,9 +290,7 @@ impl ArrayCore {
                     if let Some((_, generation)) = log {
                         m.bad_blocks().mark_written(*generation);
                     }
-                    let mut sb = sb;
-                    sb.sb_csum = crate::format::superblock::sb_checksum(&sb.encode_unchecked(), sb.max_dev());
-                    m.store_superblock(sb);
+                    m.update_superblock(|cur| keep_round_fields(cur, &sb));
                     written += 1;
                 }
                 Ok(()) => {}
@@ -343,6 +361,99 @@ mod tests {
         assert_eq!(sb.recovery_offset_sectors, 300);
         let sc = compose(&c, &t, &roles, 7, 1, 0);
         assert_eq!(sc.feature_map & feature::RECOVERY_OFFSET, 0, "spare: no recovery");
+    }
+
+    /// A member whose next flush, once armed, says it started and waits until released.
+    struct GatedFlush {
+        inner: MemDevice,
+        armed: std::sync::atomic::AtomicBool,
+        hit: tokio::sync::Notify,
+        release: tokio::sync::Notify,
+    }
+
+    impl mdkit_io::BlockDevice for GatedFlush {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn topology(&self) -> mdkit_io::Topology {
+            self.inner.topology()
+        }
+        fn read(&self, offset_bytes: u64, buf: mdkit_io::IoBuf) -> mdkit_io::IoFuture<'_, mdkit_io::ReadResult> {
+            self.inner.read(offset_bytes, buf)
+        }
+        fn write(
+            &self,
+            offset_bytes: u64,
+            buf: SharedBuf,
+            flags: mdkit_io::WriteFlags,
+        ) -> mdkit_io::IoFuture<'_, io::Result<()>> {
+            self.inner.write(offset_bytes, buf, flags)
+        }
+        fn flush(&self) -> mdkit_io::IoFuture<'_, io::Result<()>> {
+            Box::pin(async move {
+                if self.armed.swap(false, Ordering::AcqRel) {
+                    self.hit.notify_one();
+                    self.release.notified().await;
+                }
+                self.inner.flush().await
+            })
+        }
+        fn discard(&self, offset_bytes: u64, len_bytes: u64) -> mdkit_io::IoFuture<'_, io::Result<()>> {
+            self.inner.discard(offset_bytes, len_bytes)
+        }
+        fn write_zeroes(
+            &self,
+            offset_bytes: u64,
+            len_bytes: u64,
+            flags: mdkit_io::ZeroFlags,
+        ) -> mdkit_io::IoFuture<'_, io::Result<()>> {
+            self.inner.write_zeroes(offset_bytes, len_bytes, flags)
+        }
+    }
+
+    /// A superblock change made while a round is in flight (a reshape checkpoint recording its
+    /// position while a clean/dirty round flushes) survives that round and is written by the
+    /// next. The round used to store back the superblock it had composed, undoing the change:
+    /// the checkpoint's own round then wrote the old position while the reshape went on as if
+    /// the new one were recorded, and a crash brought the array back at the old one, over old
+    /// rows the reshape had already overwritten (a reshape crash-test failure under load).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_made_during_a_round_is_kept_and_written_by_the_next() {
+        let gated = Arc::new(GatedFlush {
+            inner: MemDevice::new("g0", 4 << 20),
+            armed: Default::default(),
+            hit: Default::default(),
+            release: Default::default(),
+        });
+        let devs = vec![
+            crate::array::MemberDev::new("g0", gated.clone()),
+            crate::array::MemberDev::new("m1", Arc::new(MemDevice::new("m1", 4 << 20))),
+        ];
+        let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
+        o.assume_clean = true;
+        let a = crate::array::create(devs, o).await.unwrap().array;
+        let core = a.core();
+        core.update_superblocks("settle").await.unwrap();
+        let m = core.slots().all_members().into_iter().find(|m| m.name() == "g0").unwrap();
+        let before = m.superblock().new_level;
+
+        gated.armed.store(true, Ordering::Release);
+        let round = tokio::spawn({
+            let core = core.clone();
+            async move { core.update_superblocks("in flight").await }
+        });
+        gated.hit.notified().await; // the round composed its superblocks and is flushing
+        m.update_superblock(|sb| sb.new_level = before + 4);
+        gated.release.notify_one();
+        round.await.unwrap().unwrap();
+        assert_eq!(m.superblock().new_level, before + 4, "the round undid a change made while it ran");
+
+        core.update_superblocks("next").await.unwrap();
+        let dev: mdkit_io::DeviceRef = gated.clone();
+        let on_disk = crate::array::read_superblock(&dev).await.unwrap();
+        assert_eq!(on_disk.new_level, before + 4, "the next round writes the change");
+        assert_eq!(on_disk.events, m.superblock().events);
+        a.stop().await.unwrap();
     }
 
     #[test]
