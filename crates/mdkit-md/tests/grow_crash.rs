@@ -233,7 +233,7 @@ async fn grow_crash_case(name: &str, level: Level, n: usize, change: Change, poi
     let mut h = History { written: Vec::new(), flushes: Vec::new() };
     write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;
     let from = group.now().0;
-    grow(&a, change, &members[n], &members[n + 1]).await;
+    with_rounds_beside(&a, grow(&a, change, &members[n], &members[n + 1])).await;
     let new_size = a.size_bytes();
     free.extend(old_size / 4096..new_size / 4096);
     write_and_flush(&a, &group, &mut rng, &mut free, &mut h, 24).await;

@@ -284,23 +284,9 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     a.grow(kind.change, member_devs(&sims[first..])).await.unwrap();
     let started_at = group.now().0;
     let mut used = vec![false; (before.data.len() / 4096) as usize];
-    // Superblock rounds of their own beside the checkpoints, as clean/dirty transitions make
-    // them (here every millisecond): a round in flight once undid a checkpoint's position in
-    // memory, and a cut in the next window lost data (sb.rs keep_round_fields).
-    // A round is never cut short (an abandoned round would skip an event count).
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let rounds = tokio::spawn({
-        let (core, stop) = (a.core(), stop.clone());
-        async move {
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                let _ = core.update_superblocks("a round beside the reshape").await;
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
-        }
-    });
-    let (written, flushes) = workload(&a, &group, &mut rng, &mut used).await;
-    stop.store(true, std::sync::atomic::Ordering::Release);
-    rounds.await.unwrap();
+    // Superblock rounds of their own beside the checkpoints: a round in flight once undid a
+    // checkpoint's position in memory, and a cut in the next window lost data.
+    let (written, flushes) = with_rounds_beside(&a, workload(&a, &group, &mut rng, &mut used)).await;
     a.wait_reshape().await.unwrap();
     let end = group.now().0;
     eprintln!("{name}: {} writes, {} flushes during the reshape", written.len(), flushes.len());

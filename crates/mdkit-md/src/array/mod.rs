@@ -258,7 +258,7 @@ impl Array {
         if core.gate.writes_in_flight() == 0 {
             core.gate.want_active.store(false, std::sync::atomic::Ordering::Release);
         }
-        let written = core.update_superblocks("array stopped").await;
+        let written = core.last_superblocks("array stopped").await;
         flushed.and(written)?;
         tracing::info!(array = core.name(), events = core.sb.events(), "array stopped");
         Ok(())

@@ -39,6 +39,9 @@ pub struct SbState {
     rounds: AtomicU64,
     /// The "event count saturated" error was logged (once per assembly).
     saturated_logged: AtomicBool,
+    /// The stopped array's last round was written: no round writes any more (its members
+    /// belong to whatever opens them next, e.g. grow rewriting their superblocks).
+    stopped: AtomicBool,
 }
 
 impl SbState {
@@ -50,6 +53,7 @@ impl SbState {
             events: AtomicU64::new(events),
             rounds: AtomicU64::new(0),
             saturated_logged: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
         }
     }
 
@@ -157,6 +161,15 @@ pub(crate) fn compose(
     sb
 }
 
+/// Marks the array stopped when the last round ends, however it ends.
+struct StopAfter<'a>(&'a AtomicBool);
+
+impl Drop for StopAfter<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// What a round wrote, laid over the member's in-memory superblock as it is now: the fields
 /// [`compose`] derives from the array's state come from `written`, every other field stays as
 /// it is now. Something may have changed the superblock since the round composed it (a
@@ -181,6 +194,16 @@ impl ArrayCore {
     /// Writes a superblock round covering everything requested before this call (see the
     /// module documentation). `why` is for the log.
     pub async fn update_superblocks(&self, why: &str) -> io::Result<()> {
+        self.superblock_round(why, false).await
+    }
+
+    /// The last round of a stopping array; every later round is refused (a task still holding
+    /// the stopped core must not write over what the members hold next).
+    pub(crate) async fn last_superblocks(&self, why: &str) -> io::Result<()> {
+        self.superblock_round(why, true).await
+    }
+
+    async fn superblock_round(&self, why: &str, last: bool) -> io::Result<()> {
         if let Some(reason) = self.needs_check() {
             return Err(io::Error::other(format!(
                 "{}: array needs a check, metadata writes stopped: {reason}",
@@ -189,6 +212,14 @@ impl ArrayCore {
         }
         let ticket = self.sb.requested.fetch_add(1, Ordering::AcqRel) + 1;
         let _g = self.sb.lock.lock().await;
+        if self.sb.stopped.load(Ordering::Acquire) {
+            return Err(io::Error::other(format!(
+                "{}: stopped, superblocks are no longer written ({why})",
+                self.name()
+            )));
+        }
+        // Set while the lock is held, so no round starts between the last one and the flag.
+        let _stop = last.then(|| StopAfter(&self.sb.stopped));
         if self.sb.completed.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
@@ -454,6 +485,26 @@ mod tests {
         assert_eq!(on_disk.new_level, before + 4, "the next round writes the change");
         assert_eq!(on_disk.events, m.superblock().events);
         a.stop().await.unwrap();
+    }
+
+    /// Once an array stopped, a task still holding its core writes no superblock (grow rewrites
+    /// a stopped array's superblocks and assembles it again: a late round would undo that).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_array_writes_no_more_superblocks() {
+        let mem = Arc::new(MemDevice::new("a", 4 << 20));
+        let devs = vec![
+            crate::array::MemberDev::new("a", mem.clone()),
+            crate::array::MemberDev::new("b", Arc::new(MemDevice::new("b", 4 << 20))),
+        ];
+        let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
+        o.assume_clean = true;
+        let a = crate::array::create(devs, o).await.unwrap().array;
+        let core = a.core();
+        a.stop().await.unwrap();
+        let image = mem.to_image();
+        let e = core.update_superblocks("late").await.unwrap_err();
+        assert!(e.to_string().contains("stopped"), "{e}");
+        assert!(mem.to_image() == image, "nothing written after the stop");
     }
 
     #[test]

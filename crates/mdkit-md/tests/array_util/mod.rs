@@ -455,3 +455,24 @@ pub async fn verifying_workload(
         model.apply(base, &local.data);
     }
 }
+
+/// Runs `work` with superblock rounds of the array's own beside it, every millisecond, as
+/// clean/dirty transitions make them in service: a round in flight while the work changes
+/// the superblocks (a reshape checkpoint, a grow) must not undo the change. A round is never
+/// cut short (an abandoned round would skip an event count).
+pub async fn with_rounds_beside<T>(a: &Array, work: impl std::future::Future<Output = T>) -> T {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let rounds = async {
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            // Refused while the array is between two assemblies (a grow stopped it): fine.
+            let _ = a.core().update_superblocks("a round beside the work").await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let work = async {
+        let out = work.await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        out
+    };
+    tokio::join!(work, rounds).0
+}
