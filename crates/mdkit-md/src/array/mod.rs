@@ -230,6 +230,9 @@ impl Array {
     /// The caller must have stopped issuing I/O.
     pub async fn stop(&self) -> stdio::Result<()> {
         let core = &self.core();
+        if core.sb.is_stopped() {
+            return Ok(()); // stopped already (e.g. by the reassembly that ends a reshape)
+        }
         core.begin_shutdown();
         let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut self.live.write().tasks);
         for t in tasks {
