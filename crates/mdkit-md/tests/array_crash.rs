@@ -47,47 +47,51 @@ async fn crash_case(name: &str, level: Level, n: usize, layout: Option<u32>, bit
     let mut free: Vec<u64> = (0..blocks).collect();
     let mut written: Vec<Written> = Vec::new();
     let mut flushes: Vec<Flushed> = Vec::new();
-    for round in 0..40 {
-        for _ in 0..6 {
-            if free.len() < 8 {
-                break;
+    // With superblock rounds of the array's own beside the writes (sb.rs keep_round_fields).
+    with_rounds_beside(&a, async {
+        for round in 0..40 {
+            for _ in 0..6 {
+                if free.len() < 8 {
+                    break;
+                }
+                let i = rng.below(free.len() as u64) as usize;
+                let b = free.swap_remove(i);
+                // Extend to following free blocks for multi-block writes.
+                let mut len = 1;
+                while len < 6 && free.contains(&(b + len)) && b + len < blocks {
+                    free.retain(|x| *x != b + len);
+                    len += 1;
+                }
+                let mut data = vec![0u8; (len * 4096) as usize];
+                rng.fill(&mut data);
+                let fua = rng.below(4) == 0;
+                a.write(b * 4096, SharedBuf::from_slice(&data), if fua { WriteFlags::FUA } else { WriteFlags::NONE })
+                    .await
+                    .unwrap();
+                written.push(Written { off: b * 4096, data, fua, acked_at: group.now().0 });
             }
-            let i = rng.below(free.len() as u64) as usize;
-            let b = free.swap_remove(i);
-            // Extend to following free blocks for multi-block writes.
-            let mut len = 1;
-            while len < 6 && free.contains(&(b + len)) && b + len < blocks {
-                free.retain(|x| *x != b + len);
-                len += 1;
+            if round % 3 == 0 {
+                let started_at = group.now().0;
+                a.flush().await.unwrap();
+                flushes.push(Flushed { started_at, done_at: group.now().0 });
             }
-            let mut data = vec![0u8; (len * 4096) as usize];
-            rng.fill(&mut data);
-            let fua = rng.below(4) == 0;
-            a.write(b * 4096, SharedBuf::from_slice(&data), if fua { WriteFlags::FUA } else { WriteFlags::NONE })
-                .await
-                .unwrap();
-            written.push(Written { off: b * 4096, data, fua, acked_at: group.now().0 });
+            if round % 10 == 5 {
+                // Quiet for a moment: the array is marked clean, then active again.
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+            if round == 22 && level != Level::Raid0 {
+                // A member dies under the writes: acknowledged writes that missed it must never be
+                // lost to a crash that re-assembles it as in sync.
+                sims[n - 1].fault.as_ref().unwrap().pull();
+            }
+            if round == 28 && level != Level::Raid0 {
+                // It is removed and a spare is rebuilt while writes go on.
+                a.remove_member(&names[n - 1]).await.unwrap();
+                a.add_member(sims[n].member_dev()).await.unwrap();
+            }
         }
-        if round % 3 == 0 {
-            let started_at = group.now().0;
-            a.flush().await.unwrap();
-            flushes.push(Flushed { started_at, done_at: group.now().0 });
-        }
-        if round % 10 == 5 {
-            // Quiet for a moment: the array is marked clean, then active again.
-            tokio::time::sleep(Duration::from_millis(60)).await;
-        }
-        if round == 22 && level != Level::Raid0 {
-            // A member dies under the writes: acknowledged writes that missed it must never be
-            // lost to a crash that re-assembles it as in sync.
-            sims[n - 1].fault.as_ref().unwrap().pull();
-        }
-        if round == 28 && level != Level::Raid0 {
-            // It is removed and a spare is rebuilt while writes go on.
-            a.remove_member(&names[n - 1]).await.unwrap();
-            a.add_member(sims[n].member_dev()).await.unwrap();
-        }
-    }
+    })
+    .await;
     let end = group.now().0;
     drop(a);
     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -347,7 +347,7 @@ async fn run_case(case: Case, seed: u64, ops: usize, random_points: usize, clean
     a.set_attribute("bitmap/time_base", "0.02").unwrap();
     a.set_attribute("bitmap/flush_chunks", "6").unwrap();
     a.set_attribute("safe_mode_delay", if clean_transitions { "0.01" } else { "3600" }).unwrap();
-    let history = workload(a.clone(), group.clone(), seed, ops).await;
+    let history = crate::array_util::with_rounds_beside(&a, workload(a.clone(), group.clone(), seed, ops)).await;
     let attr = |n: &str| a.get_attribute(n).unwrap().parse::<u64>().unwrap();
     let (set_rounds, cleared, data_writes) =
         (attr("bitmap/set_rounds"), attr("bitmap/bits_cleared"), attr("bitmap/data_writes"));
