@@ -402,6 +402,18 @@ mod tests {
         assert_eq!(sc.feature_map & feature::RECOVERY_OFFSET, 0, "spare: no recovery");
     }
 
+    /// A clean raid1 over `first` and a 4 MiB RAM member.
+    async fn mirror_over(first: Arc<dyn mdkit_io::BlockDevice>) -> crate::array::Array {
+        let name = first.name().to_string();
+        let devs = vec![
+            crate::array::MemberDev::new(name, first),
+            crate::array::MemberDev::new("m1", Arc::new(MemDevice::new("m1", 4 << 20))),
+        ];
+        let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
+        o.assume_clean = true;
+        crate::array::create(devs, o).await.unwrap().array
+    }
+
     /// A member whose next flush, once armed, says it started and waits until released.
     struct GatedFlush {
         inner: MemDevice,
@@ -464,13 +476,7 @@ mod tests {
             hit: Default::default(),
             release: Default::default(),
         });
-        let devs = vec![
-            crate::array::MemberDev::new("g0", gated.clone()),
-            crate::array::MemberDev::new("m1", Arc::new(MemDevice::new("m1", 4 << 20))),
-        ];
-        let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
-        o.assume_clean = true;
-        let a = crate::array::create(devs, o).await.unwrap().array;
+        let a = mirror_over(gated.clone()).await;
         let core = a.core();
         core.update_superblocks("settle").await.unwrap();
         let m = core.slots().all_members().into_iter().find(|m| m.name() == "g0").unwrap();
@@ -501,13 +507,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_array_writes_no_more_superblocks() {
         let mem = Arc::new(MemDevice::new("a", 4 << 20));
-        let devs = vec![
-            crate::array::MemberDev::new("a", mem.clone()),
-            crate::array::MemberDev::new("b", Arc::new(MemDevice::new("b", 4 << 20))),
-        ];
-        let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
-        o.assume_clean = true;
-        let a = crate::array::create(devs, o).await.unwrap().array;
+        let a = mirror_over(mem.clone()).await;
         let core = a.core();
         let (first, second) = tokio::join!(a.stop(), a.stop());
         first.and(second).expect("two stops at once both succeed");
