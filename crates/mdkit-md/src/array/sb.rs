@@ -15,6 +15,13 @@
 //!
 //! A member whose bad-block list changed gets its bad-block log written (FUA) right before its
 //! superblock, which carries BAD_BLOCKS exactly when the list is non-empty (super_1_sync).
+//!
+//! The in-memory superblock is the array's intent; a round writes it. Other changes (a reshape
+//! checkpoint's position, the finish's new geometry) are made in place
+//! ([`Member::update_superblock`]) and then request a round. A round that ends keeps in memory
+//! only the fields it derives itself ([`keep_round_fields`]): a change made while it was in
+//! flight stays, and the round it requested writes it. After a stopped array's last round no
+//! round writes (a late task must not write over members that grow or the next assembly own).
 
 use std::io;
 use std::sync::Arc;
