@@ -332,6 +332,10 @@ impl Array {
         let sb = self.new_member_superblock(&dev, &slots)?;
         let block = sb.encode().map_err(|e| stdio::Error::other(format!("{}: {}: {e}", self.name(), dev.name)))?;
         let m = Arc::new(Member::new(dev.name.clone(), dev.dev.clone(), sb.clone()));
+        let core = self.core();
+        // No round may reset the bitmap's members while the new member's copy is written (a
+        // cut then left it with a superblock pointing at a zeroed bitmap).
+        let hold = core.hold_rounds().await;
         if let Some(bm) = &self.core().bitmap {
             // The new member's bitmap copy is complete before its superblock points at it.
             let mut t = (*slots).clone();
@@ -343,6 +347,7 @@ impl Array {
         let mut t = (*slots).clone();
         t.add_spare(m);
         self.core().set_slots(t);
+        drop(hold);
         self.core().update_superblocks("member added").await?;
         drop(_g);
         self.kick_sync();

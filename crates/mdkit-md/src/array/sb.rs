@@ -209,6 +209,13 @@ impl ArrayCore {
         self.superblock_round(why, false).await
     }
 
+    /// Holds superblock rounds off until the guard drops. A round resets the bitmap's member
+    /// list from the slot table, so a member being added (its bitmap copy and superblock written
+    /// before it enters the table) would lose its copy mid-write.
+    pub(crate) async fn hold_rounds(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.sb.lock.lock().await
+    }
+
     /// The last round of a stopping array; every later round is refused (a task still holding
     /// the stopped core must not write over what the members hold next).
     pub(crate) async fn last_superblocks(&self, why: &str) -> io::Result<()> {
