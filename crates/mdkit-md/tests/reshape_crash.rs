@@ -150,7 +150,7 @@ impl Kind {
 async fn explain(
     group: &CrashGroup,
     p: CrashPoint,
-    found: &[MemDevice],
+    found: Vec<MemDevice>,
     refused: &str,
     before: &Model,
     used: &[bool],
@@ -168,8 +168,9 @@ async fn explain(
         dir.display(),
         saved.map_or_else(|e| e.to_string(), |()| "ok".into())
     ));
-    for (i, img) in found.iter().enumerate() {
-        let dev: DeviceRef = Arc::new(img.snapshot(img.name()));
+    for (i, img) in found.into_iter().enumerate() {
+        let img = Arc::new(img);
+        let dev: DeviceRef = img.clone();
         let sb = match read_superblock(&dev).await {
             Ok(sb) => format!(
                 "role {} events {} reshape_position {} resync_offset {} features {:#x}",
@@ -303,8 +304,9 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
     let mut mid_way = 0;
     for (k, p) in points.into_iter().enumerate() {
         let policy = CrashPolicy::ALL[k % CrashPolicy::ALL.len()];
+        // The same draws make the same images again for a failure report (no copy per point).
+        let drawn = rng.clone();
         let ms = image_members(&names, group.image_at(CrashPoint(p), &mut rng, policy).unwrap());
-        let found: Vec<_> = ms.iter().map(|m| m.mem.as_ref().unwrap().snapshot(m.name.clone())).collect();
         let ctx = format!("{name}: point {p} ({policy:?}), seed {s}");
         let assembled = assemble(member_devs(&ms), AssembleOptions { name: "crash".into(), ..Default::default() })
             .await
@@ -332,7 +334,8 @@ async fn reshape_crash_case(name: &str, kind: Kind, max_points: usize, random_po
             problem = (mismatches > 0).then(|| format!("{mismatches} mismatches after the reshape"));
         }
         if let Some(problem) = problem {
-            panic!("{ctx}: {problem}\n{}", explain(&group, CrashPoint(p), &found, &refused, &before, &used).await);
+            let found = group.image_at(CrashPoint(p), &mut drawn.clone(), policy).unwrap();
+            panic!("{ctx}: {problem}\n{}", explain(&group, CrashPoint(p), found, &refused, &before, &used).await);
         }
         b.stop().await.unwrap();
     }
