@@ -55,10 +55,6 @@ pub fn register(r: &mut Registry) {
     });
 }
 
-pub(super) fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
-    super::parse_args(cmd, args)
-}
-
 /// `thin.pool-create` arguments: `name`, `force` and the `thin-pool` keys ([`PoolParams`],
 /// which rejects unknown keys). Split by hand: serde's `flatten` cannot be combined with
 /// `deny_unknown_fields`.
@@ -149,7 +145,7 @@ struct PoolArg {
 }
 
 async fn status(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: PoolArg = parse(args, "thin.status")?;
+    let a: PoolArg = super::parse_args("thin.status", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let st = pool.status().await?;
     let sizes = load_state(&svc.config.data_dir)?.sizes;
@@ -302,7 +298,7 @@ pub(super) async fn register_thin(
 }
 
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: CreateArgs = parse(args, "thin.create")?;
+    let a: CreateArgs = super::parse_args("thin.create", args)?;
     if a.origin.is_some() {
         bail!("thin.create takes no origin (use thin.snapshot)");
     }
@@ -329,7 +325,7 @@ async fn active_origin(svc: &Service, pool: &str, id: u64) -> Option<String> {
 }
 
 async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: CreateArgs = parse(args, "thin.snapshot")?;
+    let a: CreateArgs = super::parse_args("thin.snapshot", args)?;
     let origin = a.origin.ok_or_else(|| anyhow!("thin.snapshot: origin is required"))?;
     if a.external_origin.is_some() {
         bail!("thin.snapshot takes no external_origin (a snapshot uses its origin's)");
@@ -360,7 +356,7 @@ struct DeleteArgs {
 }
 
 async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: DeleteArgs = parse(args, "thin.delete")?;
+    let a: DeleteArgs = super::parse_args("thin.delete", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let remembered = load_state(&svc.config.data_dir)?.volumes;
     // Volumes of this device: run-time ones are closed and removed; configured ones block.
@@ -404,7 +400,7 @@ async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
 }
 
 async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: PoolArg = parse(args, "thin.list")?;
+    let a: PoolArg = super::parse_args("thin.list", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let sizes = load_state(&svc.config.data_dir)?.sizes;
     let vols = svc.volumes.read().await;

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Registry;
-use super::thin::{parse, register_thin};
+use super::thin::register_thin;
 use crate::config::{Size, parse_size};
 use crate::service::Service;
 use crate::volumes::Volume;
@@ -81,7 +81,7 @@ struct ActivateArgs {
 }
 
 async fn activate(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: ActivateArgs = parse(args, "thin.activate")?;
+    let a: ActivateArgs = super::parse_args("thin.activate", args)?;
     let pv = pool_volume(&svc, &a.pool).await?;
     let pool = as_pool(&pv).pool().clone();
     let ids = pool.devices().await?;
@@ -129,7 +129,7 @@ struct DeactivateArgs {
 }
 
 async fn deactivate(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: DeactivateArgs = parse(args, "thin.deactivate")?;
+    let a: DeactivateArgs = super::parse_args("thin.deactivate", args)?;
     pool_volume(&svc, &a.pool).await?;
     let users = volumes_of(&svc, &a.pool, a.id).await;
     if users.is_empty() {
@@ -183,7 +183,7 @@ struct ResizeArgs {
 }
 
 async fn pool_resize(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: ResizeArgs = parse(args, "thin.pool-resize")?;
+    let a: ResizeArgs = super::parse_args("thin.pool-resize", args)?;
     let mut data = target(a.data_size.as_deref(), "data_size")?;
     let mut meta = target(a.metadata_size.as_deref(), "metadata_size")?;
     if data.is_none() && meta.is_none() {

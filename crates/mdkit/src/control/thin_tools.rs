@@ -64,30 +64,26 @@ struct DeltaArgs {
     metadata_snap: bool,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(args: Value, cmd: &str) -> Result<T> {
-    super::parse_args(cmd, args)
-}
-
 fn snap_use(held: bool) -> SnapUse {
     if held { SnapUse::Held } else { SnapUse::Transient }
 }
 
 async fn reserve(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: PoolArg = parse(args, "thin.reserve-metadata-snap")?;
+    let a: PoolArg = super::parse_args("thin.reserve-metadata-snap", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let held = pool.reserve_metadata_snap().await?;
     Ok(json!({ "pool": a.pool, "held_root": held }))
 }
 
 async fn release(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: PoolArg = parse(args, "thin.release-metadata-snap")?;
+    let a: PoolArg = super::parse_args("thin.release-metadata-snap", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     pool.release_metadata_snap().await?;
     Ok(json!({ "pool": a.pool, "released": true }))
 }
 
 async fn dump(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: DumpArgs = parse(args, "thin.dump")?;
+    let a: DumpArgs = super::parse_args("thin.dump", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let x = pool
         .read_metadata_snap(snap_use(a.metadata_snap), move |md| {
@@ -101,7 +97,7 @@ async fn dump(svc: Arc<Service>, args: Value) -> Result<Value> {
 }
 
 async fn delta_cmd(svc: Arc<Service>, args: Value) -> Result<Value> {
-    let a: DeltaArgs = parse(args, "thin.delta")?;
+    let a: DeltaArgs = super::parse_args("thin.delta", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let (left, right) = (a.left, a.right);
     let (header, segments) = pool
