@@ -47,7 +47,7 @@ async fn crash_case(name: &str, level: Level, n: usize, layout: Option<u32>, bit
     let mut free: Vec<u64> = (0..blocks).collect();
     let mut written: Vec<Written> = Vec::new();
     let mut flushes: Vec<Flushed> = Vec::new();
-    // With superblock rounds of the array's own beside the writes (sb.rs keep_round_fields).
+    // With superblock rounds of the array's own beside the writes (sb.rs set_round_fields).
     with_rounds_beside(&a, async {
         for round in 0..40 {
             for _ in 0..6 {

@@ -336,19 +336,19 @@ impl Array {
         // No round may reset the bitmap's members while the new member's copy is written (a
         // cut then left it with a superblock pointing at a zeroed bitmap).
         let hold = core.hold_rounds().await;
-        if let Some(bm) = &self.core().bitmap {
+        if let Some(bm) = &core.bitmap {
             // The new member's bitmap copy is complete before its superblock points at it.
             let mut t = (*slots).clone();
             t.add_spare(m.clone());
-            bm.set_members(self.core().bitmap_members(&t));
+            bm.set_members(core.bitmap_members(&t));
             bm.sync_all_pages().await?;
         }
-        self.core().member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
+        core.member_write_meta(&m, sb.super_offset_sectors * 512, SharedBuf::from_slice(&block)).await?;
         let mut t = (*slots).clone();
         t.add_spare(m);
-        self.core().set_slots(t);
+        core.set_slots(t);
         drop(hold);
-        self.core().update_superblocks("member added").await?;
+        core.update_superblocks("member added").await?;
         drop(_g);
         self.kick_sync();
         self.forget_left_out(&dev.name);

@@ -19,7 +19,7 @@
 //! The in-memory superblock is the array's intent; a round writes it. Other changes (a reshape
 //! checkpoint's position, the finish's new geometry) are made in place
 //! ([`Member::update_superblock`]) and then request a round. A round that ends keeps in memory
-//! only the fields it derives itself ([`keep_round_fields`]): a change made while it was in
+//! only the fields it derives itself ([`set_round_fields`]): a change made while it was in
 //! flight stays, and the round it requested writes it. After a stopped array's last round no
 //! round writes (a late task must not write over members that grow or the next assembly own).
 
@@ -142,6 +142,26 @@ pub(crate) fn compose(
     resync_offset: u64,
 ) -> Superblock {
     let mut sb = m.superblock();
+    set_round_fields(&mut sb, m, slots, roles, events, utime, resync_offset);
+    sb
+}
+
+/// Sets on `sb` the fields a round derives from the array's and the member's state (md's
+/// super_1_sync); every other field stays as it is. A round composes its superblocks with it,
+/// and applies it again to the in-memory superblock when the write ended: storing the composed
+/// superblock whole would undo a change made while the round was in flight (a reshape
+/// checkpoint records its position while a clean/dirty round is flushing), and the
+/// checkpoint's own round would then write the old position while the engine went on as if
+/// the new one were recorded.
+fn set_round_fields(
+    sb: &mut Superblock,
+    m: &Member,
+    slots: &SlotTable,
+    roles: &[u16],
+    events: u64,
+    utime: u64,
+    resync_offset: u64,
+) {
     sb.events = events;
     sb.utime = utime;
     sb.resync_offset_sectors = resync_offset;
@@ -170,7 +190,6 @@ pub(crate) fn compose(
         }
     }
     sb.feature_map = fm;
-    sb
 }
 
 /// Marks the array stopped when the last round ends, however it ends.
@@ -180,26 +199,6 @@ impl Drop for StopAfter<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Release);
     }
-}
-
-/// What a round wrote, laid over the member's in-memory superblock as it is now: the fields
-/// [`compose`] derives from the array's state come from `written`, every other field stays as
-/// it is now. Something may have changed the superblock since the round composed it (a
-/// reshape checkpoint records its position while a clean/dirty round is flushing); storing
-/// `written` whole would undo that change, and the checkpoint's own round would then write
-/// the old position while the engine goes on as if the new one were recorded.
-fn keep_round_fields(cur: &mut Superblock, written: &Superblock) {
-    const ROUND_FEATURES: u32 =
-        feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::RECOVERY_BITMAP | feature::BAD_BLOCKS;
-    cur.events = written.events;
-    cur.utime = written.utime;
-    cur.resync_offset_sectors = written.resync_offset_sectors;
-    cur.dev_roles.clone_from(&written.dev_roles);
-    cur.cnt_corrected_read = written.cnt_corrected_read;
-    cur.devflags = (cur.devflags & !DEVFLAG_WRITE_MOSTLY) | (written.devflags & DEVFLAG_WRITE_MOSTLY);
-    cur.feature_map = (cur.feature_map & !ROUND_FEATURES) | (written.feature_map & ROUND_FEATURES);
-    cur.recovery_offset_sectors = written.recovery_offset_sectors;
-    cur.sb_csum = crate::format::superblock::sb_checksum(&cur.encode_unchecked(), cur.max_dev());
 }
 
 impl ArrayCore {
@@ -306,7 +305,7 @@ impl ArrayCore {
             let block = sb
                 .encode()
                 .map_err(|e| RoundError::Fatal(format!("member {}: superblock does not encode: {e}", m.name())))?;
-            blocks.push((sb, SharedBuf::from_slice(&block)));
+            blocks.push(SharedBuf::from_slice(&block));
         }
         // Flush every member, then write the superblocks FUA. md_super_write puts REQ_PREFLUSH |
         // REQ_FUA on each member's superblock write, which orders a member's superblock after
@@ -326,7 +325,7 @@ impl ArrayCore {
         }))
         .await;
         let results = join_all(members.iter().zip(&blocks).zip(flushed).zip(&logs).map(
-            |(((m, (_, buf)), flushed), log)| async move {
+            |(((m, buf), flushed), log)| async move {
                 flushed?;
                 // The log before the superblock that says it holds entries (BAD_BLOCKS).
                 if let Some((entries, _)) = log {
@@ -337,13 +336,16 @@ impl ArrayCore {
         ))
         .await;
         let mut written = 0usize;
-        for (((m, (sb, _)), r), log) in members.iter().zip(blocks).zip(results).zip(&logs) {
+        for ((m, r), log) in members.iter().zip(results).zip(&logs) {
             match r {
                 Ok(()) if !failed.iter().any(|(f, _)| Arc::ptr_eq(f, m)) => {
                     if let Some((_, generation)) = log {
                         m.bad_blocks().mark_written(*generation);
                     }
-                    m.update_superblock(|cur| keep_round_fields(cur, &sb));
+                    m.update_superblock(|cur| {
+                        set_round_fields(cur, m, &slots, &roles, events, utime, resync_offset);
+                        cur.sb_csum = crate::format::superblock::sb_checksum(&cur.encode_unchecked(), cur.max_dev());
+                    });
                     written += 1;
                 }
                 Ok(()) => {}
