@@ -132,17 +132,19 @@ pub(crate) fn dev_roles(slots: &SlotTable, min_max_dev: usize) -> Vec<u16> {
     roles
 }
 
+/// What one round writes to every member, beside each member's own state.
+pub(crate) struct Round<'a> {
+    pub slots: &'a SlotTable,
+    pub roles: &'a [u16],
+    pub events: u64,
+    pub utime: u64,
+    pub resync_offset: u64,
+}
+
 /// Member `m`'s superblock for a round.
-pub(crate) fn compose(
-    m: &Member,
-    slots: &SlotTable,
-    roles: &[u16],
-    events: u64,
-    utime: u64,
-    resync_offset: u64,
-) -> Superblock {
+pub(crate) fn compose(m: &Member, round: &Round<'_>) -> Superblock {
     let mut sb = m.superblock();
-    set_round_fields(&mut sb, m, slots, roles, events, utime, resync_offset);
+    set_round_fields(&mut sb, m, round);
     sb
 }
 
@@ -153,15 +155,8 @@ pub(crate) fn compose(
 /// checkpoint records its position while a clean/dirty round is flushing), and the
 /// checkpoint's own round would then write the old position while the engine went on as if
 /// the new one were recorded.
-fn set_round_fields(
-    sb: &mut Superblock,
-    m: &Member,
-    slots: &SlotTable,
-    roles: &[u16],
-    events: u64,
-    utime: u64,
-    resync_offset: u64,
-) {
+fn set_round_fields(sb: &mut Superblock, m: &Member, round: &Round<'_>) {
+    let &Round { slots, roles, events, utime, resync_offset } = round;
     sb.events = events;
     sb.utime = utime;
     sb.resync_offset_sectors = resync_offset;
@@ -280,6 +275,7 @@ impl ArrayCore {
         let resync_offset = if self.gate.want_active.load(Ordering::Acquire) { 0 } else { self.resync_checkpoint() };
         let min_max_dev = members.iter().map(|m| m.superblock().max_dev() as usize).max().unwrap_or(0);
         let roles = dev_roles(&slots, min_max_dev);
+        let round = Round { slots: &slots, roles: &roles, events, utime, resync_offset };
         let mut failed: Vec<(Arc<Member>, String)> = Vec::new();
 
         // Bitmap superblock first (md_update_sb: md_bitmap_update_sb before the md superblocks).
@@ -301,7 +297,7 @@ impl ArrayCore {
         let logs: Vec<Option<(Vec<BadBlock>, u64)>> =
             members.iter().map(|m| m.bad_blocks().is_dirty().then(|| m.bad_blocks().snapshot())).collect();
         for m in &members {
-            let sb = compose(m, &slots, &roles, events, utime, resync_offset);
+            let sb = compose(m, &round);
             let block = sb
                 .encode()
                 .map_err(|e| RoundError::Fatal(format!("member {}: superblock does not encode: {e}", m.name())))?;
@@ -343,7 +339,7 @@ impl ArrayCore {
                         m.bad_blocks().mark_written(*generation);
                     }
                     m.update_superblock(|cur| {
-                        set_round_fields(cur, m, &slots, &roles, events, utime, resync_offset);
+                        set_round_fields(cur, m, &round);
                         cur.sb_csum = crate::format::superblock::sb_checksum(&cur.encode_unchecked(), cur.max_dev());
                     });
                     written += 1;
@@ -408,13 +404,14 @@ mod tests {
         t.add_faulty(f.clone());
         let roles = dev_roles(&t, 4);
         assert_eq!(roles, vec![0, 1, ROLE_FAULTY, ROLE_SPARE, ROLE_SPARE, ROLE_SPARE]);
-        let sa = compose(&a, &t, &roles, 7, 1, MAX_SECTOR);
+        let round = |resync_offset| Round { slots: &t, roles: &roles, events: 7, utime: 1, resync_offset };
+        let sa = compose(&a, &round(MAX_SECTOR));
         assert_eq!(sa.feature_map, feature::BITMAP_OFFSET, "in-sync member: no RECOVERY_OFFSET");
         assert_eq!((sa.events, sa.recovery_offset_sectors), (7, 0));
-        let sb = compose(&b, &t, &roles, 7, 1, 0);
+        let sb = compose(&b, &round(0));
         assert_eq!(sb.feature_map, feature::BITMAP_OFFSET | feature::RECOVERY_OFFSET);
         assert_eq!(sb.recovery_offset_sectors, 300);
-        let sc = compose(&c, &t, &roles, 7, 1, 0);
+        let sc = compose(&c, &round(0));
         assert_eq!(sc.feature_map & feature::RECOVERY_OFFSET, 0, "spare: no recovery");
     }
 
