@@ -346,6 +346,65 @@ async fn stopped_reshape_resumes_from_its_checkpoint() {
     b.stop().await.unwrap();
 }
 
+/// A grown array whose reshape just finished, before `wait_reshape` assembled it again.
+async fn reshape_finished(prefix: &str, rng: &mut Rng) -> (Vec<SimMember>, Arc<Array>) {
+    let ms = mem_members(prefix, 5, 16 * MIB);
+    let (a, _) = filled(&ms[..4], 4, 64, rng).await;
+    fast_sync(&a);
+    a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
+    for polls in 0.. {
+        if a.core().personality().reshape().is_some_and(|r| r.is_done()) {
+            break;
+        }
+        assert!(polls < 10_000, "the reshape did not finish: {:?}", a.sync_status());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    (ms, a)
+}
+
+/// The operator's stop is final: the reassembly that ends a reshape does not start the array
+/// again afterwards (it used to, leaving an array the service no longer knew running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_array_is_not_assembled_again_when_its_reshape_ends() {
+    let mut rng = Rng::new(seed("reshape-stop-final", 47));
+    let (ms, a) = reshape_finished("stopfinal-", &mut rng).await;
+    a.stop().await.unwrap();
+    let events = read_superblock(&ms[0].dev).await.unwrap().events;
+    let e = a.wait_reshape().await.unwrap_err().to_string();
+    assert!(e.contains("stopped"), "{e}");
+    assert!(a.is_stopped());
+    assert_eq!(read_superblock(&ms[0].dev).await.unwrap().events, events, "nothing written after the stop");
+    let e = a.grow(GrowChange::RaidDevices(5), vec![]).await.unwrap_err().to_string();
+    assert!(e.contains("stopped"), "{e}");
+}
+
+/// A stop that arrives while `wait_reshape` assembles the array again stops the new array
+/// (whichever gets there first, the array ends stopped and clean).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_the_reassembly_that_ends_a_reshape_stops_the_new_array() {
+    let mut rng = Rng::new(seed("reshape-stop-race", 48));
+    for round in 0..4 {
+        let (ms, a) = reshape_finished(&format!("stoprace{round}-"), &mut rng).await;
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.wait_reshape().await }
+        });
+        for _ in 0..round {
+            tokio::task::yield_now().await;
+        }
+        a.stop().await.unwrap();
+        let waited = waiter.await.unwrap();
+        assert!(a.is_stopped(), "round {round}: the array runs after the stop ({waited:?})");
+        for m in &ms {
+            let sb = read_superblock(&m.dev).await.unwrap();
+            assert_eq!(sb.resync_offset_sectors, u64::MAX, "round {round}: {} not clean", m.name);
+            if waited.is_ok() {
+                assert_eq!(sb.feature_map & feature::RESHAPE_ACTIVE, 0, "round {round}: still reshaping");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_change_nothing() {
     let ms = mem_members("refuse-", 5, 16 * MIB);

@@ -167,6 +167,9 @@ impl Array {
         if !add.is_empty() && !matches!(change, GrowChange::RaidDevices(_) | GrowChange::Level { .. }) {
             return Err(refused(format!("{}: --add goes with --raid-devices or --level only", self.name())));
         }
+        if self.is_stopped() {
+            return Err(refused(format!("{}: cannot grow: the array was stopped", self.name())));
+        }
         let info = self.info();
         if let GrowChange::RaidDevices(n) = change
             && super::grow_reshape::is_restripe(info.level, info.raid_disks, n)
@@ -218,7 +221,8 @@ impl Array {
         self.plan_from(&working, working.iter().map(|m| m.superblock()).collect(), change).await?;
         let before = self.size_bytes();
         let settings = Settings::of(&core);
-        let stopped = self.stop().await;
+        let replacing = self.replacing().await?;
+        let stopped = self.stop_core().await;
         let written = match stopped {
             Ok(()) => self.rewrite(&working, change).await,
             Err(e) => Err(e),
@@ -231,7 +235,7 @@ impl Array {
             start_frozen: settings.frozen,
         };
         match assemble(devs, opts).await {
-            Ok(a) => self.take_over(a, &settings),
+            Ok(a) => self.take_over(a, &settings, replacing),
             Err(e) => {
                 let why = format!("grow: assembling the array again failed: {e}");
                 core.set_needs_check(why.clone());
@@ -408,7 +412,8 @@ impl Array {
     }
 
     /// Moves the newly assembled array's core and tasks into this handle.
-    pub(super) fn take_over(&self, a: Assembled, settings: &Settings) {
+    /// `replacing` (from [`Array::replacing`]) is released once the new core is in place.
+    pub(super) fn take_over(&self, a: Assembled, settings: &Settings, replacing: tokio::sync::MutexGuard<'_, bool>) {
         let new = a.array;
         new.detached.store(true, Ordering::Release);
         let live = {
@@ -425,6 +430,7 @@ impl Array {
         }
         drop(new);
         *self.live.write() = live;
+        drop(replacing);
         self.kick_sync();
     }
 }

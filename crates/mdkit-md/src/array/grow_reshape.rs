@@ -326,7 +326,8 @@ impl Array {
         let new_sbs = self.new_reshape_members(&slots, &add, &roles, info.raid_disks, &start)?;
         let before = self.size_bytes();
         let settings = Settings::of(&core);
-        self.stop().await?;
+        let replacing = self.replacing().await?;
+        self.stop_core().await?;
         let written = self.write_reshape_start(&old, &add, new_sbs, &roles, bitmap_area, &start).await;
         let mut devs: Vec<MemberDev> =
             slots.working_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
@@ -338,7 +339,7 @@ impl Array {
             start_frozen: settings.frozen,
         };
         match assemble(devs, opts).await {
-            Ok(a) => self.take_over(a, &settings),
+            Ok(a) => self.take_over(a, &settings, replacing),
             Err(e) => {
                 let why = format!("reshape: assembling the array again failed: {e}");
                 core.set_needs_check(why.clone());
@@ -497,7 +498,8 @@ impl Array {
         let settings = Settings::of(&core);
         let devs: Vec<MemberDev> =
             core.slots().all_members().iter().map(|m| MemberDev::new(m.name(), m.device().clone())).collect();
-        self.stop().await?;
+        let replacing = self.replacing().await?;
+        self.stop_core().await?;
         let opts = AssembleOptions {
             name: self.name().to_string(),
             uuid: Some(core.info().uuid),
@@ -509,7 +511,7 @@ impl Array {
             core.set_needs_check(why.clone());
             io::Error::other(format!("{}: {why}", self.name()))
         })?;
-        self.take_over(a, &settings);
+        self.take_over(a, &settings, replacing);
         drop(pause);
         self.change_level_after_reshape().await
     }

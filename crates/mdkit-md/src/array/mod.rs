@@ -108,6 +108,11 @@ pub struct Array {
     /// raid4 with the parity role empty, then goes back to raid0), as mdadm's `--grow` process
     /// does. In memory only, as in mdadm: after a restart `grow --level 0` finishes it.
     after_reshape: Mutex<Option<crate::layout::Level>>,
+    /// True once the operator stopped the array ([`Array::stop`]). Whoever replaces the running
+    /// core (grow, a reshape's start, the reassembly that ends a reshape) holds this lock from
+    /// its stop to its take-over and refuses when it is set, so no array is assembled again
+    /// after the operator's stop, and that stop waits for a replacement under way.
+    closed: tokio::sync::Mutex<bool>,
 }
 
 /// What `grow` swaps: the core, the size it gives and its background tasks.
@@ -147,6 +152,7 @@ impl Array {
             detached: std::sync::atomic::AtomicBool::new(false),
             size_limit_bytes: std::sync::atomic::AtomicU64::new(0),
             after_reshape: Mutex::new(None),
+            closed: tokio::sync::Mutex::new(false),
         }
     }
 
@@ -202,6 +208,11 @@ impl Array {
         self.core().sb.events()
     }
 
+    /// True once the running array was stopped (and not assembled again since).
+    pub fn is_stopped(&self) -> bool {
+        self.core().sb.is_stopped()
+    }
+
     pub fn sync_status(&self) -> SyncStatus {
         sync::status(&self.core())
     }
@@ -227,8 +238,27 @@ impl Array {
 
     /// Stops the array like `mdadm --stop`: background sync stops at a checkpoint, members are
     /// flushed and the superblocks are written clean (with the resync/recovery checkpoints).
-    /// The caller must have stopped issuing I/O.
+    /// The caller must have stopped issuing I/O. A grow or reshape reassembly under way
+    /// finishes first and its array is the one stopped; none runs afterwards.
     pub async fn stop(&self) -> stdio::Result<()> {
+        let mut closed = self.closed.lock().await;
+        *closed = true;
+        self.stop_core().await
+    }
+
+    /// Holds off [`Array::stop`] while the caller replaces the running core; refused once the
+    /// array was stopped.
+    pub(super) async fn replacing(&self) -> stdio::Result<tokio::sync::MutexGuard<'_, bool>> {
+        let closed = self.closed.lock().await;
+        if *closed {
+            let why = format!("{}: the array was stopped", self.name());
+            return Err(stdio::Error::new(stdio::ErrorKind::NotConnected, why));
+        }
+        Ok(closed)
+    }
+
+    /// Stops the running core (the operator's stop, or a replacement's first step).
+    pub(super) async fn stop_core(&self) -> stdio::Result<()> {
         let core = &self.core();
         if core.sb.is_stopped() {
             return Ok(()); // stopped already (e.g. by the reassembly that ends a reshape)

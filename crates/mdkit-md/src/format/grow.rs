@@ -336,6 +336,9 @@ fn plan_bitmap(name: &str, level: Level, members: &[PlanMember], b: BitmapChange
 
 fn plan_raid_devices(name: &str, level: Level, members: &[PlanMember], n: u32) -> Result<GrowPlan, GrowRefused> {
     let refsb = &members[0].sb;
+    if n == refsb.raid_disks {
+        return refuse(format!("{name}: --raid-devices {n}: no change requested (mdadm's words)"));
+    }
     if level != Level::Raid1 {
         return refuse(format!("{name}: grow --raid-devices on {} is not implemented yet", level.name()));
     }
@@ -490,6 +493,8 @@ mod tests {
         let (ms, area) = members(Level::Raid5, 3, 64 * 2048, true);
         let e = plan("md0", &ms, area.as_deref(), GrowChange::RaidDevices(4)).unwrap_err().to_string();
         assert_eq!(e, "md0: grow --raid-devices on raid5 is not implemented yet");
+        let e = plan("md0", &ms, area.as_deref(), GrowChange::RaidDevices(3)).unwrap_err().to_string();
+        assert_eq!(e, "md0: --raid-devices 3: no change requested (mdadm's words)");
         let e = plan("md0", &ms, area.as_deref(), GrowChange::Size { size: GrowSize::Sectors(8), assume_clean: false })
             .unwrap_err()
             .to_string();

@@ -704,6 +704,12 @@ impl MdVolume {
         let done = self.reshape_done.clone();
         tokio::spawn(async move {
             match array.wait_reshape().await {
+                Err(e) if array.is_stopped() => {
+                    tracing::info!(
+                        array = array.name(),
+                        "stopped while finishing the reshape (the next start goes on): {e}"
+                    )
+                }
                 Err(e) => tracing::error!(array = array.name(), "finishing the reshape: {e}"),
                 Ok(()) => {
                     if let Some(done) = done.lock().take() {
