@@ -563,6 +563,11 @@ impl WriteIntentBitmap {
     /// joining, a re-added member) gets every page written in the background; await
     /// [`sync_all_pages`](Self::sync_all_pages) before relying on its copy (e.g. before marking
     /// it in sync). Members left out get no more bitmap I/O.
+    #[cfg(test)]
+    pub(crate) fn members_len(&self) -> usize {
+        self.inner.members_snapshot().len()
+    }
+
     pub fn set_members(&self, members: Vec<BitmapMember>) {
         self.inner.set_members(members);
     }

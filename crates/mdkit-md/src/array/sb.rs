@@ -416,7 +416,7 @@ mod tests {
     }
 
     /// A clean raid1 over `first` and a 4 MiB RAM member.
-    async fn mirror_over(first: Arc<dyn mdkit_io::BlockDevice>) -> crate::array::Array {
+    async fn mirror_over(first: Arc<dyn mdkit_io::BlockDevice>, bitmap: bool) -> crate::array::Array {
         let name = first.name().to_string();
         let devs = vec![
             crate::array::MemberDev::new(name, first),
@@ -424,26 +424,47 @@ mod tests {
         ];
         let mut o = crate::array::CreateOptions::new("md-test", crate::layout::Level::Raid1, 2);
         o.assume_clean = true;
+        if bitmap {
+            o.bitmap = crate::format::create::BitmapRequest::Internal { chunk_bytes: Some(64 << 10) };
+        }
         crate::array::create(devs, o).await.unwrap().array
     }
 
-    /// A member whose next flush, once armed, says it started and waits until released.
-    struct GatedFlush {
-        inner: MemDevice,
-        armed: std::sync::atomic::AtomicBool,
+    /// A member whose next flush, or next write starting in a byte range, once armed, says it
+    /// started and waits until released.
+    #[derive(Default)]
+    struct Gated {
+        inner: Option<MemDevice>,
+        flush_armed: std::sync::atomic::AtomicBool,
+        write_armed: parking_lot::Mutex<Option<std::ops::Range<u64>>>,
         hit: tokio::sync::Notify,
         release: tokio::sync::Notify,
     }
 
-    impl mdkit_io::BlockDevice for GatedFlush {
+    impl Gated {
+        fn new(name: &str) -> Arc<Gated> {
+            Arc::new(Gated { inner: Some(MemDevice::new(name, 4 << 20)), ..Default::default() })
+        }
+        fn inner(&self) -> &MemDevice {
+            self.inner.as_ref().expect("a device")
+        }
+        async fn wait_if(&self, armed: bool) {
+            if armed {
+                self.hit.notify_one();
+                self.release.notified().await;
+            }
+        }
+    }
+
+    impl mdkit_io::BlockDevice for Gated {
         fn name(&self) -> &str {
-            self.inner.name()
+            self.inner().name()
         }
         fn topology(&self) -> mdkit_io::Topology {
-            self.inner.topology()
+            self.inner().topology()
         }
         fn read(&self, offset_bytes: u64, buf: mdkit_io::IoBuf) -> mdkit_io::IoFuture<'_, mdkit_io::ReadResult> {
-            self.inner.read(offset_bytes, buf)
+            self.inner().read(offset_bytes, buf)
         }
         fn write(
             &self,
@@ -451,19 +472,23 @@ mod tests {
             buf: SharedBuf,
             flags: mdkit_io::WriteFlags,
         ) -> mdkit_io::IoFuture<'_, io::Result<()>> {
-            self.inner.write(offset_bytes, buf, flags)
+            Box::pin(async move {
+                let armed = {
+                    let mut w = self.write_armed.lock();
+                    w.take_if(|r| r.contains(&offset_bytes)).is_some()
+                };
+                self.wait_if(armed).await;
+                self.inner().write(offset_bytes, buf, flags).await
+            })
         }
         fn flush(&self) -> mdkit_io::IoFuture<'_, io::Result<()>> {
             Box::pin(async move {
-                if self.armed.swap(false, Ordering::AcqRel) {
-                    self.hit.notify_one();
-                    self.release.notified().await;
-                }
-                self.inner.flush().await
+                self.wait_if(self.flush_armed.swap(false, Ordering::AcqRel)).await;
+                self.inner().flush().await
             })
         }
         fn discard(&self, offset_bytes: u64, len_bytes: u64) -> mdkit_io::IoFuture<'_, io::Result<()>> {
-            self.inner.discard(offset_bytes, len_bytes)
+            self.inner().discard(offset_bytes, len_bytes)
         }
         fn write_zeroes(
             &self,
@@ -471,7 +496,7 @@ mod tests {
             len_bytes: u64,
             flags: mdkit_io::ZeroFlags,
         ) -> mdkit_io::IoFuture<'_, io::Result<()>> {
-            self.inner.write_zeroes(offset_bytes, len_bytes, flags)
+            self.inner().write_zeroes(offset_bytes, len_bytes, flags)
         }
     }
 
@@ -483,19 +508,14 @@ mod tests {
     /// rows the reshape had already overwritten (a reshape crash-test failure under load).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_change_made_during_a_round_is_kept_and_written_by_the_next() {
-        let gated = Arc::new(GatedFlush {
-            inner: MemDevice::new("g0", 4 << 20),
-            armed: Default::default(),
-            hit: Default::default(),
-            release: Default::default(),
-        });
-        let a = mirror_over(gated.clone()).await;
+        let gated = Gated::new("g0");
+        let a = mirror_over(gated.clone(), false).await;
         let core = a.core();
         core.update_superblocks("settle").await.unwrap();
         let m = core.slots().all_members().into_iter().find(|m| m.name() == "g0").unwrap();
         let before = m.superblock().new_level;
 
-        gated.armed.store(true, Ordering::Release);
+        gated.flush_armed.store(true, Ordering::Release);
         let round = tokio::spawn({
             let core = core.clone();
             async move { core.update_superblocks("in flight").await }
@@ -520,7 +540,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_array_writes_no_more_superblocks() {
         let mem = Arc::new(MemDevice::new("a", 4 << 20));
-        let a = mirror_over(mem.clone()).await;
+        let a = mirror_over(mem.clone(), false).await;
         let core = a.core();
         let (first, second) = tokio::join!(a.stop(), a.stop());
         first.and(second).expect("two stops at once both succeed");
@@ -529,6 +549,65 @@ mod tests {
         assert!(e.to_string().contains("stopped"), "{e}");
         a.stop().await.expect("stopping a stopped array changes nothing");
         assert!(mem.to_image() == image, "nothing written after the stop");
+    }
+
+    /// A round run while `add_member` writes the new member's bitmap copy waits until the
+    /// member is in place. It used to reset the bitmap's member list from the slot table,
+    /// which did not hold the new member yet: a bitmap write queued behind one in flight then
+    /// skipped it, and its superblock (FUA) pointed at a zeroed bitmap, so a power cut left the
+    /// added member out ("bad bitmap magic 0", a grow crash test under load).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_beside_add_member_keeps_the_new_members_bitmap() {
+        let gated = Gated::new("g0");
+        let a = Arc::new(mirror_over(gated.clone(), true).await);
+        let core = a.core();
+        let dev: mdkit_io::DeviceRef = gated.clone();
+        let sb = crate::array::read_superblock(&dev).await.unwrap();
+        let bitmap_bytes = sb.bitmap_sector().unwrap() * 512;
+        // A bitmap page round in flight, held on g0.
+        *gated.write_armed.lock() = Some(bitmap_bytes..sb.data_offset_sectors * 512);
+        let pages = tokio::spawn({
+            let core = core.clone();
+            async move { core.bitmap.as_ref().unwrap().sync_all_pages().await }
+        });
+        gated.hit.notified().await;
+        // The new member's bitmap copy now waits behind it.
+        let m2 = Gated::new("m2");
+        *m2.write_armed.lock() = Some(sb.super_offset_sectors * 512..bitmap_bytes); // its superblock
+        let spare: Arc<dyn mdkit_io::BlockDevice> = m2.clone();
+        let add = tokio::spawn({
+            let (a, spare) = (a.clone(), spare.clone());
+            async move { a.add_member(crate::array::MemberDev::new("m2", spare)).await }
+        });
+        for polls in 0.. {
+            if core.bitmap.as_ref().unwrap().members_len() == 3 {
+                break; // add_member set the new member and waits for its copy
+            }
+            assert!(polls < 10_000, "add_member never reached the bitmap copy");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let mut round = tokio::spawn({
+            let core = core.clone();
+            async move { core.update_superblocks("beside add_member").await }
+        });
+        // Give the round a chance to run (it must wait for add_member: nothing asserts that it
+        // did not finish here, only what the new member holds in the end).
+        let early = tokio::time::timeout(std::time::Duration::from_millis(200), &mut round).await.ok();
+        gated.release.notify_one();
+        pages.await.unwrap().unwrap();
+        // When the new member's superblock is written (FUA: a power cut may follow at once),
+        // the bitmap it points at is complete.
+        m2.hit.notified().await;
+        let head = mdkit_io::BlockDeviceExt::read_vec(m2.inner(), bitmap_bytes, 4096).await.unwrap();
+        let copied = crate::format::bitmap::BitmapSuper::decode(&head);
+        m2.release.notify_one();
+        copied.expect("the added member's bitmap copy is written before its superblock");
+        add.await.unwrap().unwrap();
+        match early {
+            Some(r) => r.unwrap().unwrap(),
+            None => round.await.unwrap().unwrap(),
+        }
+        a.stop().await.unwrap();
     }
 
     #[test]
