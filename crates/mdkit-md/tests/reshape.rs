@@ -405,6 +405,35 @@ async fn a_stop_during_the_reassembly_that_ends_a_reshape_stops_the_new_array() 
     }
 }
 
+/// A member failed during a reshape holds the old layout: re-adding it from the bitmap would
+/// mark it in sync (the reshape moved data without setting bits) and serve wrong data from it.
+/// Re-add is refused while the reshape runs and after it; `--add` rebuilds it in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_left_during_a_reshape_is_not_re_added_from_the_bitmap() {
+    let mut rng = Rng::new(seed("reshape-readd", 49));
+    let ms = mem_members("readd-", 5, 16 * MIB);
+    let (a, m) = filled(&ms[..4], 4, 64, &mut rng).await;
+    a.core().bitmap.as_ref().unwrap().sweep_now().await.unwrap(); // a clean bitmap: nothing dirty
+    a.set_attribute("sync_speed_max", "2000").unwrap();
+    a.grow(GrowChange::RaidDevices(5), member_devs(&ms[4..])).await.unwrap();
+    until_checkpointed(&a).await;
+    a.fail_member(&ms[2].name).await.unwrap();
+    let e = a.re_add_member(ms[2].member_dev()).await.unwrap_err().to_string();
+    assert!(e.contains("reshaping"), "{e}");
+    fast_sync(&a);
+    a.wait_reshape().await.unwrap();
+    let e = a.re_add_member(ms[2].member_dev()).await.unwrap_err().to_string();
+    assert!(e.contains("left during a reshape") && e.contains("use --add"), "{e}");
+    a.add_member(ms[2].member_dev()).await.unwrap();
+    a.wait_sync_idle().await;
+    verify_all(&*a, &m).await;
+    assert_eq!(check(&a).await, 0, "check after the full rebuild");
+    // The rebuilt member serves: another member out, every block still reads back.
+    a.fail_member(&ms[0].name).await.unwrap();
+    verify_all(&*a, &m).await;
+    a.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_change_nothing() {
     let ms = mem_members("refuse-", 5, 16 * MIB);

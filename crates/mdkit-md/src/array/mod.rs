@@ -469,6 +469,9 @@ impl Array {
         if slots.working(role).is_some() {
             return Err(refuse(format!("role {role} is held by another member")));
         }
+        if let Some(why) = self.missed_a_layout_change(&sb, &slots) {
+            return Err(refuse(format!("{why}; use --add for a full rebuild")));
+        }
         if slots.all_members().iter().any(|m| m.dev_number == sb.dev_number && !m.is_faulty()) {
             return Err(refuse(format!("dev_number {} is in use", sb.dev_number)));
         }
@@ -507,6 +510,27 @@ impl Array {
         self.forget_left_out(&dev.name);
         tracing::info!(array = self.name(), member = %dev.name, role, in_sync, "member re-added");
         Ok(())
+    }
+
+    /// Why a former member's data cannot be brought back from the bitmap: the array's layout
+    /// moved on since it left (a reshape ran or runs, a level or size change). A reshape moves
+    /// data without the bitmap, so only a member that left at the array's present layout may
+    /// return to its role.
+    fn missed_a_layout_change(&self, sb: &Superblock, slots: &SlotTable) -> Option<String> {
+        use crate::format::consistency::GeometryKey;
+        use crate::format::superblock::feature::RESHAPE_ACTIVE;
+        if self.core().personality().reshape().is_some() {
+            return Some("the array is reshaping (re-add once the reshape has finished)".into());
+        }
+        if sb.feature_map & RESHAPE_ACTIVE != 0 {
+            let at = sb.reshape_position_sectors;
+            return Some(format!("it left during a reshape (its superblock records reshape position {at})"));
+        }
+        let current = slots.working_members().first()?.superblock();
+        GeometryKey::of(sb).mismatch(&GeometryKey::of(&current)).map(|m| {
+            let m = m.replace("the other members agree on", "the array now has");
+            format!("it missed a change of the array's layout ({m})")
+        })
     }
 
     /// Sets or clears a member's write-mostly flag (mdadm `--write-mostly`, sysfs
