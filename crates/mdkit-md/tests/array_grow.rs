@@ -213,6 +213,25 @@ async fn raid1_mirrors_two_to_three_and_back() {
     again.stop().await.unwrap();
 }
 
+/// A member failed before a grow that assembles the array again (here `--bitmap none`) is not
+/// lost track of: it is listed as left out with the reason, `--remove` forgets it and `--add`
+/// takes it back. It used to vanish from the array while the service still held it.
+#[tokio::test]
+async fn a_member_failed_before_a_grow_stays_listed_and_can_be_added_again() {
+    let ms = mem_members("gf", 2, 16 * MIB);
+    let a = create_array(&ms, opts(Level::Raid1, 2, None, None, true, true)).await;
+    a.fail_member(&ms[1].name).await.unwrap();
+    a.grow(GrowChange::Bitmap(BitmapChange::None), vec![]).await.unwrap();
+    let left = a.left_out();
+    assert!(left.iter().any(|r| r.member == ms[1].name && r.reason.contains("faulty before")), "{left:?}");
+    a.remove_member(&ms[1].name).await.unwrap();
+    assert!(a.left_out().is_empty());
+    a.add_member(ms[1].member_dev()).await.unwrap();
+    a.wait_sync_idle().await;
+    assert_eq!(a.detail()["working_devices"], 2, "{}", a.detail());
+    a.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn restriping_changes_are_refused_by_name() {
     let ms = mem_members("r5", 3, 16 * MIB);

@@ -423,7 +423,7 @@ impl Array {
         settings.apply(&live.core);
         {
             let mut left = self.left_out.lock();
-            for r in a.refused {
+            for r in a.refused.into_iter().chain(dropped_faulty(&self.core(), &live.core)) {
                 left.retain(|x| x.member != r.member);
                 left.push(r);
             }
@@ -433,4 +433,19 @@ impl Array {
         drop(replacing);
         self.kick_sync();
     }
+}
+
+/// The faulty members of `old` the reassembly left behind (it assembles the working members
+/// only): listed as left out, so the operator can remove, re-add or add them again.
+fn dropped_faulty(old: &ArrayCore, new: &ArrayCore) -> Vec<super::Refusal> {
+    let kept: Vec<String> = new.slots().all_members().iter().map(|m| m.name().to_string()).collect();
+    old.slots()
+        .all_members()
+        .iter()
+        .filter(|m| m.is_faulty() && !kept.iter().any(|k| k == m.name()))
+        .map(|m| super::Refusal {
+            member: m.name().to_string(),
+            reason: "faulty before the array was assembled again (by grow); re-add or add it".into(),
+        })
+        .collect()
 }

@@ -324,7 +324,16 @@ impl Array {
         let _p = self.pause.enter().await;
         let core = self.core();
         let _g = core.membership.lock().await;
-        let m = self.find(member)?;
+        let m = match self.find(member) {
+            Ok(m) => m,
+            Err(_) if self.left_out.lock().iter().any(|r| r.member == member) => {
+                // Not in the array (left out at assembly or by a grow): removing forgets it.
+                self.forget_left_out(member);
+                tracing::info!(array = self.name(), member, "left-out member removed");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let slots = self.core().slots();
         if !m.is_faulty() && slots.role_of(&m).is_some() {
             return Err(stdio::Error::new(

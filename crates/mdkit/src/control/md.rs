@@ -555,7 +555,9 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
             }
         }
         "fail" | "remove" => {
+            let left_out = || vol.array.left_out().into_iter().map(|r| r.member).find(|n| *n == a.member);
             let m = resolve_member(vol, &a.member, &svc.config.data_dir)
+                .or_else(|| (a.action == "remove").then(left_out).flatten())
                 .ok_or_else(|| anyhow!("{}: no member {:?}", a.name, a.member))?;
             if a.action == "fail" {
                 vol.array.fail_member(&m).await?;
