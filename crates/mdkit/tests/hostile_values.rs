@@ -195,3 +195,46 @@ fn cli_values_are_refused_with_the_flag_and_value() {
     assert_eq!(nbd_read(&srv, "md0", 4096), pattern(3, 4096));
     assert!(!srv.log_text().contains("panicked"));
 }
+
+/// A loop device detached when dropped.
+struct Loop(String);
+
+impl Loop {
+    fn over(file: &Path) -> Loop {
+        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(file));
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// A loop device over a member file is that member: refused as a second member of one array
+/// (the array would be degraded from birth) and as a spare of the array whose member it is
+/// (a rebuild onto it overwrote the active member). Nothing is written to the file.
+#[test]
+fn a_loop_device_over_a_member_file_is_the_same_member() {
+    if !is_root() {
+        eprintln!("skipped: loop devices need root");
+        return;
+    }
+    require_tool("losetup", "mount");
+    let srv = Server::start(
+        "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmembers = [\"a\", \"b\"]\nmember_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n",
+    );
+    let a = Loop::over(&srv.path("a"));
+    let before = sha256(&srv.path("a"));
+    let e = mdkit_err(&srv, &["manage", "md0", "--add", &a.0]);
+    assert!(e.contains("is already used by md array \"md0\""), "{e}");
+    std::fs::write(srv.path("c.img"), vec![0u8; 8 << 20]).unwrap();
+    let c = Loop::over(&srv.path("c.img"));
+    let file = srv.path("c.img").display().to_string();
+    let e = mdkit_err(&srv, &["create", "md1", "--level", "raid1", &file, &c.0]);
+    assert!(e.contains(&format!("is the same device as member {file:?}")), "{e}");
+    assert_eq!(sha256(&srv.path("a")), before, "the active member was written");
+    assert!(std::fs::read(srv.path("c.img")).unwrap().iter().all(|&b| b == 0), "the refused member was written");
+    mdkit_ok(&srv, &["detail", "md0"]);
+}

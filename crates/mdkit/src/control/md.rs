@@ -245,8 +245,8 @@ pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Resul
     Ok(())
 }
 
-/// Two member sources name one device: the same string, or two paths of one file (`./a`
-/// and `a`, a hard or symbolic link).
+/// Two member sources name one device: the same string, two paths of one file (`./a` and
+/// `a`, a hard or symbolic link), or a file and a loop device over it.
 fn same_member(a: &str, b: &str) -> bool {
     a == b
         || crate::volumes::md::file_identity(Path::new(a))

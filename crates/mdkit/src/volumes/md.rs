@@ -264,8 +264,31 @@ pub(crate) fn remove_files(paths: &[PathBuf]) {
 
 /// The (device, inode) of an existing file: two paths name one file when these match.
 pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    if !m.file_type().is_block_device() {
+        return Some((m.dev(), m.ino()));
+    }
+    // A loop device stores its data in its backing file: the file and the loop device over
+    // it are one member. Any other block device is known by its device number.
+    let (major, minor) = (libc_major(m.rdev()), libc_minor(m.rdev()));
+    let backing = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/loop/backing_file")).ok();
+    match backing.as_deref().map(str::trim_end).filter(|p| !p.ends_with(" (deleted)")) {
+        Some(file) => std::fs::metadata(file).ok().map(|f| (f.dev(), f.ino())),
+        None => Some((BLOCK_DEVICE_IDENTITY, m.rdev())),
+    }
+}
+
+/// The first half of a block device's identity (no file system has this device number).
+const BLOCK_DEVICE_IDENTITY: u64 = u64::MAX;
+
+/// glibc's `major()` / `minor()` of a `dev_t` (both halves split across the word).
+fn libc_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff)
+}
+
+fn libc_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff)
 }
 
 impl OpenedMembers {
@@ -279,7 +302,8 @@ impl OpenedMembers {
 }
 
 /// Refuses a member given twice, before any member file is created or written: the same
-/// spec, the same path spelt two ways, or two paths of one file (a hard or symbolic link).
+/// spec, the same path spelt two ways, two paths of one file (a hard or symbolic link), or a
+/// file and a loop device over it.
 fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
     /// A member already seen: its spec, its normalised path and its file's (device, inode).
     type Seen<'a> = (&'a str, PathBuf, Option<(u64, u64)>);
