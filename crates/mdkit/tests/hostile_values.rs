@@ -29,6 +29,7 @@ const FILE: &str = "[[volume]]\nname = \"v\"\nkind = \"file\"\npath = \"v.img\"\
 const MD: &str = "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmember_size = \"4MiB\"\ncreate = true\n";
 const POOL: &str =
     "[[volume]]\nname = \"pool\"\nkind = \"thin-pool\"\nmetadata_size = \"4MiB\"\ndata_size = \"16MiB\"\n";
+const ATTRS: &str = "[volume.attributes]\n";
 const POOL_OK: &str = "[[volume]]\nname = \"pool\"\nkind = \"thin-pool\"\nmetadata = \"m\"\ndata = \"d\"\n";
 
 #[test]
@@ -58,6 +59,11 @@ fn check_config_names_the_key_and_value_of_every_hostile_value() {
         (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nqueue_depth = 0"), &["queue_depth = 0"]),
         (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nwrite_mostly = [\"c\"]"), &["write_mostly \"c\""]),
         (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nmember_size = 1000"), &["member_size = 1000"]),
+        (format!("{MD}members = [\"a\", \"b\", \"c\"]\nlevel = \"raid5\"\nraid_devices = 1"), &["raid5 needs at least 2"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid0\"\nbitmap = \"internal\""), &["bitmap", "raid0"]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\n{ATTRS}sync_speed_max = \"100O0\""), &["sync_speed_max", "\"100O0\""]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\n{ATTRS}sync_sped_max = \"1000\""), &["no attribute \"sync_sped_max\""]),
+        (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\n{ATTRS}stripe_cache_size = \"512\""), &["stripe_cache_size"]),
         (format!("{POOL}metadata = \"p\"\ndata = \"./p\""), &["metadata and data are both"]),
         (format!("{POOL}metadata = \"volume:pool\"\ndata = \"d\""), &["\"volume:pool\"", "itself"]),
         (format!("{POOL}metadata = \"m\"\ndata = \"d\"\nblock_size = \"3K\""), &["block_size = 3072 bytes"]),
@@ -237,4 +243,27 @@ fn a_loop_device_over_a_member_file_is_the_same_member() {
     assert_eq!(sha256(&srv.path("a")), before, "the active member was written");
     assert!(std::fs::read(srv.path("c.img")).unwrap().iter().all(|&b| b == 0), "the refused member was written");
     mdkit_ok(&srv, &["detail", "md0"]);
+}
+
+/// An attribute refused when the array is assembled from its members (no create keys for
+/// `--check-config` to try it on) is logged; the array serves without it.
+#[test]
+fn an_attribute_refused_at_start_leaves_the_array_serving() {
+    let md = "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmembers = [\"a\", \"b\"]\n";
+    let export = "[[export]]\nname = \"md0\"\nvolume = \"md0\"\n";
+    let srv = Server::start(&format!("{md}member_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n{export}"));
+    nbd_write_at(&srv, "md0", 0, &pattern(3, 4096));
+    let text = std::fs::read_to_string(&srv.config_path).unwrap();
+    let text = text.replace(
+        "member_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n",
+        "[volume.attributes]\nstripe_cache_size = \"512\"\n",
+    );
+    std::fs::write(&srv.config_path, text).unwrap();
+    let srv = restart(srv);
+    let st = srv.status();
+    let vol = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "md0").cloned().unwrap();
+    assert_eq!(vol["state"], "clean", "{st:#}");
+    assert_eq!(&nbd_read(&srv, "md0", 4096)[..], &pattern(3, 4096)[..]);
+    let log = srv.log_text();
+    assert!(log.contains("[volume.attributes] not applied") && log.contains("stripe_cache_size"), "{log}");
 }

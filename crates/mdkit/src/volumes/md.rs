@@ -558,7 +558,7 @@ impl VolumeKind for MdKind {
         check_queue_depth(p.queue_depth)?;
         if let Some(c) = &parsed.create {
             check_create_geometry(c, members.len())?;
-            c.to_options(&spec.name, members.len(), false)?;
+            dry_run(&spec.name, c, members.len(), p.member_size.map(Size::bytes), &attributes(p))?;
         }
         remote_options(&parsed.params)?;
         for uri in parsed.params.members.iter().map(|m| m.spec()).filter(|m| is_nbd_uri(m)) {
@@ -599,15 +599,69 @@ impl VolumeKind for MdKind {
             {
                 vol.array.set_write_behind(n).await.with_context(|| format!("write_behind {n}"))?;
             }
-            let attrs: BTreeMap<String, String> = p
-                .attributes
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
-                .collect();
-            apply_attributes(&vol.array, &attrs)?;
+            // A setting refused here (a tuning value) leaves the array serving, as a udev rule
+            // that fails to write a sysfs attribute leaves a kernel array running.
+            if let Err(e) = apply_attributes(&vol.array, &attributes(&p)) {
+                tracing::error!(array = %spec.name, "[volume.attributes] not applied: {e:#}");
+            }
             Ok(vol as Arc<dyn Volume>)
         })
     }
+}
+
+/// `[volume.attributes]` as the strings `set_attribute` takes.
+fn attributes(p: &MdParams) -> BTreeMap<String, String> {
+    p.attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+        .collect()
+}
+
+/// The size of each in-memory member of [`dry_run`] when the config gives none (sparse).
+const DRY_RUN_MEMBER_BYTES: u64 = 1 << 30;
+
+/// `--check-config` for an array the config creates: the array is created with the same
+/// options on sparse in-memory members and `[volume.attributes]` are set on it, so a level,
+/// bitmap or attribute the real start would refuse is refused here, before any file is
+/// touched. Member-specific attributes (`dev-*`) and `sync_action` are left to the start.
+fn dry_run(
+    name: &str,
+    c: &CreateParams,
+    members: usize,
+    member_bytes: Option<u64>,
+    attrs: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut opts = c.to_options(name, members, true)?;
+    opts.assume_clean = true;
+    let member_bytes = member_bytes.unwrap_or(DRY_RUN_MEMBER_BYTES);
+    let attrs: BTreeMap<String, String> = attrs
+        .iter()
+        .filter(|(k, _)| !k.starts_with("dev-") && *k != "sync_action")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let run = async move {
+        let devs: Vec<MemberDev> = (0..members)
+            .map(|i| {
+                let n = format!("dry{i}");
+                MemberDev::new(n.clone(), Arc::new(mdkit_io::MemDevice::new(n, member_bytes)) as DeviceRef)
+            })
+            .collect();
+        let created = create(devs, opts).await.map_err(|e| anyhow!("{e}"))?;
+        let applied = apply_attributes(&created.array, &attrs);
+        let _ = created.array.stop().await;
+        applied
+    };
+    // Its own thread and runtime: this runs from synchronous config checks, inside or outside
+    // a runtime.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Quiet: the scratch array's start and stop are not the real array's.
+            let _quiet = tracing::subscriber::set_default(tracing::subscriber::NoSubscriber::default());
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(run)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow!("the check of the create keys panicked")))
+    })
 }
 
 /// The create keys that do not depend on the members' sizes, checked before any member file
