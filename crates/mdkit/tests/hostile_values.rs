@@ -267,3 +267,43 @@ fn an_attribute_refused_at_start_leaves_the_array_serving() {
     let log = srv.log_text();
     assert!(log.contains("[volume.attributes] not applied") && log.contains("stripe_cache_size"), "{log}");
 }
+
+/// `create` does not format over a file system (mdadm asks first): the CLI refuses without
+/// --force and names what it found, a config volume with create keys is listed as failed,
+/// and the file is unchanged either way. With --force the CLI creates the array.
+#[test]
+fn create_refuses_a_member_holding_a_file_system() {
+    require_tool("mkfs.ext4", "e2fsprogs");
+    let srv = Server::start("");
+    let fs = srv.path("fs.img");
+    std::fs::write(&fs, vec![0u8; 8 << 20]).unwrap();
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&fs));
+    let before = sha256(&fs);
+    let other = srv.path("other.img").display().to_string();
+    let path = fs.display().to_string();
+    let e = mdkit_err(&srv, &["create", "md0", "--level", "raid1", "--member-size", "8M", &other, &path]);
+    assert!(e.contains("holds an ext2/3/4 file system; use --force"), "{e}");
+    assert_eq!(sha256(&fs), before, "a refused create wrote the file system's device");
+    drop(srv);
+
+    let md = "[[volume]]\nname = \"md1\"\nkind = \"md\"\nmembers = [\"fs.img\", \"b.img\"]\nmember_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let fs = dir.path().join("fs.img");
+    std::fs::write(&fs, vec![0u8; 8 << 20]).unwrap();
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&fs));
+    let before = sha256(&fs);
+    let config = dir.path().join("mdkit.toml");
+    let text =
+        format!("data_dir = \"{}\"\n[nbd]\nlisten = [\"127.0.0.1:0\", \"unix:nbd.sock\"]\n{md}", dir.path().display());
+    std::fs::write(&config, text).unwrap();
+    let srv = Server::start_with_config(dir, config);
+    let st = srv.status();
+    let vol = st["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "md1").cloned().unwrap();
+    assert_eq!(vol["state"], "failed", "{st:#}");
+    assert!(vol["error"].as_str().unwrap().contains("holds an ext2/3/4 file system"), "{st:#}");
+    assert_eq!(sha256(&fs), before, "a config create wrote over the file system");
+    let path = fs.display().to_string();
+    let other = srv.path("c.img").display().to_string();
+    mdkit_ok(&srv, &["create", "md2", "--level", "raid1", "--member-size", "8M", "--force", &other, &path]);
+    assert_ne!(sha256(&fs), before, "--force creates the array");
+}

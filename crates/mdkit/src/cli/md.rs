@@ -304,6 +304,9 @@ fn create_offline(
                 if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {
                     bail!("{} already holds an md superblock (array {}); use --force to overwrite it", m.name, mdkit_md::format::format_uuid(&sb.set_uuid));
                 }
+                if let Some(what) = crate::volumes::signatures::probe(&*m.dev).await {
+                    bail!("{} holds {what}; use --force to overwrite it", m.name);
+                }
             }
         }
         let opts = params.to_options(name, opened.devs.len(), opened.all_created)?;

@@ -282,7 +282,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
 }
 
 /// Writes the new array onto the opened members, unless a member is in use or (without
-/// --force) holds an md superblock already.
+/// --force) holds an md superblock, a file system or another known signature already.
 async fn create_on(svc: &Service, a: &CreateArgs, opened: &OpenedMembers) -> Result<mdkit_md::array::Assembled> {
     check_not_in_use(svc, &opened.sources).await?;
     if !a.force {
@@ -294,6 +294,9 @@ async fn create_on(svc: &Service, a: &CreateArgs, opened: &OpenedMembers) -> Res
                     mdkit_md::format::format_uuid(&sb.set_uuid),
                     sb.name()
                 );
+            }
+            if let Some(what) = crate::volumes::signatures::probe(&*m.dev).await {
+                bail!("member {} holds {what}; use --force to overwrite it", m.name);
             }
         }
     }

@@ -493,6 +493,15 @@ pub async fn start_array(
             bail!("cannot create the array without every member: {}", missing.join("; "))
         }
         Some(p) if !any_sb => {
+            for m in &opened.devs {
+                if let Some(what) = super::signatures::probe(&*m.dev).await {
+                    bail!(
+                        "member {} holds {what}, not an md superblock: the array is not created over it \
+                         (wipe it, or create the array with `mdkit create --force`)",
+                        m.name
+                    );
+                }
+            }
             let o = p.to_options(name, opened.devs.len(), opened.all_created)?;
             tracing::info!(
                 array = name,

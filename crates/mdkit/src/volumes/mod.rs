@@ -24,6 +24,7 @@ pub mod md;
 pub mod md_remote;
 pub mod mem;
 pub mod open_guard;
+pub mod signatures;
 pub mod thin;
 pub mod thin_autoextend;
 pub mod thin_origin;
