@@ -349,6 +349,7 @@ pub fn detail(core: &ArrayCore, size_bytes: u64) -> Value {
         Some(super::SyncMode::Recover) => state.push("recovering".into()),
         Some(super::SyncMode::Check) => state.push("checking".into()),
         Some(super::SyncMode::Repair) => state.push("repairing".into()),
+        None if core.personality().reshape().is_some_and(|r| !r.is_done()) => state.push("reshaping".into()),
         None if core.resync_checkpoint() != MAX_SECTOR => state.push("resync pending".into()),
         None => {}
     }

@@ -504,21 +504,69 @@ fn note_mismatches(core: &ArrayCore, sectors: u64, ranges: Vec<Range<u64>>) {
 }
 
 /// Progress, speed and throttling: md's rule for every sync action, the reshape included
-/// (md_do_sync serves both).
+/// (md_do_sync serves both). As md's `resync_mark`s, the speed is measured from the older of
+/// two marks taken [`MARK_STEP`] apart, so a window never starts a moment ago (the speed shown
+/// spiked to 60x `sync_speed_max` right after each new window). The pace counts sectors of
+/// sync I/O only: ranges a bitmap lets the sync skip do not count against the limit.
 pub(crate) struct Pacer {
-    window_start: Instant,
-    window_pos: u64,
+    /// The older mark (speeds are measured from it) and the newer one.
+    marks: [Mark; 2],
+    /// Sectors of sync I/O since the start.
+    io_sectors: u64,
+    /// Where this run started (the reshape counts every sector it moved as I/O).
+    origin: u64,
     last_user_requests: u64,
 }
 
+/// A point of progress: when, the position then, the sectors of I/O then.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    pos: u64,
+    io_sectors: u64,
+}
+
+impl Mark {
+    /// The speed shown (md's status_resync): progress since this mark, over at least 1 s.
+    fn shown_speed_kib(&self, pos: u64, now: Instant) -> u64 {
+        let secs = now.saturating_duration_since(self.at).as_secs_f64().max(1.0);
+        (pos.saturating_sub(self.pos) as f64 / 2.0 / secs) as u64
+    }
+
+    /// The speed paced (md_do_sync's currspeed): sync I/O since this mark, over the time since
+    /// it (md adds 1 s, which lets a sync run unlimited for its first second; here
+    /// `sync_speed_max` holds from the start).
+    fn paced_speed_kib(&self, io_sectors: u64, now: Instant) -> u64 {
+        let secs = now.saturating_duration_since(self.at).as_secs_f64().max(1e-3);
+        (io_sectors.saturating_sub(self.io_sectors) as f64 / 2.0 / secs) as u64
+    }
+
+    /// The marks after `now`: a new one once the newer is [`MARK_STEP`] old.
+    fn advance(marks: [Mark; 2], now: Mark) -> [Mark; 2] {
+        if now.at.saturating_duration_since(marks[1].at) >= MARK_STEP { [marks[1], now] } else { marks }
+    }
+}
+
+/// How often a new mark is taken (md's SYNC_MARK_STEP).
+const MARK_STEP: Duration = Duration::from_secs(3);
+
 impl Pacer {
     pub(crate) fn new(core: &ArrayCore, pos: u64) -> Pacer {
-        Pacer { window_start: Instant::now(), window_pos: pos, last_user_requests: core.user_requests() }
+        let mark = Mark { at: Instant::now(), pos, io_sectors: 0 };
+        Pacer { marks: [mark; 2], io_sectors: 0, origin: pos, last_user_requests: core.user_requests() }
+    }
+
+    /// Sectors of sync I/O done (not skipped).
+    fn note_io(&mut self, sectors: u64) {
+        self.io_sectors += sectors;
     }
 
     fn speed_kib(&self, pos: u64) -> u64 {
-        let secs = self.window_start.elapsed().as_secs_f64().max(1e-3);
-        ((pos - self.window_pos) as f64 / 2.0 / secs) as u64
+        self.marks[0].shown_speed_kib(pos, Instant::now())
+    }
+
+    fn io_speed_kib(&self) -> u64 {
+        self.marks[0].paced_speed_kib(self.io_sectors, Instant::now())
     }
 
     /// Sleeps as md does: above `speed_min` only while idle, never above `speed_max`.
@@ -527,7 +575,7 @@ impl Pacer {
             if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
                 return;
             }
-            let speed = self.speed_kib(pos);
+            let speed = self.io_speed_kib();
             let users = core.user_requests();
             let busy = users != self.last_user_requests;
             self.last_user_requests = users;
@@ -537,15 +585,13 @@ impl Pacer {
             }
             break;
         }
-        if self.window_start.elapsed() > Duration::from_secs(3) {
-            self.window_start = Instant::now();
-            self.window_pos = pos;
-        }
+        self.marks = Mark::advance(self.marks, Mark { at: Instant::now(), pos, io_sectors: self.io_sectors });
     }
 
     /// [`Pacer::pace`] for the reshape engine, which no sync request interrupts: `pos` counts
-    /// the sectors it moved per member.
+    /// the sectors it moved per member, all of them I/O.
     pub(crate) async fn pace_reshape(&mut self, core: &ArrayCore, pos: u64) {
+        self.io_sectors = pos.saturating_sub(self.origin);
         let generation = core.sync.interrupt_gen.load(Ordering::Acquire);
         self.pace(core, pos, generation).await;
     }
@@ -606,6 +652,7 @@ async fn execute(core: &Arc<ArrayCore>, w: Work) {
                     if error.is_none() {
                         pos = r.end;
                         if *n {
+                            pacer.note_io(r.end - r.start);
                             synced_since_checkpoint += r.end - r.start;
                             if matches!(w.mode, SyncMode::Resync | SyncMode::Recover) {
                                 note_copied(core, r.end - r.start, *chunks);
@@ -772,4 +819,39 @@ async fn complete_recovery(core: &Arc<ArrayCore>, targets: &[Arc<Member>]) -> io
     }
     core.set_slots(t);
     core.update_superblocks("recovery done").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Right after a new mark the speed is still measured over seconds: a window reset used to
+    /// leave a window of a millisecond, and the speed shown spiked to 60x the real one.
+    #[test]
+    fn the_speed_shown_after_a_new_mark_does_not_spike() {
+        let t0 = Instant::now();
+        let start = Mark { at: t0, pos: 0, io_sectors: 0 };
+        let secs = |ms: u64| t0 + Duration::from_millis(ms);
+        // 5000 KiB/s = 10000 sectors a second, marks every 3 s.
+        let mut marks = [start; 2];
+        for ms in (100..=9_000).step_by(100) {
+            marks = Mark::advance(marks, Mark { at: secs(ms), pos: ms * 10, io_sectors: ms * 10 });
+            let next = ms + 1;
+            let shown = marks[0].shown_speed_kib(next * 10, secs(next));
+            if ms >= 1_000 {
+                assert!((4_000..=6_000).contains(&shown), "at {ms} ms: {shown} KiB/s shown");
+            }
+        }
+        assert!(marks[0].at >= secs(3_000), "the older mark moves on");
+    }
+
+    /// The pace counts I/O, not position: skipping clean ranges does not slow the sync.
+    #[test]
+    fn skipped_ranges_do_not_count_against_the_limit() {
+        let t0 = Instant::now();
+        let mark = Mark { at: t0, pos: 0, io_sectors: 0 };
+        let now = t0 + Duration::from_secs(1);
+        assert_eq!(mark.paced_speed_kib(4_000, now), 2_000, "4000 sectors of I/O over 1 s");
+        assert_eq!(mark.shown_speed_kib(1 << 30, now), (1u64 << 30) / 2, "the position may race ahead");
+    }
 }
