@@ -998,6 +998,24 @@ impl Shared {
         }
     }
 
+    /// A regular file cut below the size it was opened with (someone truncated it): a flush
+    /// fails, because the writes past the new end that the file took back as holes are not
+    /// durable (a write there extends the file again; its hole reads zeros). Checked at each
+    /// flush, one fstat.
+    fn check_not_truncated(&self) -> io::Result<()> {
+        if self.kind != Kind::RegularFile {
+            return Ok(());
+        }
+        let expected = self.size_bytes.load(Ordering::Acquire);
+        let now = self.file.metadata().map_err(|e| with_context(e, &self.name))?.len();
+        if now >= expected {
+            return Ok(());
+        }
+        Err(DeviceError::new(IoErrorKind::Eio, &self.name, IoOp::Flush, 0, 0)
+            .detail(format!("the file was truncated to {now} bytes under the open device ({expected} expected)"))
+            .into())
+    }
+
     fn op_error(&self, op: IoOp, offset_bytes: u64, len_bytes: u64, res: i32) -> io::Error {
         if res == -libc::ESHUTDOWN && !self.default_ring.reaper_alive.load(Ordering::Acquire) {
             return DeviceError::new(IoErrorKind::Closed, &self.name, op, offset_bytes, len_bytes)
@@ -1453,9 +1471,10 @@ impl FileDevice {
 
     async fn do_flush(&self) -> io::Result<()> {
         match &self.shared.flusher {
-            Some(b) => b.flush(|| self.flush_once()).await,
-            None => self.flush_once().await,
+            Some(b) => b.flush(|| self.flush_once()).await?,
+            None => self.flush_once().await?,
         }
+        self.shared.check_not_truncated()
     }
 
     /// One `fdatasync` of the file (or a block device's cache flush).

@@ -81,6 +81,25 @@ async fn direct_file_roundtrip_topology_and_persistence() {
 
 /// A file grown under the open device (`truncate`) is taken by `refresh_size`; `grow_file`
 /// grows it; neither ever shrinks the device, and I/O past the old end works only after.
+/// A member file truncated under the open device: a write past the new end extends the file
+/// again as a hole that reads zeros, so a flush must not report the writes durable. It fails
+/// (EIO, saying why), and md fails such a member instead of keeping it in sync.
+#[tokio::test]
+async fn a_flush_fails_once_the_file_was_truncated_under_it() {
+    let dir = target_tmp();
+    let path = dir.path().join("cut.img");
+    std::fs::File::create(&path).unwrap().set_len(4 * MIB).unwrap();
+    let dev = open_direct(&path);
+    dev.write_slice(0, &pattern(1, 4096), WriteFlags::NONE).await.unwrap();
+    dev.flush().await.expect("a flush of the whole file");
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(MIB).unwrap();
+    dev.write_slice(3 * MIB, &pattern(2, 4096), WriteFlags::NONE).await.unwrap();
+    let e = dev.flush().await.unwrap_err();
+    assert!(e.to_string().contains("truncated to 3149824 bytes"), "{e}");
+    let kind = mdkit_io::DeviceError::of(&e).map(|d| d.kind);
+    assert_eq!(kind, Some(mdkit_io::IoErrorKind::Eio), "{e}");
+}
+
 #[tokio::test]
 async fn grown_files_are_taken_and_never_shrink() {
     let dir = target_tmp();
