@@ -86,3 +86,55 @@ fn at_start_the_second_pool_on_one_metadata_file_fails_and_the_first_serves() {
     let srv = restart(srv);
     assert_eq!(nbd_read(&srv, "p1", data.len()), data, "p's thin device survives a restart");
 }
+
+fn export_names(srv: &Server) -> Vec<String> {
+    srv.status()["exports"].as_array().unwrap().iter().filter_map(|e| e["name"].as_str().map(str::to_string)).collect()
+}
+
+#[test]
+fn a_refused_thin_delete_changes_nothing() {
+    let srv = Server::start(POOL_P);
+    mdkit_ok(&srv, &["thin", "create", "p", "1", "--size", "8M", "--export", "vol1"]);
+    let state = || std::fs::read_to_string(srv.path("thin-pools.json")).unwrap();
+    let before = state();
+    let client = Raw::open(&srv.tcp, "vol1", false, false);
+    let e = mdkit_err(&srv, &["thin", "delete", "p", "1"]);
+    assert!(e.contains("thin device 1 of pool \"p\"") && e.contains("\"vol1\"") && e.contains("disconnect"), "{e}");
+    let st = srv.status();
+    assert_eq!(entry(&st, "volumes", "p.1")["state"], "active", "{st:#}");
+    assert!(export_names(&srv).contains(&"vol1".to_string()), "{st:#}");
+    assert_eq!(state(), before, "thin-pools.json unchanged");
+    drop(client);
+    // The server counts the connection until it has seen the client go.
+    let mut connections = None;
+    for _ in 0..500 {
+        connections = entry(&srv.status(), "exports", "vol1")["connections"].as_u64();
+        if connections == Some(0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(connections, Some(0), "the client's connection ended: {:#}", srv.status());
+    let out = mdkit_ok(&srv, &["thin", "delete", "p", "1"]);
+    assert!(out.contains("p.1"), "{out}");
+    assert!(!export_names(&srv).contains(&"vol1".to_string()));
+    assert!(!state().contains("\"p.1\""), "{}", state());
+}
+
+#[test]
+fn refusals_name_the_thin_id_the_missing_device_and_the_pool() {
+    let srv = Server::start(POOL_P);
+    mdkit_ok(&srv, &["thin", "create", "p", "0", "--size", "8M", "--no-export"]);
+    let e = mdkit_err(&srv, &["thin", "create", "p", "0", "--size", "8M", "--name", "other"]);
+    assert!(e.contains("thin device 0 already exists in pool \"p\""), "{e}");
+    let e = mdkit_err(&srv, &["thin", "delete", "p", "42"]);
+    assert!(e.contains("has no thin device 42") && !e.contains("NBD"), "{e}");
+    let e = mdkit_err(&srv, &["thin", "snapshot", "p", "43", "42"]);
+    assert!(e.contains("has no thin device 42") && !e.contains("--size"), "{e}");
+    let e = mdkit_err(&srv, &["thin", "delete", "nosuch", "1"]);
+    assert!(e.contains("no thin pool named \"nosuch\""), "{e}");
+    let e = mdkit_err(&srv, &["thin", "pool-resize", "p", "--data-size", "32M"]);
+    assert!(e.contains("has 67108864 bytes of data space") && !e.contains("maps"), "{e}");
+    let list = mdkit_ok(&srv, &["thin", "list", "p"]);
+    assert!(!list.contains("\n42") && !list.contains("\n43"), "refusals created nothing: {list}");
+}

@@ -29,8 +29,8 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
-    OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinVolumeVol,
-    find_pool, load_state, open_pool, open_thin, size_key, update_state,
+    OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinState,
+    ThinVolumeVol, find_pool, load_state, open_pool, open_thin, size_key, stacked_on, update_state,
 };
 use crate::volumes::{FailedVolume, Origin, catch_panic};
 
@@ -242,6 +242,23 @@ pub(super) async fn check_new_thin(
     }
 }
 
+/// "pool P has no thin device N (it has: ...)".
+pub(super) fn no_device(pool: &str, id: u64, ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let list = if list.is_empty() { "none".to_string() } else { list.join(", ") };
+    format!("pool {pool:?} has no thin device {id} (it has: {list})")
+}
+
+/// Refuses a new thin device id the pool already has.
+async fn refuse_taken_id(pool: &mdkit_thin::pool::Pool, pool_name: &str, id: u64) -> Result<()> {
+    if pool.devices().await?.contains(&id) {
+        bail!(
+            "thin device {id} already exists in pool {pool_name:?} (`mdkit thin list {pool_name}` shows the ids in use)"
+        );
+    }
+    Ok(())
+}
+
 /// A thin device's virtual size: whole 512-byte sectors, at least one, and no more than a
 /// block device can have (an `loff_t`).
 fn check_thin_size(size: u64) -> Result<u64> {
@@ -304,6 +321,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     }
     let size = check_thin_size(a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes())?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    refuse_taken_id(&pool, &a.pool, a.id).await?;
     check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     // A bad origin is refused before the device exists.
     drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
@@ -330,6 +348,12 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
     if a.external_origin.is_some() {
         bail!("thin.snapshot takes no external_origin (a snapshot uses its origin's)");
     }
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    let ids = pool.devices().await?;
+    if !ids.contains(&origin) {
+        bail!("origin: {}", no_device(&a.pool, origin, &ids));
+    }
+    refuse_taken_id(&pool, &a.pool, a.id).await?;
     let size = match a.size {
         Some(s) => check_thin_size(s.bytes())?,
         None => load_state(&svc.config.data_dir)?
@@ -338,7 +362,6 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
             .copied()
             .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
     };
-    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     pool.create_snapshot(a.id, origin).await?;
     update_state(&svc.config.data_dir, |s| {
@@ -358,45 +381,93 @@ struct DeleteArgs {
 async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: DeleteArgs = super::parse_args("thin.delete", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    // Everything that can refuse is checked before anything is removed: a refused delete
+    // leaves the volumes, their exports and the state file as they were.
+    let ids = pool.devices().await?;
+    if !ids.contains(&a.id) {
+        bail!("{}", no_device(&a.pool, a.id, &ids));
+    }
     let remembered = load_state(&svc.config.data_dir)?.volumes;
     // Volumes of this device: run-time ones are closed and removed; configured ones block.
-    let users: Vec<(String, bool)> = svc
-        .volumes
-        .read()
-        .await
-        .iter()
-        .filter_map(|v| v.as_any().downcast_ref::<ThinVolumeVol>().map(|t| (v.name().to_string(), t)))
-        .filter(|(_, t)| t.pool_name() == a.pool && t.id() == a.id)
-        .map(|(n, _)| {
-            let runtime = remembered.iter().any(|r| r.name == n);
-            (n, runtime)
-        })
-        .collect();
-    if let Some((n, _)) = users.iter().find(|(_, runtime)| !runtime) {
-        bail!("thin device {} is volume {n:?} of the config file; remove it from the config first", a.id);
+    let users: Vec<RememberedThin> = {
+        let vols = svc.volumes.read().await;
+        let mut users = Vec::new();
+        for v in vols.iter() {
+            let Some(t) = v.as_any().downcast_ref::<ThinVolumeVol>() else { continue };
+            if t.pool_name() != a.pool || t.id() != a.id {
+                continue;
+            }
+            let Some(r) = remembered.iter().find(|r| r.name == v.name()) else {
+                bail!(
+                    "thin device {} is volume {:?} of the config file; remove it from the config first",
+                    a.id,
+                    v.name()
+                );
+            };
+            if let Some(user) = stacked_on(&vols, v.name()) {
+                bail!(
+                    "thin device {} of pool {:?} is volume {:?}, which {user} uses; remove that first",
+                    a.id,
+                    a.pool,
+                    v.name()
+                );
+            }
+            users.push(r.clone());
+        }
+        users
+    };
+    for u in &users {
+        refuse_connected(&svc, &a.pool, a.id, &u.name).await?;
     }
-    for (n, _) in &users {
+    for u in &users {
+        // Flush first, still exported: a failing flush leaves everything as it was.
+        let vol = svc.volumes.read().await.get(&u.name).cloned();
+        if let Some(v) = vol {
+            v.close().await?;
+        }
         let exports: Vec<String> =
-            svc.exports.read().await.iter().filter(|e| &e.volume == n).map(|e| e.name.clone()).collect();
+            svc.exports.read().await.iter().filter(|e| e.volume == u.name).map(|e| e.name.clone()).collect();
         for e in exports {
             svc.nbd.remove_export(&e);
             svc.exports.write().await.retain(|x| x.name != e);
         }
-        let vol = svc.volumes.write().await.remove(n);
-        if let Some(v) = vol {
-            v.close().await?;
-        }
+        svc.volumes.write().await.remove(&u.name);
     }
-    pool.delete_thin(a.id)
-        .await
-        .map_err(|e| anyhow!("{e} (NBD clients may still hold the device; disconnect them)"))?;
+    if let Err(e) = pool.delete_thin(a.id).await {
+        // A client that connected after the check still holds the device: open the volumes
+        // and exports again, so the refusal changes nothing.
+        for u in &users {
+            let export = Some(u.export.clone().unwrap_or_default());
+            let again =
+                register_thin(&svc, &a.pool, a.id, None, Some(u.name.clone()), export, u.external_origin.clone()).await;
+            if let Err(r) = again {
+                tracing::error!(volume = %u.name, "reopening after a refused thin delete failed: {r:#}");
+            }
+        }
+        bail!("{e} (an NBD client may have connected meanwhile; nothing was deleted)");
+    }
     update_state(&svc.config.data_dir, |s| {
         s.sizes.remove(&size_key(&a.pool, a.id));
         s.volumes.retain(|v| !(v.pool == a.pool && v.id == a.id));
     })?;
-    Ok(
-        json!({ "pool": a.pool, "deleted": a.id, "volumes_removed": users.into_iter().map(|u| u.0).collect::<Vec<_>>() }),
-    )
+    let removed: Vec<String> = users.into_iter().map(|u| u.name).collect();
+    Ok(json!({ "pool": a.pool, "deleted": a.id, "volumes_removed": removed }))
+}
+
+/// Refuses while NBD clients use an export of volume `name` (thin device `id` of `pool`).
+async fn refuse_connected(svc: &Service, pool: &str, id: u64, name: &str) -> Result<()> {
+    let exports: Vec<String> =
+        svc.exports.read().await.iter().filter(|e| e.volume == name).map(|e| e.name.clone()).collect();
+    for (export, stats) in svc.nbd.export_stats() {
+        if exports.contains(&export) && stats.connections > 0 {
+            bail!(
+                "thin device {id} of pool {pool:?} is open: export {export:?} of volume {name:?} has {} NBD \
+                 client(s) connected; disconnect them first",
+                stats.connections
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {

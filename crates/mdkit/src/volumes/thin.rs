@@ -647,7 +647,8 @@ pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
     if let Some(f) = volumes.get_failed(name) {
         bail!("{} {name:?} failed to open: {}", f.kind, f.error);
     }
-    let v = volumes.get(name).ok_or_else(|| anyhow!("no volume named {name:?}"))?;
+    let v =
+        volumes.get(name).ok_or_else(|| anyhow!("no thin pool named {name:?} (`mdkit status` lists the volumes)"))?;
     let p = v
         .as_any()
         .downcast_ref::<ThinPoolVolume>()
