@@ -138,3 +138,26 @@ fn refusals_name_the_thin_id_the_missing_device_and_the_pool() {
     let list = mdkit_ok(&srv, &["thin", "list", "p"]);
     assert!(!list.contains("\n42") && !list.contains("\n43"), "refusals created nothing: {list}");
 }
+
+#[test]
+fn a_pool_on_run_time_thin_volumes_opens_again_after_restart() {
+    require_tool("qemu-io", "qemu-utils");
+    require_tool("nbdcopy", "libnbd-bin");
+    let srv = Server::start("");
+    let (meta, data) = (srv.path("a.meta"), srv.path("a.data"));
+    let (meta, data) = (meta.to_str().unwrap(), data.to_str().unwrap());
+    let a = ["--metadata", meta, "--metadata-size", "8M", "--data", data, "--data-size", "256M"];
+    mdkit_ok(&srv, &[&["thin", "pool-create", "a"][..], &a].concat());
+    mdkit_ok(&srv, &["thin", "create", "a", "1", "--size", "8M", "--no-export"]);
+    mdkit_ok(&srv, &["thin", "create", "a", "2", "--size", "64M", "--no-export"]);
+    mdkit_ok(&srv, &["thin", "pool-create", "nested", "--metadata", "volume:a.1", "--data", "volume:a.2"]);
+    mdkit_ok(&srv, &["thin", "create", "nested", "0", "--size", "32M", "--export", "inner"]);
+    let data = pattern(6, 2 << 20);
+    nbd_write_at(&srv, "inner", 0, &data);
+    let srv = restart(srv);
+    let st = srv.status();
+    for v in ["a", "a.1", "a.2", "nested", "nested.0"] {
+        assert_eq!(entry(&st, "volumes", v)["state"], "active", "{v}: {st:#}");
+    }
+    assert_eq!(nbd_read(&srv, "inner", data.len()), data);
+}

@@ -508,10 +508,11 @@ async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
     Ok(json!({ "pool": a.pool, "data_block_bytes": bs, "thins": rows }))
 }
 
-/// Opens the pools and thin volumes created at run time earlier (thin-pools.json). A pool that
-/// fails to open (error or panic, or it killed an earlier start) is listed as failed with the
-/// reason, and so are its thin volumes, whose exports are listed as failed; the service starts
-/// without them and `mdkit thin` verbs on the pool say why it is not there.
+/// Opens the pools and thin volumes created at run time earlier (thin-pools.json), each after
+/// the remembered volumes it is built on ([`open_order`]). A pool that fails to open (error or
+/// panic, or it killed an earlier start) is listed as failed with the reason, and so are its
+/// thin volumes, whose exports are listed as failed; the service starts without them and
+/// `mdkit thin` verbs on the pool say why it is not there.
 pub async fn restore(svc: &Arc<Service>) {
     let st = match load_state(&svc.config.data_dir) {
         Ok(s) => s,
@@ -521,52 +522,108 @@ pub async fn restore(svc: &Arc<Service>) {
         }
     };
     let mut guard = OpenGuard::load_or_empty(&svc.config.data_dir);
-    for p in &st.pools {
-        if svc.volumes.read().await.contains(&p.name) {
-            tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
-            continue;
+    for item in open_order(&st) {
+        match item {
+            Remembered::Pool(p) => restore_one_pool(svc, &mut guard, p).await,
+            Remembered::Thin(v) => restore_one_thin(svc, v).await,
         }
-        let opened = if guard.crashed(&p.name) {
-            Err(OpenGuard::crashed_error())
-        } else {
-            let open = catch_panic(restore_pool(svc, p));
-            guard
-                .guarded(&svc.config.data_dir, &p.name, open)
-                .await
-                .unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
-        };
-        match opened {
-            Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
-            Err(e) => {
-                let error = format!("remembered thin pool not opened: {e:#}");
-                svc.volume_failed(remembered_failed(&p.name, "thin-pool", error)).await;
+    }
+}
+
+/// One entry of the state file.
+#[derive(Clone, Copy, Debug)]
+enum Remembered<'a> {
+    Pool(&'a RememberedPool),
+    Thin(&'a RememberedThin),
+}
+
+impl<'a> Remembered<'a> {
+    fn name(&self) -> &'a str {
+        match self {
+            Remembered::Pool(p) => &p.name,
+            Remembered::Thin(v) => &v.name,
+        }
+    }
+
+    /// The volumes it is built on: a pool's `volume:NAME` devices, a thin volume's pool and
+    /// `volume:NAME` external origin.
+    fn bases(&self) -> Vec<String> {
+        match self {
+            Remembered::Pool(p) => {
+                let dev = |k: &str| p.params.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                crate::volumes::volume_refs([dev("metadata").as_str(), dev("data").as_str()])
+            }
+            Remembered::Thin(v) => {
+                let mut bases = crate::volumes::volume_refs(v.external_origin.as_deref());
+                bases.push(v.pool.clone());
+                bases
             }
         }
     }
-    for v in &st.volumes {
-        if svc.volumes.read().await.contains(&v.name) {
-            tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
-            continue;
+}
+
+/// The state file's pools and thin volumes in an order that opens each after the remembered
+/// ones it is built on, whatever their kind (a pool on thin volumes of another pool comes after
+/// them); otherwise pools first, in file order. Entries in a cycle (a hand-edited file) come
+/// last, where they fail to find their bases.
+fn open_order(st: &ThinState) -> Vec<Remembered<'_>> {
+    let mut pending: Vec<Remembered> =
+        st.pools.iter().map(Remembered::Pool).chain(st.volumes.iter().map(Remembered::Thin)).collect();
+    let remembered: Vec<String> = pending.iter().map(|r| r.name().to_string()).collect();
+    let mut order: Vec<Remembered> = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let opened = |b: &String| !remembered.contains(b) || order.iter().any(|o| o.name() == b);
+        let next = pending.iter().position(|r| r.bases().iter().all(opened)).unwrap_or(0);
+        order.push(pending.remove(next));
+    }
+    order
+}
+
+async fn restore_one_pool(svc: &Arc<Service>, guard: &mut OpenGuard, p: &RememberedPool) {
+    if svc.volumes.read().await.contains(&p.name) {
+        tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
+        return;
+    }
+    let opened = if guard.crashed(&p.name) {
+        Err(OpenGuard::crashed_error())
+    } else {
+        let open = catch_panic(restore_pool(svc, p));
+        guard
+            .guarded(&svc.config.data_dir, &p.name, open)
+            .await
+            .unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
+    };
+    match opened {
+        Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
+        Err(e) => {
+            let error = format!("remembered thin pool not opened: {e:#}");
+            svc.volume_failed(remembered_failed(&p.name, "thin-pool", error)).await;
         }
-        match catch_panic(restore_thin(svc, v)).await.unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
-        {
-            Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
-            Err(e) => {
-                let error = format!("remembered thin volume not opened: {e:#}");
-                svc.volume_failed(remembered_failed(&v.name, "thin", error)).await;
-            }
+    }
+}
+
+async fn restore_one_thin(svc: &Arc<Service>, v: &RememberedThin) {
+    if svc.volumes.read().await.contains(&v.name) {
+        tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
+        return;
+    }
+    match catch_panic(restore_thin(svc, v)).await.unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}"))) {
+        Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
+        Err(e) => {
+            let error = format!("remembered thin volume not opened: {e:#}");
+            svc.volume_failed(remembered_failed(&v.name, "thin", error)).await;
         }
-        // Served when the volume opened, listed as failed with the volume's error otherwise.
-        if let Some(e) = &v.export {
-            let spec = ExportSpec {
-                name: e.clone(),
-                volume: v.name.clone(),
-                read_only: false,
-                description: format!("thin {} of pool {}", v.id, v.pool),
-            };
-            if let Err(err) = svc.add_export(spec).await {
-                tracing::error!(volume = %v.name, "export {e:?} not added: {err:#}");
-            }
+    }
+    // Served when the volume opened, listed as failed with the volume's error otherwise.
+    if let Some(e) = &v.export {
+        let spec = ExportSpec {
+            name: e.clone(),
+            volume: v.name.clone(),
+            read_only: false,
+            description: format!("thin {} of pool {}", v.id, v.pool),
+        };
+        if let Err(err) = svc.add_export(spec).await {
+            tracing::error!(volume = %v.name, "export {e:?} not added: {err:#}");
         }
     }
 }
@@ -594,6 +651,33 @@ async fn restore_thin(svc: &Arc<Service>, v: &RememberedThin) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remembered_entries_open_after_the_ones_they_are_built_on() {
+        let pool = |name: &str, meta: &str, data: &str| RememberedPool {
+            name: name.into(),
+            params: json!({ "metadata": meta, "data": data }),
+        };
+        let thin = |name: &str, pool: &str, origin: Option<&str>| RememberedThin {
+            name: name.into(),
+            pool: pool.into(),
+            id: 0,
+            export: None,
+            external_origin: origin.map(str::to_string),
+        };
+        let st = ThinState {
+            sizes: Default::default(),
+            pools: vec![pool("nested", "volume:a.1", "volume:a.2"), pool("a", "/a.meta", "volume:md0")],
+            volumes: vec![
+                thin("nested.0", "nested", None),
+                thin("a.1", "a", None),
+                thin("a.2", "a", Some("volume:a.1")),
+                thin("loop", "loop", None),
+            ],
+        };
+        let order: Vec<&str> = open_order(&st).into_iter().map(|r| r.name()).collect();
+        assert_eq!(order, ["a", "a.1", "a.2", "nested", "nested.0", "loop"]);
+    }
 
     #[test]
     fn pool_create_arguments_as_the_cli_sends_them() {

@@ -412,6 +412,13 @@ fn open_device(
     volumes: &Volumes,
 ) -> Result<(DeviceRef, String, Option<Arc<FileDevice>>)> {
     if let Some(v) = spec.strip_prefix("volume:") {
+        // Not `block_device`'s "config order" hint: a remembered pool's base is remembered too.
+        if let Some(f) = volumes.get_failed(v) {
+            bail!("{spec:?}: volume {v:?} failed to open: {}", f.error);
+        }
+        if volumes.get(v).is_none() {
+            bail!("{spec:?}: no volume named {v:?} is open");
+        }
         return Ok((volumes.block_device(v, spec)?, spec.to_string(), None));
     }
     let path = Path::new(spec);
