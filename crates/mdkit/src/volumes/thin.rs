@@ -589,6 +589,12 @@ fn mode_state(pool: &Pool) -> String {
     state_word(pool.mode(), pool.mode_cause()).to_string()
 }
 
+/// Why a pool failed at run time (`mdkit status` prints it beside the state word); `None`
+/// while it serves, read-only included.
+fn failure(pool: &Pool) -> Option<String> {
+    (pool.mode() == PoolMode::Failed).then(|| pool.mode_reason())
+}
+
 /// The volume state shown by `mdkit status`, from the pool's typed mode and cause.
 fn state_word(mode: PoolMode, cause: ModeCause) -> &'static str {
     match (mode, cause) {
@@ -611,6 +617,9 @@ impl Volume for ThinPoolVolume {
     }
     fn state(&self) -> String {
         mode_state(&self.pool)
+    }
+    fn error(&self) -> Option<String> {
+        failure(&self.pool)
     }
     fn details(&self) -> serde_json::Value {
         serde_json::json!({
@@ -791,6 +800,9 @@ impl Volume for ThinVolumeVol {
     }
     fn state(&self) -> String {
         mode_state(&self.pool)
+    }
+    fn error(&self) -> Option<String> {
+        failure(&self.pool).map(|why| format!("thin pool {} failed: {why}", self.pool_name))
     }
     fn details(&self) -> serde_json::Value {
         let c = self.vol.counters();
