@@ -50,6 +50,9 @@ pub struct Event {
     pub member: Option<String>,
     #[serde(default)]
     pub detail: String,
+    /// `"thin-pool"` for a pool's events (the message says "thin pool"); absent for md arrays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_kind: Option<String>,
 }
 
 impl Event {
@@ -61,12 +64,20 @@ impl Event {
             volume: volume.to_string(),
             member: member.map(str::to_string),
             detail: detail.into(),
+            device_kind: None,
         }
     }
 
-    /// mdadm's message: `EVENT event detected on md device MD[, component device X][: detail]`.
+    /// The same event, about a thin pool.
+    pub fn on_thin_pool(self) -> Event {
+        Event { device_kind: Some("thin-pool".to_string()), ..self }
+    }
+
+    /// mdadm's message: `EVENT event detected on md device MD[, component device X][: detail]`
+    /// (`on thin pool POOL` for a pool).
     pub fn message(&self) -> String {
-        let mut s = format!("{} event detected on md device {}", self.event, self.volume);
+        let device = if self.device_kind.as_deref() == Some("thin-pool") { "thin pool" } else { "md device" };
+        let mut s = format!("{} event detected on {device} {}", self.event, self.volume);
         if let Some(m) = &self.member {
             s.push_str(&format!(", component device {m}"));
         }
@@ -303,7 +314,7 @@ fn pool_events(name: &str, old: Option<&PoolState>, new: &PoolState) -> Vec<Even
         PoolMode::Failed if changed => ev.push(Event::new("Fail", name, None, new.reason.clone())),
         _ => {}
     }
-    ev
+    ev.into_iter().map(Event::on_thin_pool).collect()
 }
 
 fn diff(name: &str, old: &State, new: &State) -> Vec<Event> {
@@ -451,5 +462,7 @@ mod tests {
     fn message_reads_like_mdadm() {
         let e = Event::new("Fail", "md0", Some("b.img"), "");
         assert_eq!(e.message(), "Fail event detected on md device md0, component device b.img");
+        let e = Event::new("LowWater", "pool0", None, "low").on_thin_pool();
+        assert_eq!(e.message(), "LowWater event detected on thin pool pool0: low");
     }
 }

@@ -97,6 +97,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     crate::volumes::check_specs(&config.volumes)?;
+    crate::volumes::thin::check_config_exports(&config)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     tracing::info!(config = %config.source, data_dir = %config.data_dir.display(), "starting mdkit {}", env!("CARGO_PKG_VERSION"));

@@ -620,7 +620,7 @@ fn thin_pool_verbs(w: &mut World) {
             w.refused(cmd, json!({ "pool": v }), &[&format!("{cmd}: bad arguments: `pool`")]);
         }
         for n in bad_names() {
-            w.refused(cmd, json!({ "pool": n }), &["no volume named"]);
+            w.refused(cmd, json!({ "pool": n }), &["no thin pool named"]);
         }
         for n in ["vol0", "ram", "h0"] {
             w.refused(cmd, json!({ "pool": n }), &[n]);

@@ -191,7 +191,7 @@ fn filling_a_thin_pool_raises_low_water_and_out_of_data_space() {
     mon.wait_for(&srv, "LowWater", "pool0");
     mon.wait_for(&srv, "OutOfDataSpace", "pool0");
     let oneshot = mdkit_ok(&srv, &["monitor", "--oneshot"]);
-    assert!(oneshot.contains("OutOfDataSpace event detected on md device pool0"), "{oneshot}");
+    assert!(oneshot.contains("OutOfDataSpace event detected on thin pool pool0"), "{oneshot}");
 }
 
 #[test]

@@ -35,4 +35,5 @@ mod thin_corrupt;
 mod thin_lifecycle;
 mod thin_origin;
 mod thin_repair_lab;
+mod thin_service_refusals;
 mod thin_tools;

@@ -125,7 +125,7 @@ fn pool_create_low_water_and_no_space_timeout_take_effect_and_survive_restart() 
     let text = mdkit_ok(&srv, &["thin", "status", "pool0"]);
     assert!(text.contains("free data blocks are down to the low-water mark (16)"), "{text}");
     // dm-thin's "reached low water mark for data device: sending event", and the event.
-    let log = wait_log(&srv, "LowWater event detected on md device pool0");
+    let log = wait_log(&srv, "LowWater event detected on thin pool pool0");
     assert!(log.contains("thin pool data space reached the low-water mark"), "{log}");
 
     // 2 MiB needs 32 blocks, 15 are free: the rest queues, then fails after the timeout.
@@ -136,7 +136,7 @@ fn pool_create_low_water_and_no_space_timeout_take_effect_and_survive_restart() 
     assert!(st["status"].as_str().unwrap().contains("queue_if_no_space"), "{st:#}");
     let c = &st["counters"];
     assert!(c["no_space_waits"].as_u64() >= Some(1) && c["no_space_errors"].as_u64() >= Some(1), "queued: {st:#}");
-    let log = wait_log(&srv, "OutOfDataSpace event detected on md device pool0");
+    let log = wait_log(&srv, "OutOfDataSpace event detected on thin pool pool0");
     assert!(log.contains("out of data space: queueing writes for up to 1 s"), "{log}");
 
     // The pool is remembered with its mark and timeout.

@@ -48,6 +48,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             println!("metrics: http://{addr}/metrics");
         }
         crate::volumes::check_specs(&config.volumes)?;
+        crate::volumes::thin::check_config(&config)?;
         for v in &config.volumes {
             println!("volume: {} (kind {})", v.name, v.kind);
         }

@@ -29,8 +29,8 @@ use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
-    OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinVolumeVol,
-    find_pool, load_state, open_pool, open_thin, size_key, update_state,
+    OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinState,
+    ThinVolumeVol, find_pool, load_state, open_pool, open_thin, size_key, stacked_on, update_state,
 };
 use crate::volumes::{FailedVolume, Origin, catch_panic};
 
@@ -242,6 +242,23 @@ pub(super) async fn check_new_thin(
     }
 }
 
+/// "pool P has no thin device N (it has: ...)".
+pub(super) fn no_device(pool: &str, id: u64, ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let list = if list.is_empty() { "none".to_string() } else { list.join(", ") };
+    format!("pool {pool:?} has no thin device {id} (it has: {list})")
+}
+
+/// Refuses a new thin device id the pool already has.
+async fn refuse_taken_id(pool: &mdkit_thin::pool::Pool, pool_name: &str, id: u64) -> Result<()> {
+    if pool.devices().await?.contains(&id) {
+        bail!(
+            "thin device {id} already exists in pool {pool_name:?} (`mdkit thin list {pool_name}` shows the ids in use)"
+        );
+    }
+    Ok(())
+}
+
 /// A thin device's virtual size: whole 512-byte sectors, at least one, and no more than a
 /// block device can have (an `loff_t`).
 fn check_thin_size(size: u64) -> Result<u64> {
@@ -304,6 +321,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     }
     let size = check_thin_size(a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes())?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    refuse_taken_id(&pool, &a.pool, a.id).await?;
     check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     // A bad origin is refused before the device exists.
     drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
@@ -330,6 +348,12 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
     if a.external_origin.is_some() {
         bail!("thin.snapshot takes no external_origin (a snapshot uses its origin's)");
     }
+    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    let ids = pool.devices().await?;
+    if !ids.contains(&origin) {
+        bail!("origin: {}", no_device(&a.pool, origin, &ids));
+    }
+    refuse_taken_id(&pool, &a.pool, a.id).await?;
     let size = match a.size {
         Some(s) => check_thin_size(s.bytes())?,
         None => load_state(&svc.config.data_dir)?
@@ -338,7 +362,6 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
             .copied()
             .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
     };
-    let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     pool.create_snapshot(a.id, origin).await?;
     update_state(&svc.config.data_dir, |s| {
@@ -358,45 +381,93 @@ struct DeleteArgs {
 async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: DeleteArgs = super::parse_args("thin.delete", args)?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
+    // Everything that can refuse is checked before anything is removed: a refused delete
+    // leaves the volumes, their exports and the state file as they were.
+    let ids = pool.devices().await?;
+    if !ids.contains(&a.id) {
+        bail!("{}", no_device(&a.pool, a.id, &ids));
+    }
     let remembered = load_state(&svc.config.data_dir)?.volumes;
     // Volumes of this device: run-time ones are closed and removed; configured ones block.
-    let users: Vec<(String, bool)> = svc
-        .volumes
-        .read()
-        .await
-        .iter()
-        .filter_map(|v| v.as_any().downcast_ref::<ThinVolumeVol>().map(|t| (v.name().to_string(), t)))
-        .filter(|(_, t)| t.pool_name() == a.pool && t.id() == a.id)
-        .map(|(n, _)| {
-            let runtime = remembered.iter().any(|r| r.name == n);
-            (n, runtime)
-        })
-        .collect();
-    if let Some((n, _)) = users.iter().find(|(_, runtime)| !runtime) {
-        bail!("thin device {} is volume {n:?} of the config file; remove it from the config first", a.id);
+    let users: Vec<RememberedThin> = {
+        let vols = svc.volumes.read().await;
+        let mut users = Vec::new();
+        for v in vols.iter() {
+            let Some(t) = v.as_any().downcast_ref::<ThinVolumeVol>() else { continue };
+            if t.pool_name() != a.pool || t.id() != a.id {
+                continue;
+            }
+            let Some(r) = remembered.iter().find(|r| r.name == v.name()) else {
+                bail!(
+                    "thin device {} is volume {:?} of the config file; remove it from the config first",
+                    a.id,
+                    v.name()
+                );
+            };
+            if let Some(user) = stacked_on(&vols, v.name()) {
+                bail!(
+                    "thin device {} of pool {:?} is volume {:?}, which {user} uses; remove that first",
+                    a.id,
+                    a.pool,
+                    v.name()
+                );
+            }
+            users.push(r.clone());
+        }
+        users
+    };
+    for u in &users {
+        refuse_connected(&svc, &a.pool, a.id, &u.name).await?;
     }
-    for (n, _) in &users {
+    for u in &users {
+        // Flush first, still exported: a failing flush leaves everything as it was.
+        let vol = svc.volumes.read().await.get(&u.name).cloned();
+        if let Some(v) = vol {
+            v.close().await?;
+        }
         let exports: Vec<String> =
-            svc.exports.read().await.iter().filter(|e| &e.volume == n).map(|e| e.name.clone()).collect();
+            svc.exports.read().await.iter().filter(|e| e.volume == u.name).map(|e| e.name.clone()).collect();
         for e in exports {
             svc.nbd.remove_export(&e);
             svc.exports.write().await.retain(|x| x.name != e);
         }
-        let vol = svc.volumes.write().await.remove(n);
-        if let Some(v) = vol {
-            v.close().await?;
-        }
+        svc.volumes.write().await.remove(&u.name);
     }
-    pool.delete_thin(a.id)
-        .await
-        .map_err(|e| anyhow!("{e} (NBD clients may still hold the device; disconnect them)"))?;
+    if let Err(e) = pool.delete_thin(a.id).await {
+        // A client that connected after the check still holds the device: open the volumes
+        // and exports again, so the refusal changes nothing.
+        for u in &users {
+            let export = Some(u.export.clone().unwrap_or_default());
+            let again =
+                register_thin(&svc, &a.pool, a.id, None, Some(u.name.clone()), export, u.external_origin.clone()).await;
+            if let Err(r) = again {
+                tracing::error!(volume = %u.name, "reopening after a refused thin delete failed: {r:#}");
+            }
+        }
+        bail!("{e} (an NBD client may have connected meanwhile; nothing was deleted)");
+    }
     update_state(&svc.config.data_dir, |s| {
         s.sizes.remove(&size_key(&a.pool, a.id));
         s.volumes.retain(|v| !(v.pool == a.pool && v.id == a.id));
     })?;
-    Ok(
-        json!({ "pool": a.pool, "deleted": a.id, "volumes_removed": users.into_iter().map(|u| u.0).collect::<Vec<_>>() }),
-    )
+    let removed: Vec<String> = users.into_iter().map(|u| u.name).collect();
+    Ok(json!({ "pool": a.pool, "deleted": a.id, "volumes_removed": removed }))
+}
+
+/// Refuses while NBD clients use an export of volume `name` (thin device `id` of `pool`).
+async fn refuse_connected(svc: &Service, pool: &str, id: u64, name: &str) -> Result<()> {
+    let exports: Vec<String> =
+        svc.exports.read().await.iter().filter(|e| e.volume == name).map(|e| e.name.clone()).collect();
+    for (export, stats) in svc.nbd.export_stats() {
+        if exports.contains(&export) && stats.connections > 0 {
+            bail!(
+                "thin device {id} of pool {pool:?} is open: export {export:?} of volume {name:?} has {} NBD \
+                 client(s) connected; disconnect them first",
+                stats.connections
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
@@ -437,10 +508,11 @@ async fn list(svc: Arc<Service>, args: Value) -> Result<Value> {
     Ok(json!({ "pool": a.pool, "data_block_bytes": bs, "thins": rows }))
 }
 
-/// Opens the pools and thin volumes created at run time earlier (thin-pools.json). A pool that
-/// fails to open (error or panic, or it killed an earlier start) is listed as failed with the
-/// reason, and so are its thin volumes, whose exports are listed as failed; the service starts
-/// without them and `mdkit thin` verbs on the pool say why it is not there.
+/// Opens the pools and thin volumes created at run time earlier (thin-pools.json), each after
+/// the remembered volumes it is built on ([`open_order`]). A pool that fails to open (error or
+/// panic, or it killed an earlier start) is listed as failed with the reason, and so are its
+/// thin volumes, whose exports are listed as failed; the service starts without them and
+/// `mdkit thin` verbs on the pool say why it is not there.
 pub async fn restore(svc: &Arc<Service>) {
     let st = match load_state(&svc.config.data_dir) {
         Ok(s) => s,
@@ -450,52 +522,108 @@ pub async fn restore(svc: &Arc<Service>) {
         }
     };
     let mut guard = OpenGuard::load_or_empty(&svc.config.data_dir);
-    for p in &st.pools {
-        if svc.volumes.read().await.contains(&p.name) {
-            tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
-            continue;
+    for item in open_order(&st) {
+        match item {
+            Remembered::Pool(p) => restore_one_pool(svc, &mut guard, p).await,
+            Remembered::Thin(v) => restore_one_thin(svc, v).await,
         }
-        let opened = if guard.crashed(&p.name) {
-            Err(OpenGuard::crashed_error())
-        } else {
-            let open = catch_panic(restore_pool(svc, p));
-            guard
-                .guarded(&svc.config.data_dir, &p.name, open)
-                .await
-                .unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
-        };
-        match opened {
-            Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
-            Err(e) => {
-                let error = format!("remembered thin pool not opened: {e:#}");
-                svc.volume_failed(remembered_failed(&p.name, "thin-pool", error)).await;
+    }
+}
+
+/// One entry of the state file.
+#[derive(Clone, Copy, Debug)]
+enum Remembered<'a> {
+    Pool(&'a RememberedPool),
+    Thin(&'a RememberedThin),
+}
+
+impl<'a> Remembered<'a> {
+    fn name(&self) -> &'a str {
+        match self {
+            Remembered::Pool(p) => &p.name,
+            Remembered::Thin(v) => &v.name,
+        }
+    }
+
+    /// The volumes it is built on: a pool's `volume:NAME` devices, a thin volume's pool and
+    /// `volume:NAME` external origin.
+    fn bases(&self) -> Vec<String> {
+        match self {
+            Remembered::Pool(p) => {
+                let dev = |k: &str| p.params.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                crate::volumes::volume_refs([dev("metadata").as_str(), dev("data").as_str()])
+            }
+            Remembered::Thin(v) => {
+                let mut bases = crate::volumes::volume_refs(v.external_origin.as_deref());
+                bases.push(v.pool.clone());
+                bases
             }
         }
     }
-    for v in &st.volumes {
-        if svc.volumes.read().await.contains(&v.name) {
-            tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
-            continue;
+}
+
+/// The state file's pools and thin volumes in an order that opens each after the remembered
+/// ones it is built on, whatever their kind (a pool on thin volumes of another pool comes after
+/// them); otherwise pools first, in file order. Entries in a cycle (a hand-edited file) come
+/// last, where they fail to find their bases.
+fn open_order(st: &ThinState) -> Vec<Remembered<'_>> {
+    let mut pending: Vec<Remembered> =
+        st.pools.iter().map(Remembered::Pool).chain(st.volumes.iter().map(Remembered::Thin)).collect();
+    let remembered: Vec<String> = pending.iter().map(|r| r.name().to_string()).collect();
+    let mut order: Vec<Remembered> = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let opened = |b: &String| !remembered.contains(b) || order.iter().any(|o| o.name() == b);
+        let next = pending.iter().position(|r| r.bases().iter().all(opened)).unwrap_or(0);
+        order.push(pending.remove(next));
+    }
+    order
+}
+
+async fn restore_one_pool(svc: &Arc<Service>, guard: &mut OpenGuard, p: &RememberedPool) {
+    if svc.volumes.read().await.contains(&p.name) {
+        tracing::warn!(pool = %p.name, "remembered thin pool has the name of a configured volume; skipped");
+        return;
+    }
+    let opened = if guard.crashed(&p.name) {
+        Err(OpenGuard::crashed_error())
+    } else {
+        let open = catch_panic(restore_pool(svc, p));
+        guard
+            .guarded(&svc.config.data_dir, &p.name, open)
+            .await
+            .unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
+    };
+    match opened {
+        Ok(()) => tracing::info!(pool = %p.name, "remembered thin pool opened"),
+        Err(e) => {
+            let error = format!("remembered thin pool not opened: {e:#}");
+            svc.volume_failed(remembered_failed(&p.name, "thin-pool", error)).await;
         }
-        match catch_panic(restore_thin(svc, v)).await.unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}")))
-        {
-            Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
-            Err(e) => {
-                let error = format!("remembered thin volume not opened: {e:#}");
-                svc.volume_failed(remembered_failed(&v.name, "thin", error)).await;
-            }
+    }
+}
+
+async fn restore_one_thin(svc: &Arc<Service>, v: &RememberedThin) {
+    if svc.volumes.read().await.contains(&v.name) {
+        tracing::warn!(volume = %v.name, "remembered thin volume has the name of a configured volume; skipped");
+        return;
+    }
+    match catch_panic(restore_thin(svc, v)).await.unwrap_or_else(|panic| Err(anyhow!("opening panicked: {panic}"))) {
+        Ok(()) => tracing::info!(volume = %v.name, "remembered thin volume opened"),
+        Err(e) => {
+            let error = format!("remembered thin volume not opened: {e:#}");
+            svc.volume_failed(remembered_failed(&v.name, "thin", error)).await;
         }
-        // Served when the volume opened, listed as failed with the volume's error otherwise.
-        if let Some(e) = &v.export {
-            let spec = ExportSpec {
-                name: e.clone(),
-                volume: v.name.clone(),
-                read_only: false,
-                description: format!("thin {} of pool {}", v.id, v.pool),
-            };
-            if let Err(err) = svc.add_export(spec).await {
-                tracing::error!(volume = %v.name, "export {e:?} not added: {err:#}");
-            }
+    }
+    // Served when the volume opened, listed as failed with the volume's error otherwise.
+    if let Some(e) = &v.export {
+        let spec = ExportSpec {
+            name: e.clone(),
+            volume: v.name.clone(),
+            read_only: false,
+            description: format!("thin {} of pool {}", v.id, v.pool),
+        };
+        if let Err(err) = svc.add_export(spec).await {
+            tracing::error!(volume = %v.name, "export {e:?} not added: {err:#}");
         }
     }
 }
@@ -523,6 +651,33 @@ async fn restore_thin(svc: &Arc<Service>, v: &RememberedThin) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remembered_entries_open_after_the_ones_they_are_built_on() {
+        let pool = |name: &str, meta: &str, data: &str| RememberedPool {
+            name: name.into(),
+            params: json!({ "metadata": meta, "data": data }),
+        };
+        let thin = |name: &str, pool: &str, origin: Option<&str>| RememberedThin {
+            name: name.into(),
+            pool: pool.into(),
+            id: 0,
+            export: None,
+            external_origin: origin.map(str::to_string),
+        };
+        let st = ThinState {
+            sizes: Default::default(),
+            pools: vec![pool("nested", "volume:a.1", "volume:a.2"), pool("a", "/a.meta", "volume:md0")],
+            volumes: vec![
+                thin("nested.0", "nested", None),
+                thin("a.1", "a", None),
+                thin("a.2", "a", Some("volume:a.1")),
+                thin("loop", "loop", None),
+            ],
+        };
+        let order: Vec<&str> = open_order(&st).into_iter().map(|r| r.name()).collect();
+        assert_eq!(order, ["a", "a.1", "a.2", "nested", "nested.0", "loop"]);
+    }
 
     #[test]
     fn pool_create_arguments_as_the_cli_sends_them() {

@@ -269,7 +269,7 @@ async fn grow_data(pv: &ThinPoolVolume, t: Target) -> Result<(u64, u64)> {
             let nr = b / bs;
             if nr < total {
                 bail!(
-                    "pool {:?} maps {} bytes of data ({total} blocks of {bs}); shrinking to {b} bytes is refused (dm-thin refuses it too)",
+                    "pool {:?} has {} bytes of data space ({total} blocks of {bs}); shrinking to {b} bytes is refused (dm-thin refuses it too)",
                     pool.name(),
                     total * bs
                 );

@@ -43,7 +43,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,10 +55,11 @@ use mdkit_io::{
 use mdkit_thin::pool::{DiscardMode, ModeCause, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
 use serde::{Deserialize, Serialize};
 
+use super::md::{MdVolume, file_identity};
 use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
 use super::thin_origin::open_origin;
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
-use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple};
+use crate::config::{Config, Size, VolumeSpec, check_queue_depth, check_sector_multiple, normalize};
 
 /// File (in the data directory) with thin sizes and run-time pools and volumes.
 pub const STATE_FILE: &str = "thin-pools.json";
@@ -259,6 +260,148 @@ pub fn update_state<R>(data_dir: &Path, f: impl FnOnce(&mut ThinState) -> R) -> 
 }
 
 //------------------------------------------------------------------------------------------------
+// Devices shared between volumes
+
+/// A device a pool (or an md array) is built on, for telling whether two volumes use one:
+/// `volume:NAME` and NBD URIs compare as given; a file by its normalised path or, when it
+/// exists, its (device, inode), so `./a`, an absolute path and a hard or symbolic link match.
+struct DeviceKey {
+    spec: String,
+    path: Option<PathBuf>,
+    identity: Option<(u64, u64)>,
+}
+
+impl DeviceKey {
+    fn new(spec: &str, data_dir: &Path) -> DeviceKey {
+        if spec.starts_with("volume:") || spec.contains("://") {
+            return DeviceKey { spec: spec.to_string(), path: None, identity: None };
+        }
+        let path = normalize(&data_dir.join(spec));
+        let identity = file_identity(&path);
+        DeviceKey { spec: spec.to_string(), path: Some(path), identity }
+    }
+
+    fn same(&self, other: &DeviceKey) -> bool {
+        match (&self.path, &other.path) {
+            (Some(a), Some(b)) => a == b || (self.identity.is_some() && self.identity == other.identity),
+            (None, None) => self.spec == other.spec,
+            _ => false,
+        }
+    }
+}
+
+/// What an open volume is built on: ("metadata" | "data" | "member", source).
+fn devices_of(v: &dyn Volume) -> Vec<(&'static str, String)> {
+    if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
+        let [m, d] = p.sources();
+        return vec![("metadata", m.to_string()), ("data", d.to_string())];
+    }
+    if let Some(md) = v.as_any().downcast_ref::<MdVolume>() {
+        return md.member_sources().into_iter().map(|s| ("member", s)).collect();
+    }
+    Vec::new()
+}
+
+/// The volume built on volume `name` (a pool or an array on `volume:NAME`, a thin volume
+/// with it as external origin), described for a message; `None` when nothing is.
+pub fn stacked_on(volumes: &Volumes, name: &str) -> Option<String> {
+    let spec = format!("volume:{name}");
+    for v in volumes.iter() {
+        if let Some((role, _)) = devices_of(v.as_ref()).into_iter().find(|(_, s)| *s == spec) {
+            let kind = if v.kind() == "md" { "md array" } else { "thin pool" };
+            return Some(format!("{kind} {:?} (as its {role})", v.name()));
+        }
+        let thin = v.as_any().downcast_ref::<ThinVolumeVol>();
+        if thin.is_some_and(|t| t.origin_spec() == Some(spec.as_str())) {
+            return Some(format!("thin volume {:?} (as its external origin)", v.name()));
+        }
+    }
+    None
+}
+
+/// Refuses a pool device an open pool or md array already uses (`thin.pool-create` checks the
+/// same earlier, with the service's view; this covers config and remembered pools at start).
+fn refuse_devices_in_use(name: &str, p: &PoolParams, data_dir: &Path, volumes: &Volumes) -> Result<()> {
+    for (role, spec) in [("metadata", &p.metadata), ("data", &p.data)] {
+        let key = DeviceKey::new(spec, data_dir);
+        for v in volumes.iter().filter(|v| v.name() != name) {
+            for (their_role, src) in devices_of(v.as_ref()) {
+                if key.same(&DeviceKey::new(&src, data_dir)) {
+                    let kind = if v.kind() == "md" { "md array" } else { "thin pool" };
+                    bail!("{role} {spec:?} is already used by {kind} {:?} (as its {their_role} {src})", v.name());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Config checks across volumes for thin pools (`serve --check-config`; at start the second
+/// user of a device fails to open instead, see [`refuse_devices_in_use`]): no two volumes use
+/// one metadata or data device of a pool (nor a pool a device an md array has as a member),
+/// and see [`check_config_exports`].
+pub fn check_config(config: &Config) -> Result<()> {
+    check_config_exports(config)?;
+    // (volume, role, key) of every pool device and md member.
+    let mut seen: Vec<(&str, &'static str, DeviceKey)> = Vec::new();
+    for spec in &config.volumes {
+        let devices: Vec<(&'static str, String)> = match spec.kind.as_str() {
+            "thin-pool" => match spec.parse_params::<PoolParams>() {
+                Ok(p) => vec![("metadata", p.metadata), ("data", p.data)],
+                Err(_) => continue,
+            },
+            "md" => md_member_specs(spec).into_iter().map(|m| ("member", m)).collect(),
+            _ => continue,
+        };
+        for (role, dev) in devices {
+            let key = DeviceKey::new(&dev, &config.data_dir);
+            // One member in two arrays (or twice in one) is the md check's to report.
+            let clash =
+                seen.iter().find(|(_, other_role, k)| (role != "member" || *other_role != "member") && k.same(&key));
+            if let Some((other, other_role, k)) = clash {
+                if *other == spec.name {
+                    bail!("volume {other:?} uses one device as {other_role} ({:?}) and {role} ({dev:?})", k.spec);
+                }
+                bail!(
+                    "volumes {other:?} and {:?} use one device: {:?} ({other_role} of {other:?}) and {dev:?} \
+                     ({role} of {:?}); one device written by two volumes loses data",
+                    spec.name,
+                    k.spec,
+                    spec.name
+                );
+            }
+            seen.push((&spec.name, role, key));
+        }
+    }
+    Ok(())
+}
+
+/// The member specs of an `md` volume's config keys (paths, `volume:NAME`, URIs; a fault
+/// injection table's `path`), without the md kind's own parsing.
+fn md_member_specs(spec: &VolumeSpec) -> Vec<String> {
+    let members = spec.params.get("members").and_then(toml::Value::as_array);
+    let entry =
+        |m: &toml::Value| m.as_str().or_else(|| m.get("path").and_then(toml::Value::as_str)).map(str::to_string);
+    members.into_iter().flatten().filter_map(entry).collect()
+}
+
+/// Refuses an export of a thin-pool volume: its device serves no blocks (export its thin
+/// volumes). Checked by `serve --check-config` and before the service starts.
+pub fn check_config_exports(config: &Config) -> Result<()> {
+    for e in &config.exports {
+        if config.volumes.iter().any(|v| v.name == e.volume && v.kind == "thin-pool") {
+            bail!(
+                "export {:?}: volume {:?} is a thin pool, which serves no blocks of its own \
+                 (export one of its thin volumes)",
+                e.name,
+                e.volume
+            );
+        }
+    }
+    Ok(())
+}
+
+//------------------------------------------------------------------------------------------------
 // Opening pools
 
 fn open_device(
@@ -269,6 +412,13 @@ fn open_device(
     volumes: &Volumes,
 ) -> Result<(DeviceRef, String, Option<Arc<FileDevice>>)> {
     if let Some(v) = spec.strip_prefix("volume:") {
+        // Not `block_device`'s "config order" hint: a remembered pool's base is remembered too.
+        if let Some(f) = volumes.get_failed(v) {
+            bail!("{spec:?}: volume {v:?} failed to open: {}", f.error);
+        }
+        if volumes.get(v).is_none() {
+            bail!("{spec:?}: no volume named {v:?} is open");
+        }
         return Ok((volumes.block_device(v, spec)?, spec.to_string(), None));
     }
     let path = Path::new(spec);
@@ -334,6 +484,9 @@ pub async fn open_pool(
     p.check(name).with_context(|| format!("thin pool {name}"))?;
     let opts = p.pool_options()?;
     let autoextend = p.autoextend_policy().with_context(|| format!("thin pool {name}"))?;
+    // Before a file is created or opened: one device written by two pools (or a pool and an
+    // array) loses the commits of one of them.
+    refuse_devices_in_use(name, p, data_dir, volumes).with_context(|| format!("thin pool {name}"))?;
     let (meta, meta_src, meta_file) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
     let (data, data_src, data_file) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
     let pool = Pool::start(name, meta, data, opts, how.mode(p)).await?;
@@ -436,6 +589,12 @@ fn mode_state(pool: &Pool) -> String {
     state_word(pool.mode(), pool.mode_cause()).to_string()
 }
 
+/// Why a pool failed at run time (`mdkit status` prints it beside the state word); `None`
+/// while it serves, read-only included.
+fn failure(pool: &Pool) -> Option<String> {
+    (pool.mode() == PoolMode::Failed).then(|| pool.mode_reason())
+}
+
 /// The volume state shown by `mdkit status`, from the pool's typed mode and cause.
 fn state_word(mode: PoolMode, cause: ModeCause) -> &'static str {
     match (mode, cause) {
@@ -458,6 +617,9 @@ impl Volume for ThinPoolVolume {
     }
     fn state(&self) -> String {
         mode_state(&self.pool)
+    }
+    fn error(&self) -> Option<String> {
+        failure(&self.pool)
     }
     fn details(&self) -> serde_json::Value {
         serde_json::json!({
@@ -501,7 +663,8 @@ pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
     if let Some(f) = volumes.get_failed(name) {
         bail!("{} {name:?} failed to open: {}", f.kind, f.error);
     }
-    let v = volumes.get(name).ok_or_else(|| anyhow!("no volume named {name:?}"))?;
+    let v =
+        volumes.get(name).ok_or_else(|| anyhow!("no thin pool named {name:?} (`mdkit status` lists the volumes)"))?;
     let p = v
         .as_any()
         .downcast_ref::<ThinPoolVolume>()
@@ -637,6 +800,9 @@ impl Volume for ThinVolumeVol {
     }
     fn state(&self) -> String {
         mode_state(&self.pool)
+    }
+    fn error(&self) -> Option<String> {
+        failure(&self.pool).map(|why| format!("thin pool {} failed: {why}", self.pool_name))
     }
     fn details(&self) -> serde_json::Value {
         let c = self.vol.counters();
