@@ -16,6 +16,7 @@ mod external_origin;
 mod external_origin_lab;
 mod fuzz_corpus;
 mod kernel_lab;
+mod metadata_space;
 mod model;
 mod no_panic;
 mod pool_bad_input;

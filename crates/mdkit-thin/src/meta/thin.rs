@@ -725,6 +725,11 @@ impl ThinMetadata {
             )));
         }
         self.ensure_metadata_space(false)?;
+        self.insert_unchecked(dev, vblock, data_block)
+    }
+
+    /// `insert` after its checks (the caller ran them, and `ensure_metadata_space`).
+    fn insert_unchecked(&mut self, dev: u64, vblock: u64, data_block: u64) -> Result<bool> {
         let value = pack_block_time(data_block, self.time).to_le_bytes();
         self.guard(|s| {
             let inserted = s.update_device_tree(dev, |tm, dsm, root| {
@@ -750,7 +755,10 @@ impl ThinMetadata {
         self.device(dev)?;
         self.ensure_metadata_space(false)?;
         let b = self.alloc_data_block()?;
-        self.insert(dev, vblock, b)?;
+        // One space check covers both steps (the reserve is far above what one mapping
+        // needs): checking again here could refuse the insert after the allocation changed
+        // the data space map, leaking the block.
+        self.insert_unchecked(dev, vblock, b)?;
         Ok(Mapping { data_block: b, time: self.time & 0x00ff_ffff, shared: false })
     }
 
@@ -1013,6 +1021,14 @@ impl ThinMetadata {
     /// Free metadata blocks beyond the reserve (dm-thin's free metadata count).
     pub fn free_metadata_blocks(&self) -> u64 {
         self.tm.msm.nr_free().saturating_sub(self.metadata_reserve_blocks())
+    }
+
+    /// Metadata blocks freed by the open transaction: not allocatable before it commits (a
+    /// block the last commit references is never overwritten), free after. When an operation
+    /// is refused for lack of metadata space and this is non-zero, a commit may make room
+    /// (the kernel commits "before we use up the metadata reserve").
+    pub fn metadata_blocks_freed_uncommitted(&self) -> u64 {
+        self.tm.msm.nr_freed_this_txn()
     }
 
     pub fn free_data_blocks(&self) -> u64 {

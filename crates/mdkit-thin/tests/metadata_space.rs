@@ -1,0 +1,94 @@
+//! Running out of metadata space. A transaction that shadows much of a mapping tree (random
+//! overwrites within one commit interval) frees as many blocks as it allocates, and the freed
+//! ones are not reusable before the commit. The engine used to count them as free, so its
+//! reserve check passed while the allocation after it found nothing: the operation failed
+//! half-way, poisoned the transaction and failed the pool (NEEDS_CHECK) with half of the
+//! metadata free. Now:
+//! the engine refuses an operation up front (nothing changed, not poisoned) once only the
+//! reserve is allocatable, counting blocks freed this transaction as in use until commit.
+//! thin_check accepts the metadata throughout.
+
+use crate::common;
+
+use common::*;
+use mdkit_io::Rng;
+use mdkit_thin::meta::{CheckOptions, FormatOptions, MetaError, OpenOptions, ThinMetadata, check};
+
+const SEED: u64 = 0x5eed_0003;
+
+/// Random provision / overwrite / unmap churn over a wide range with a commit every
+/// `ops_per_commit` operations, until an operation is refused even right after a commit.
+/// Every refusal must be `OutOfMetadataSpace` with the transaction intact.
+fn churn_until_full(md: &mut ThinMetadata, rng: &mut Rng, vblocks: u64, ops_per_commit: u64) -> u64 {
+    let mut ops = 0u64;
+    let mut since_commit = 0u64;
+    loop {
+        let vb = rng.below(vblocks);
+        let r = match rng.below(10) {
+            0 => md.remove(0, vb).map(|_| ()),
+            _ => md.provision(0, vb).map(|_| ()),
+        };
+        match r {
+            Ok(()) => {
+                ops += 1;
+                since_commit += 1;
+            }
+            Err(MetaError::OutOfMetadataSpace { .. }) => {
+                assert!(md.is_poisoned().is_none(), "op {ops}: refused up front, yet poisoned: {:?}", md.is_poisoned());
+                if since_commit == 0 {
+                    return ops;
+                }
+                // Blocks freed by this transaction become allocatable at commit.
+                md.commit().unwrap();
+                since_commit = 0;
+                continue;
+            }
+            Err(e) => panic!("op {ops} (seed {SEED:#x}): {e}; status {:?}", md.status()),
+        }
+        if since_commit >= ops_per_commit {
+            md.commit().unwrap();
+            since_commit = 0;
+        }
+    }
+}
+
+#[test]
+fn engine_refuses_up_front_when_freed_blocks_fill_the_transaction() {
+    // 2 MiB of metadata used (512 blocks), on a 4 MiB file so it can grow; 64 GiB of data.
+    let (path, io) = meta_file("metadata-space.meta", 4 << 20);
+    let mut md = ThinMetadata::format_with(
+        io.clone(),
+        FormatOptions { data_block_size_sectors: 128, nr_data_blocks: 1 << 20, metadata_nr_blocks: Some(512) },
+        OpenOptions::default(),
+    )
+    .unwrap();
+    md.create_thin(0).unwrap();
+    md.commit().unwrap();
+    let mut rng = Rng::new(SEED);
+    let ops = churn_until_full(&mut md, &mut rng, 1 << 20, 3000);
+    let st = md.status();
+    eprintln!("{ops} operations until full; status {st:?}");
+    assert_eq!(md.free_metadata_blocks(), 0, "refused only at the reserve");
+    assert!(
+        st.allocated_metadata_blocks * 100 >= st.total_metadata_blocks * 85,
+        "full at {} of {} metadata blocks: blocks were lost to the accounting",
+        st.allocated_metadata_blocks,
+        st.total_metadata_blocks
+    );
+    let r = check(&*io, &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
+    assert_thin_check_clean(&path, "metadata refused at the reserve");
+
+    // Growing the metadata makes room again.
+    md.resize_metadata(1024).unwrap();
+    md.commit().unwrap();
+    let before = md.device_details(0).unwrap().mapped_blocks;
+    for _ in 0..500 {
+        md.provision(0, rng.below(1 << 20)).unwrap();
+    }
+    md.commit().unwrap();
+    assert!(md.device_details(0).unwrap().mapped_blocks > before);
+    let r = check(&*io, &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
+    assert_thin_check_clean(&path, "metadata grown after running out");
+}
