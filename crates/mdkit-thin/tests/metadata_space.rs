@@ -4,15 +4,22 @@
 //! reserve check passed while the allocation after it found nothing: the operation failed
 //! half-way, poisoned the transaction and failed the pool (NEEDS_CHECK) with half of the
 //! metadata free. Now:
-//! the engine refuses an operation up front (nothing changed, not poisoned) once only the
-//! reserve is allocatable, counting blocks freed this transaction as in use until commit.
-//! thin_check accepts the metadata throughout.
+//! - the engine refuses an operation up front (nothing changed, not poisoned) once only the
+//!   reserve is allocatable, counting blocks freed this transaction as in use until commit;
+//! - the pool commits to reuse the freed blocks and retries; only when the metadata is really
+//!   full does it go read-only (out of metadata space, no NEEDS_CHECK), and growing the
+//!   metadata makes it read-write again. thin_check accepts the metadata throughout.
 
 use crate::common;
+use crate::pool_util;
+
+use std::sync::Arc;
 
 use common::*;
-use mdkit_io::Rng;
+use mdkit_io::{BlockDevice, BlockDeviceExt, DeviceRef, FileDevice, FileOptions, Rng, WriteFlags};
 use mdkit_thin::meta::{CheckOptions, FormatOptions, MetaError, OpenOptions, ThinMetadata, check};
+use mdkit_thin::pool::{Pool, PoolMode, PoolOptions};
+use pool_util::*;
 
 const SEED: u64 = 0x5eed_0003;
 
@@ -91,4 +98,66 @@ fn engine_refuses_up_front_when_freed_blocks_fill_the_transaction() {
     let r = check(&*io, &CheckOptions::default());
     assert!(r.is_clean(), "{r}");
     assert_thin_check_clean(&path, "metadata grown after running out");
+}
+
+#[test]
+fn pool_out_of_metadata_space_goes_read_only_and_recovers_after_growth() {
+    const META_BYTES: u64 = 512 << 10;
+    const DATA_BLOCKS: u64 = 65_536;
+    let meta = fresh_file("metadata-space-pool.meta", META_BYTES);
+    let data = fresh_file("metadata-space-pool.data", DATA_BLOCKS * BLOCK_BYTES);
+    let rt = rt();
+    rt.block_on(async {
+        let meta_dev = Arc::new(FileDevice::open(&meta, FileOptions::default()).unwrap());
+        let (m, d): (DeviceRef, DeviceRef) = (meta_dev.clone(), file_dev(&data));
+        // No periodic commit: only the flushes below and the pool's own reaction to the
+        // metadata filling up commit, so the run is deterministic.
+        let opts = PoolOptions { zero_new_blocks: false, ..quiet_opts() };
+        let pool = Pool::create("oms", m, d, BLOCK_BYTES, opts).await.unwrap();
+        pool.create_thin(0).await.unwrap();
+        let v = pool.thin(0, DATA_BLOCKS * BLOCK_BYTES).await.unwrap();
+        let mut rng = Rng::new(SEED);
+        let mut written = 0u64;
+        let err = loop {
+            let vb = rng.below(DATA_BLOCKS);
+            match v.write_slice(vb * BLOCK_BYTES, &pattern(vb, vb * BLOCK_BYTES, 4096), WriteFlags::NONE).await {
+                Ok(()) => written += 1,
+                Err(e) => break e,
+            }
+            // A client's flush now and then: the next writes shadow a committed tree.
+            if written.is_multiple_of(1500)
+                && let Err(e) = v.flush().await
+            {
+                break e;
+            }
+            assert!(written < DATA_BLOCKS, "the metadata never filled up");
+        };
+        let st = pool.status().await.unwrap();
+        eprintln!("{written} writes, then: {err}; status {st:?}");
+        assert_eq!(st.mode, PoolMode::ReadOnly, "out of metadata space, not failed: {}", st.mode_reason);
+        assert!(!st.needs_check, "running out of metadata space is not damage");
+        let allocated = pool.metadata().read().status().allocated_metadata_blocks;
+        assert!(
+            allocated * 100 >= st.total_metadata_blocks * 85,
+            "read-only with {allocated} of {} metadata blocks allocated",
+            st.total_metadata_blocks
+        );
+        assert!(v.write_slice(0, &pattern(1, 0, 4096), WriteFlags::NONE).await.is_err(), "read-only");
+
+        meta_dev.grow_file(4 * META_BYTES).unwrap();
+        pool.resize_metadata(None).await.unwrap();
+        let st = pool.status().await.unwrap();
+        assert_eq!(st.mode, PoolMode::ReadWrite, "{}", st.mode_reason);
+        for _ in 0..200 {
+            let vb = rng.below(DATA_BLOCKS);
+            v.write_slice(vb * BLOCK_BYTES, &pattern(vb, vb * BLOCK_BYTES, 4096), WriteFlags::NONE).await.unwrap();
+        }
+        v.flush().await.unwrap();
+        drop(v);
+        pool.close().await.unwrap();
+    });
+    let io = mdkit_thin::meta::FileMetaIo::open(&meta, false).unwrap();
+    let r = check(&io, &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
+    assert_thin_check_clean(&meta, "pool after running out of metadata space and growing");
 }
