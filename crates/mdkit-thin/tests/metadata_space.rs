@@ -161,3 +161,31 @@ fn pool_out_of_metadata_space_goes_read_only_and_recovers_after_growth() {
     assert!(r.is_clean(), "{r}");
     assert_thin_check_clean(&meta, "pool after running out of metadata space and growing");
 }
+
+#[test]
+fn format_refuses_a_data_device_its_metadata_cannot_map_before_writing() {
+    use mdkit_thin::meta::MemMetaIo;
+    use mdkit_thin::meta::sm_format::MAX_METADATA_BLOCKS;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // (metadata blocks, data blocks): 64 GiB of data in 64 KiB blocks needs 66 bitmap blocks,
+    // beyond a 64-block metadata device; an 8 PiB data device needs ~8.5M, beyond the largest
+    // metadata device (unchecked, that one allocated GiBs of RAM building them: it goes last).
+    for (meta_blocks, data_blocks) in [(64, 1u64 << 20), (MAX_METADATA_BLOCKS + 1000, 1 << 37)] {
+        let mem = Arc::new(MemMetaIo::new("too-small.meta", meta_blocks));
+        let writes = Arc::new(AtomicU64::new(0));
+        let w = writes.clone();
+        mem.set_hook(Some(Box::new(move |_| {
+            w.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })));
+        let r = ThinMetadata::format(
+            mem.clone(),
+            FormatOptions { data_block_size_sectors: 128, nr_data_blocks: data_blocks, metadata_nr_blocks: None },
+        );
+        let e = r.err().expect("formatted a pool whose data space map cannot fit");
+        eprintln!("{meta_blocks} metadata blocks, {data_blocks} data blocks: {e}");
+        assert!(matches!(e, MetaError::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("too-small.meta"), "names the device: {e}");
+        assert_eq!(writes.load(Ordering::SeqCst), 0, "nothing written");
+    }
+}

@@ -30,6 +30,53 @@ pub const MAX_METADATA_RESERVE_BLOCKS: u64 = 4096;
 /// Smallest metadata device accepted by `format` (kernel's sizing guide minimum is 2 MiB).
 pub const MIN_METADATA_BLOCKS: u64 = 64;
 
+/// Metadata blocks the data space map of `nr_data_blocks` takes at least: a bitmap per 16320
+/// data blocks and the index btree leaves listing them (over 100 entries each).
+pub fn data_sm_metadata_blocks(nr_data_blocks: u64) -> u64 {
+    let bitmaps = nr_bitmaps(nr_data_blocks);
+    bitmaps + bitmaps.div_ceil(100)
+}
+
+/// Blocks a new pool's metadata needs besides the data space map: the superblock, the
+/// metadata space map (bitmaps, index, ref-count root), the empty trees, and slack for the
+/// first commit's shadowing.
+fn fixed_metadata_blocks(nr_meta: u64) -> u64 {
+    nr_bitmaps(nr_meta) + 16
+}
+
+/// Refuses a data device whose space map does not fit a metadata device of `nr_meta` blocks
+/// (with the reserve and room left for mappings), before anything is allocated or written:
+/// an 8 PiB data device would need ~32 GiB of bitmaps, more than any dm-thin metadata device
+/// (255 x 16320 blocks) holds.
+pub fn check_data_fits_metadata(
+    nr_data_blocks: u64,
+    nr_meta: u64,
+    data_block_size_sectors: u32,
+) -> std::result::Result<(), String> {
+    let needed = data_sm_metadata_blocks(nr_data_blocks);
+    let reserve = (nr_meta / 10).min(MAX_METADATA_RESERVE_BLOCKS);
+    let available = nr_meta.saturating_sub(fixed_metadata_blocks(nr_meta) + reserve);
+    if needed <= available {
+        return Ok(());
+    }
+    let block_bytes = u64::from(data_block_size_sectors) * 512;
+    let most = MAX_METADATA_BLOCKS
+        - fixed_metadata_blocks(MAX_METADATA_BLOCKS)
+        - (MAX_METADATA_BLOCKS / 10).min(MAX_METADATA_RESERVE_BLOCKS);
+    if needed > most {
+        return Err(format!(
+            "the data device ({nr_data_blocks} blocks of {block_bytes} bytes) is above what dm-thin metadata can map \
+             at this block size: its space map alone needs {needed} metadata blocks, and the largest metadata device \
+             ({MAX_METADATA_BLOCKS} blocks) leaves {most}; use a larger data block size or a smaller data device"
+        ));
+    }
+    Err(format!(
+        "the data device ({nr_data_blocks} blocks of {block_bytes} bytes) needs {needed} metadata blocks for its space \
+         map; the metadata device holds {nr_meta} ({available} after the superblock, its own space map and the \
+         reserve): use a larger metadata device"
+    ))
+}
+
 /// Per-device details (kernel struct disk_device_details, 24 bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceDetails {
@@ -247,6 +294,8 @@ impl ThinMetadata {
                 io.name()
             )));
         }
+        check_data_fits_metadata(fo.nr_data_blocks, nr_meta, fo.data_block_size_sectors)
+            .map_err(|m| MetaError::InvalidArgument(format!("{}: {m}", io.name())))?;
         if opts.read_only {
             return Err(MetaError::ReadOnly("cannot format read-only".into()));
         }
