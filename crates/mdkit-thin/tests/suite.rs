@@ -26,5 +26,6 @@ mod pool_grow_kernel_lab;
 mod pool_kernel_lab;
 mod pool_open_safety;
 mod pool_tools;
+mod restore_refusals;
 mod tools_interop;
 mod tools_repair_delta;

@@ -276,6 +276,19 @@ impl ThinMetadata {
     }
 
     pub fn format_with(io: Arc<dyn MetaIo>, fo: FormatOptions, opts: OpenOptions) -> Result<ThinMetadata> {
+        let mut md = Self::format_uncommitted(io, fo, opts)?;
+        md.commit()?;
+        Ok(md)
+    }
+
+    /// `format_with` without the first commit: nothing reaches block 0 (the superblock) before
+    /// the caller commits; new blocks may be written back early. Restore builds on this so a
+    /// failure half-way never leaves a valid (empty) pool behind.
+    pub(crate) fn format_uncommitted(
+        io: Arc<dyn MetaIo>,
+        fo: FormatOptions,
+        opts: OpenOptions,
+    ) -> Result<ThinMetadata> {
         check_data_block_size(fo.data_block_size_sectors).map_err(MetaError::InvalidArgument)?;
         if fo.nr_data_blocks > MAX_DATA_BLOCKS {
             return Err(MetaError::InvalidArgument(format!("{} data blocks exceed the 2^40 limit", fo.nr_data_blocks)));
@@ -327,7 +340,7 @@ impl ThinMetadata {
             compat_ro_flags: 0,
             incompat_flags: 0,
         };
-        let mut md = ThinMetadata {
+        let md = ThinMetadata {
             io,
             opts,
             tm,
@@ -344,7 +357,6 @@ impl ThinMetadata {
             read_only: None,
             poisoned: None,
         };
-        md.commit()?;
         Ok(md)
     }
 
