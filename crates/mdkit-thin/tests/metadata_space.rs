@@ -182,10 +182,66 @@ fn format_refuses_a_data_device_its_metadata_cannot_map_before_writing() {
             mem.clone(),
             FormatOptions { data_block_size_sectors: 128, nr_data_blocks: data_blocks, metadata_nr_blocks: None },
         );
-        let e = r.err().expect("formatted a pool whose data space map cannot fit");
+        let e = r.expect_err("formatted a pool whose data space map cannot fit");
         eprintln!("{meta_blocks} metadata blocks, {data_blocks} data blocks: {e}");
         assert!(matches!(e, MetaError::InvalidArgument(_)), "{e}");
         assert!(e.to_string().contains("too-small.meta"), "names the device: {e}");
         assert_eq!(writes.load(Ordering::SeqCst), 0, "nothing written");
     }
+}
+
+/// Provisions in flight when the metadata fills up: the commit that drops and retakes their
+/// data-block reservations must neither lose one nor drop one twice (that failed the pool
+/// with "reference dropped from free data block").
+#[test]
+fn pool_with_writes_in_flight_runs_out_of_metadata_space_cleanly() {
+    const DATA_BLOCKS: u64 = 65_536;
+    const WRITERS: u64 = 32;
+    let meta = fresh_file("metadata-space-inflight.meta", 512 << 10);
+    let data = fresh_file("metadata-space-inflight.data", DATA_BLOCKS * BLOCK_BYTES);
+    let rt = rt();
+    rt.block_on(async {
+        let meta_dev = Arc::new(FileDevice::open(&meta, FileOptions::default()).unwrap());
+        let (m, d): (DeviceRef, DeviceRef) = (meta_dev.clone(), file_dev(&data));
+        // Commits while provisions are in flight, as the periodic commit makes them.
+        let opts = PoolOptions {
+            zero_new_blocks: false,
+            commit_interval: std::time::Duration::from_millis(2),
+            ..PoolOptions::default()
+        };
+        let pool = Pool::create("oms2", m, d, BLOCK_BYTES, opts).await.unwrap();
+        pool.create_thin(0).await.unwrap();
+        let v = pool.thin(0, DATA_BLOCKS * BLOCK_BYTES).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..WRITERS {
+            let v = v.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(SEED + t);
+                for n in 1u64.. {
+                    let vb = rng.below(DATA_BLOCKS);
+                    let w = v.write_slice(vb * BLOCK_BYTES, &pattern(vb, vb * BLOCK_BYTES, 4096), WriteFlags::NONE);
+                    if w.await.is_err() || (t == 0 && n.is_multiple_of(200) && v.flush().await.is_err()) {
+                        return n;
+                    }
+                }
+                unreachable!()
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let st = pool.status().await.unwrap();
+        assert_eq!(st.mode, PoolMode::ReadOnly, "out of metadata space, not failed: {}", st.mode_reason);
+        assert!(!st.needs_check);
+        meta_dev.grow_file(2 << 20).unwrap();
+        pool.resize_metadata(None).await.unwrap();
+        assert_eq!(pool.status().await.unwrap().mode, PoolMode::ReadWrite);
+        v.write_slice(0, &pattern(1, 0, 4096), WriteFlags::FUA).await.unwrap();
+        drop(v);
+        pool.close().await.unwrap();
+    });
+    let io = mdkit_thin::meta::FileMetaIo::open(&meta, false).unwrap();
+    let r = check(&io, &CheckOptions::default());
+    assert!(r.is_clean(), "{r}");
+    assert_thin_check_clean(&meta, "pool after running out of metadata space with writes in flight");
 }

@@ -234,9 +234,13 @@ impl Worker {
         let holds: Vec<u64> = self.holds.iter().copied().collect();
         let r = {
             let mut md = self.md.write();
-            let mut undo = true;
+            // Taking the reservations again after the commit needs metadata (data space-map
+            // bitmaps are shadowed anew); near the reserve it could fail and lose them, so
+            // they are committed as they are, like when dropping them finds no room.
+            let mut undo = md.free_metadata_blocks() > holds.len() as u64 + 16;
             let mut r = Ok(());
-            for &b in &holds {
+            let to_drop = if undo { &holds[..] } else { &[][..] };
+            for &b in to_drop {
                 match md.dec_data_block(b) {
                     Ok(_) => {}
                     Err(MetaError::OutOfMetadataSpace { .. }) if md.is_poisoned().is_none() => {
@@ -286,11 +290,15 @@ impl Worker {
                     }
                 }
             }
-            for (b, e) in lost {
+            // Every lost reservation goes before reacting to the error: the reaction may commit
+            // again, which must not drop a reservation that is gone already.
+            for (b, e) in &lost {
                 // The provision waiting on `b` fails at insert.
-                self.holds.remove(&b);
+                self.holds.remove(b);
                 tracing::error!(pool = %name, block = b, "could not re-reserve a data block after commit: {e}");
-                self.after_error(&e);
+            }
+            if let Some((_, e)) = lost.first() {
+                self.after_error(e);
             }
         }
         self.passdown();
