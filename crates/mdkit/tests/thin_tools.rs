@@ -108,6 +108,26 @@ fn thin_tools_online_offline_and_against_thin_provisioning_tools() {
     let err = offline(&["thin", "restore", "-i", p(&xml), "-o", p(&copy)]);
     assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("--force"), "{err:?}");
     offline_ok(&["thin", "restore", "-i", p(&xml), "-o", p(&copy), "--force"]);
+    // A refused --force restore (a mapping beyond the data blocks) leaves the old metadata
+    // byte-identical, not an empty pool; a file it would have made is not left behind.
+    let text = std::fs::read_to_string(&xml).unwrap();
+    let nr_data: u64 = text.split("nr_data_blocks=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+    let bad_xml = srv.path("bad.xml");
+    let bad_text = text.replacen(
+        "</device>",
+        &format!("  <single_mapping origin_block=\"999999\" data_block=\"{nr_data}\" time=\"0\"/>\n</device>"),
+        1,
+    );
+    std::fs::write(&bad_xml, bad_text).unwrap();
+    let before = std::fs::read(&copy).unwrap();
+    let err = offline(&["thin", "restore", "-i", p(&bad_xml), "-o", p(&copy), "--force"]);
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(!err.status.success() && stderr.contains("beyond the"), "{err:?}");
+    assert!(std::fs::read(&copy).unwrap() == before, "a refused restore changed the metadata");
+    assert_eq!(stdout(Command::new("thin_dump").arg(&copy)), dump);
+    let never = srv.path("never.meta");
+    assert!(!offline(&["thin", "restore", "-i", p(&bad_xml), "-o", p(&never), "--size", "8M"]).status.success());
+    assert!(!never.exists(), "a refused restore left the file it made");
     let tools_copy = srv.path("tools.meta");
     std::fs::File::create(&tools_copy).unwrap().set_len(8 << 20).unwrap();
     run(Command::new("thin_restore").arg("-i").arg(&xml).arg("-o").arg(&tools_copy));

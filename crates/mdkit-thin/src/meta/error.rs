@@ -151,6 +151,16 @@ pub enum MetaError {
     /// Metadata snapshot (held root) misuse.
     #[error("metadata snapshot: {0}")]
     MetadataSnap(String),
+    /// A restore failed after it began writing (out of metadata space, I/O error). The old
+    /// metadata is gone; `note` says whether the superblock was left cleared, so that no pool,
+    /// not even an empty one, opens from the partial result.
+    #[error("{device}: the restore failed after it began writing: {source}; {note}")]
+    RestoreIncomplete {
+        device: String,
+        note: &'static str,
+        #[source]
+        source: Box<MetaError>,
+    },
 }
 
 impl MetaError {

@@ -37,6 +37,9 @@ pub(crate) struct MetadataSm {
     cursor: u64,
     /// Count at the start of the transaction of every block touched since.
     txn_old: BlockMap<u32>,
+    /// Blocks whose count is 0 now but was not at the start of the transaction: free, yet
+    /// not allocatable before the transaction commits.
+    nr_freed_this_txn: u64,
     /// Bitmaps with changed entries this transaction.
     pub dirty_bitmaps: BTreeSet<usize>,
     /// Blocks whose count is or was >= 3 and changed this transaction.
@@ -60,6 +63,7 @@ impl MetadataSm {
             allocated_per_bitmap: vec![0; nb],
             cursor: 0,
             txn_old: BlockMap::default(),
+            nr_freed_this_txn: 0,
             dirty_bitmaps: (0..nb).collect(),
             overflow_dirty: BTreeSet::new(),
             index_block: 0,
@@ -109,6 +113,7 @@ impl MetadataSm {
             allocated_per_bitmap,
             cursor: 0,
             txn_old: BlockMap::default(),
+            nr_freed_this_txn: 0,
             dirty_bitmaps: BTreeSet::new(),
             overflow_dirty: BTreeSet::new(),
             index_block,
@@ -125,8 +130,17 @@ impl MetadataSm {
         self.nr_allocated
     }
 
+    /// Blocks `alloc` can hand out before the next commit: free now *and* at the last commit
+    /// (the kernel's `sm_metadata_get_nr_free` is as strict). Blocks freed in the open
+    /// transaction are not counted: counting them let the reserve check pass while the
+    /// allocation that followed found nothing, failing the operation half-way.
     pub fn nr_free(&self) -> u64 {
-        self.nr_blocks - self.nr_allocated
+        self.nr_blocks - self.nr_allocated - self.nr_freed_this_txn
+    }
+
+    /// Blocks freed in the open transaction: allocatable again once it commits.
+    pub fn nr_freed_this_txn(&self) -> u64 {
+        self.nr_freed_this_txn
     }
 
     pub fn get(&self, b: u64) -> u32 {
@@ -142,7 +156,15 @@ impl MetadataSm {
         if old == n {
             return;
         }
-        self.txn_old.entry(b).or_insert(old);
+        let was_old = *self.txn_old.entry(b).or_insert(old);
+        if was_old != 0 {
+            // Freed this transaction when it drops to 0, back in use when it leaves 0.
+            if n == 0 {
+                self.nr_freed_this_txn += 1;
+            } else if old == 0 {
+                self.nr_freed_this_txn -= 1;
+            }
+        }
         let bm = (b / ENTRIES_PER_BITMAP) as usize;
         self.dirty_bitmaps.insert(bm);
         if old >= 3 || n >= 3 {
@@ -273,6 +295,7 @@ impl MetadataSm {
     /// Forgets the transaction bookkeeping after a successful commit.
     pub fn end_transaction(&mut self) {
         self.txn_old.clear();
+        self.nr_freed_this_txn = 0;
         self.dirty_bitmaps.clear();
         self.overflow_dirty.clear();
     }
@@ -315,6 +338,26 @@ mod tests {
         assert!(sm.inc(100).is_err());
         let mut fresh = MetadataSm::new(10);
         assert!(fresh.dec(3).is_err());
+    }
+
+    #[test]
+    fn nr_free_counts_only_what_alloc_can_hand_out() {
+        let mut sm = MetadataSm::new(10);
+        let blocks: Vec<u64> = std::iter::from_fn(|| sm.alloc()).take(6).collect();
+        sm.end_transaction();
+        // Freed in this transaction: not allocatable before commit, so not free.
+        sm.dec(blocks[0]).unwrap();
+        sm.dec(blocks[1]).unwrap();
+        // Allocated and freed in this transaction: allocatable at once.
+        let c = sm.alloc().unwrap();
+        sm.dec(c).unwrap();
+        assert_eq!(sm.nr_free(), 4);
+        assert_eq!(sm.nr_freed_this_txn(), 2);
+        let got = std::iter::from_fn(|| sm.alloc()).count() as u64;
+        assert_eq!(got, 4, "nr_free promised what alloc delivers");
+        assert_eq!(sm.nr_free(), 0);
+        sm.end_transaction();
+        assert_eq!(sm.nr_free(), 2, "freed blocks are free after commit");
     }
 
     #[test]

@@ -30,6 +30,53 @@ pub const MAX_METADATA_RESERVE_BLOCKS: u64 = 4096;
 /// Smallest metadata device accepted by `format` (kernel's sizing guide minimum is 2 MiB).
 pub const MIN_METADATA_BLOCKS: u64 = 64;
 
+/// Metadata blocks the data space map of `nr_data_blocks` takes at least: a bitmap per 16320
+/// data blocks and the index btree leaves listing them (over 100 entries each).
+pub fn data_sm_metadata_blocks(nr_data_blocks: u64) -> u64 {
+    let bitmaps = nr_bitmaps(nr_data_blocks);
+    bitmaps + bitmaps.div_ceil(100)
+}
+
+/// Blocks a new pool's metadata needs besides the data space map: the superblock, the
+/// metadata space map (bitmaps, index, ref-count root), the empty trees, and slack for the
+/// first commit's shadowing.
+fn fixed_metadata_blocks(nr_meta: u64) -> u64 {
+    nr_bitmaps(nr_meta) + 16
+}
+
+/// Refuses a data device whose space map does not fit a metadata device of `nr_meta` blocks
+/// (with the reserve and room left for mappings), before anything is allocated or written:
+/// an 8 PiB data device would need ~32 GiB of bitmaps, more than any dm-thin metadata device
+/// (255 x 16320 blocks) holds.
+pub fn check_data_fits_metadata(
+    nr_data_blocks: u64,
+    nr_meta: u64,
+    data_block_size_sectors: u32,
+) -> std::result::Result<(), String> {
+    let needed = data_sm_metadata_blocks(nr_data_blocks);
+    let reserve = (nr_meta / 10).min(MAX_METADATA_RESERVE_BLOCKS);
+    let available = nr_meta.saturating_sub(fixed_metadata_blocks(nr_meta) + reserve);
+    if needed <= available {
+        return Ok(());
+    }
+    let block_bytes = u64::from(data_block_size_sectors) * 512;
+    let most = MAX_METADATA_BLOCKS
+        - fixed_metadata_blocks(MAX_METADATA_BLOCKS)
+        - (MAX_METADATA_BLOCKS / 10).min(MAX_METADATA_RESERVE_BLOCKS);
+    if needed > most {
+        return Err(format!(
+            "the data device ({nr_data_blocks} blocks of {block_bytes} bytes) is above what dm-thin metadata can map \
+             at this block size: its space map alone needs {needed} metadata blocks, and the largest metadata device \
+             ({MAX_METADATA_BLOCKS} blocks) leaves {most}; use a larger data block size or a smaller data device"
+        ));
+    }
+    Err(format!(
+        "the data device ({nr_data_blocks} blocks of {block_bytes} bytes) needs {needed} metadata blocks for its space \
+         map; the metadata device holds {nr_meta} ({available} after the superblock, its own space map and the \
+         reserve): use a larger metadata device"
+    ))
+}
+
 /// Per-device details (kernel struct disk_device_details, 24 bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceDetails {
@@ -229,6 +276,19 @@ impl ThinMetadata {
     }
 
     pub fn format_with(io: Arc<dyn MetaIo>, fo: FormatOptions, opts: OpenOptions) -> Result<ThinMetadata> {
+        let mut md = Self::format_uncommitted(io, fo, opts)?;
+        md.commit()?;
+        Ok(md)
+    }
+
+    /// `format_with` without the first commit: nothing reaches block 0 (the superblock) before
+    /// the caller commits; new blocks may be written back early. Restore builds on this so a
+    /// failure half-way never leaves a valid (empty) pool behind.
+    pub(crate) fn format_uncommitted(
+        io: Arc<dyn MetaIo>,
+        fo: FormatOptions,
+        opts: OpenOptions,
+    ) -> Result<ThinMetadata> {
         check_data_block_size(fo.data_block_size_sectors).map_err(MetaError::InvalidArgument)?;
         if fo.nr_data_blocks > MAX_DATA_BLOCKS {
             return Err(MetaError::InvalidArgument(format!("{} data blocks exceed the 2^40 limit", fo.nr_data_blocks)));
@@ -247,6 +307,8 @@ impl ThinMetadata {
                 io.name()
             )));
         }
+        check_data_fits_metadata(fo.nr_data_blocks, nr_meta, fo.data_block_size_sectors)
+            .map_err(|m| MetaError::InvalidArgument(format!("{}: {m}", io.name())))?;
         if opts.read_only {
             return Err(MetaError::ReadOnly("cannot format read-only".into()));
         }
@@ -278,7 +340,7 @@ impl ThinMetadata {
             compat_ro_flags: 0,
             incompat_flags: 0,
         };
-        let mut md = ThinMetadata {
+        let md = ThinMetadata {
             io,
             opts,
             tm,
@@ -295,7 +357,6 @@ impl ThinMetadata {
             read_only: None,
             poisoned: None,
         };
-        md.commit()?;
         Ok(md)
     }
 
@@ -725,6 +786,11 @@ impl ThinMetadata {
             )));
         }
         self.ensure_metadata_space(false)?;
+        self.insert_unchecked(dev, vblock, data_block)
+    }
+
+    /// `insert` after its checks (the caller ran them, and `ensure_metadata_space`).
+    fn insert_unchecked(&mut self, dev: u64, vblock: u64, data_block: u64) -> Result<bool> {
         let value = pack_block_time(data_block, self.time).to_le_bytes();
         self.guard(|s| {
             let inserted = s.update_device_tree(dev, |tm, dsm, root| {
@@ -750,7 +816,10 @@ impl ThinMetadata {
         self.device(dev)?;
         self.ensure_metadata_space(false)?;
         let b = self.alloc_data_block()?;
-        self.insert(dev, vblock, b)?;
+        // One space check covers both steps (the reserve is far above what one mapping
+        // needs): checking again here could refuse the insert after the allocation changed
+        // the data space map, leaking the block.
+        self.insert_unchecked(dev, vblock, b)?;
         Ok(Mapping { data_block: b, time: self.time & 0x00ff_ffff, shared: false })
     }
 
@@ -1013,6 +1082,14 @@ impl ThinMetadata {
     /// Free metadata blocks beyond the reserve (dm-thin's free metadata count).
     pub fn free_metadata_blocks(&self) -> u64 {
         self.tm.msm.nr_free().saturating_sub(self.metadata_reserve_blocks())
+    }
+
+    /// Metadata blocks freed by the open transaction: not allocatable before it commits (a
+    /// block the last commit references is never overwritten), free after. When an operation
+    /// is refused for lack of metadata space and this is non-zero, a commit may make room
+    /// (the kernel commits "before we use up the metadata reserve").
+    pub fn metadata_blocks_freed_uncommitted(&self) -> u64 {
+        self.tm.msm.nr_freed_this_txn()
     }
 
     pub fn free_data_blocks(&self) -> u64 {

@@ -15,9 +15,19 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::Arc;
 
+use std::collections::BTreeSet;
+
+use crate::meta::block::zeroed_block;
+use crate::meta::btree::calc_max_entries;
+use crate::meta::dsm::MAX_DATA_BLOCKS;
 use crate::meta::error::{MetaError, Result};
 use crate::meta::io::MetaIo;
-use crate::meta::thin::{DeviceDetails, FormatOptions, MAX_DEVICE_ID, OpenOptions, ThinMetadata};
+use crate::meta::sm_format::MAX_METADATA_BLOCKS;
+use crate::meta::superblock::{SUPERBLOCK_LOCATION, check_data_block_size};
+use crate::meta::thin::{
+    BLOCK_TIME_BYTES, DeviceDetails, FormatOptions, MAX_DEVICE_ID, MIN_METADATA_BLOCKS, OpenOptions, ThinMetadata,
+    check_data_fits_metadata, data_sm_metadata_blocks,
+};
 
 /// One run of mappings: `length` consecutive virtual blocks to consecutive data blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,26 +210,132 @@ pub fn dump_xml(md: &ThinMetadata, out: &mut dyn Write) -> Result<()> {
         .map_err(|e| MetaError::InvalidArgument(format!("writing the XML dump failed: {e}")))
 }
 
-/// Formats `io` and fills it from `x` (thin_restore). Data block reference counts are the
-/// number of mappings to each block. Commits before returning.
-pub fn restore_xml(io: Arc<dyn MetaIo>, x: &XmlMetadata, opts: OpenOptions) -> Result<ThinMetadata> {
+/// Checks everything `restore_xml` would refuse while writing, without writing: the header
+/// (version, data block size, data blocks against the format and against a metadata device of
+/// `metadata_nr_blocks`), unique 24-bit device ids, mapping runs (no overflow, data blocks
+/// below `nr_data_blocks`, 24-bit times, no virtual block mapped twice) and each device's
+/// `mapped_blocks`. Also refuses mappings that cannot fit: each 4 KiB leaf holds at most 252.
+pub fn validate_xml(x: &XmlMetadata, metadata_nr_blocks: u64) -> Result<()> {
+    let invalid = |m: String| Err(MetaError::InvalidArgument(m));
     if x.version != 1 && x.version != 2 {
-        return Err(MetaError::InvalidArgument(format!("XML superblock version {} (supported: 1, 2)", x.version)));
+        return invalid(format!("XML superblock version {} (supported: 1, 2)", x.version));
     }
-    let mut md = ThinMetadata::format_with(
-        io,
-        FormatOptions {
-            data_block_size_sectors: x.data_block_size,
-            nr_data_blocks: x.nr_data_blocks,
-            metadata_nr_blocks: None,
-        },
-        opts,
-    )?;
-    md.restore_header(x.time, x.transaction, x.flags);
+    check_data_block_size(x.data_block_size).map_err(MetaError::InvalidArgument)?;
+    if x.nr_data_blocks > MAX_DATA_BLOCKS {
+        return invalid(format!("nr_data_blocks {} exceeds the 2^40 limit", x.nr_data_blocks));
+    }
+    let nr_meta = metadata_nr_blocks.min(MAX_METADATA_BLOCKS);
+    if nr_meta < MIN_METADATA_BLOCKS {
+        return invalid(format!(
+            "metadata device of {nr_meta} blocks is smaller than the minimum {MIN_METADATA_BLOCKS}"
+        ));
+    }
+    check_data_fits_metadata(x.nr_data_blocks, nr_meta, x.data_block_size).map_err(MetaError::InvalidArgument)?;
+    let mut ids = BTreeSet::new();
+    let mut total_mappings = 0u64;
     for d in &x.devices {
         if d.dev_id > MAX_DEVICE_ID {
-            return Err(MetaError::InvalidArgument(format!("device id {} exceeds 24 bits", d.dev_id)));
+            return invalid(format!("device id {} exceeds 24 bits", d.dev_id));
         }
+        if !ids.insert(d.dev_id) {
+            return invalid(format!("device {} is listed twice", d.dev_id));
+        }
+        let count = validate_runs(d, x.nr_data_blocks)?;
+        if count != d.mapped_blocks {
+            return invalid(format!(
+                "device {}: mapped_blocks=\"{}\" but {count} mappings listed",
+                d.dev_id, d.mapped_blocks
+            ));
+        }
+        total_mappings = total_mappings.saturating_add(count);
+    }
+    let leaves = total_mappings.div_ceil(u64::from(calc_max_entries(BLOCK_TIME_BYTES)));
+    let room = nr_meta.saturating_sub(data_sm_metadata_blocks(x.nr_data_blocks) + (nr_meta / 10).min(4096));
+    if leaves > room {
+        return invalid(format!(
+            "{total_mappings} mappings need at least {leaves} metadata blocks; a metadata device of {nr_meta} blocks \
+             has about {room} for them: use a larger one"
+        ));
+    }
+    Ok(())
+}
+
+/// The mapping runs of one device; returns how many mappings they hold.
+fn validate_runs(d: &XmlDevice, nr_data_blocks: u64) -> Result<u64> {
+    let invalid = |m: String| Err(MetaError::InvalidArgument(format!("device {}: {m}", d.dev_id)));
+    let mut spans = Vec::with_capacity(d.mappings.len());
+    let mut count = 0u64;
+    for r in &d.mappings {
+        let last_vb = r.length.checked_sub(1).and_then(|n| r.origin_begin.checked_add(n));
+        let last_db = r.length.checked_sub(1).and_then(|n| r.data_begin.checked_add(n));
+        let (Some(last_vb), Some(last_db)) = (last_vb, last_db) else {
+            return invalid(format!("mapping run at block {} of length {} overflows", r.origin_begin, r.length));
+        };
+        if last_db >= nr_data_blocks {
+            // The first block of the run that is out of range.
+            let skip = nr_data_blocks.saturating_sub(r.data_begin);
+            return invalid(format!(
+                "block {} maps data block {}, beyond the {nr_data_blocks} data blocks",
+                r.origin_begin + skip,
+                r.data_begin + skip
+            ));
+        }
+        if r.time > 0x00ff_ffff {
+            return invalid(format!("block {}: mapping time {} exceeds 24 bits", r.origin_begin, r.time));
+        }
+        spans.push((r.origin_begin, last_vb));
+        count = count.saturating_add(r.length);
+    }
+    spans.sort_unstable();
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 <= w[0].1) {
+        return invalid(format!("block {} is mapped twice", w[1].0));
+    }
+    Ok(count)
+}
+
+/// Formats `io` and fills it from `x` (thin_restore). Data block reference counts are the
+/// number of mappings to each block. Commits before returning.
+///
+/// `validate_xml` runs first: XML the restore would refuse leaves the device byte-identical.
+/// Past that, the superblock is cleared before anything else is written and a new one is
+/// written only by the final commit, so a failure found while writing (metadata space, I/O)
+/// or a crash leaves no pool at all, never an empty one ([`MetaError::RestoreIncomplete`]).
+pub fn restore_xml(io: Arc<dyn MetaIo>, x: &XmlMetadata, opts: OpenOptions) -> Result<ThinMetadata> {
+    validate_xml(x, io.nr_blocks())?;
+    if opts.read_only {
+        return Err(MetaError::ReadOnly("cannot restore read-only".into()));
+    }
+    let name = io.name().to_string();
+    let clear = |source: MetaError| {
+        let zero = zeroed_block();
+        let cleared = io.write_blocks(&[(SUPERBLOCK_LOCATION, &zero)]).and_then(|()| io.flush());
+        let note = match cleared {
+            Ok(()) => "the superblock is cleared: the device holds no pool",
+            Err(_) => "clearing the superblock failed too: do not use the device as a pool",
+        };
+        MetaError::RestoreIncomplete { device: name.clone(), note, source: Box::new(source) }
+    };
+    let zero = zeroed_block();
+    io.write_blocks(&[(SUPERBLOCK_LOCATION, &zero)]).and_then(|()| io.flush()).map_err(|source| MetaError::Io {
+        device: name.clone(),
+        op: "write",
+        block: SUPERBLOCK_LOCATION,
+        source,
+    })?;
+    let fo = FormatOptions {
+        data_block_size_sectors: x.data_block_size,
+        nr_data_blocks: x.nr_data_blocks,
+        metadata_nr_blocks: None,
+    };
+    let mut md = ThinMetadata::format_uncommitted(io.clone(), fo, opts).map_err(clear)?;
+    fill(&mut md, x).and_then(|()| md.commit()).map_err(clear)?;
+    Ok(md)
+}
+
+/// Adds `x`'s devices and mappings to freshly formatted metadata (`validate_xml` passed).
+fn fill(md: &mut ThinMetadata, x: &XmlMetadata) -> Result<()> {
+    md.restore_header(x.time, x.transaction, x.flags);
+    for d in &x.devices {
         md.restore_device(
             d.dev_id,
             DeviceDetails {
@@ -229,27 +345,13 @@ pub fn restore_xml(io: Arc<dyn MetaIo>, x: &XmlMetadata, opts: OpenOptions) -> R
                 snapshotted_time: d.snap_time,
             },
         )?;
-        let mut count = 0u64;
         for r in &d.mappings {
             for i in 0..r.length {
-                let vb = r.origin_begin.checked_add(i);
-                let db = r.data_begin.checked_add(i);
-                let (Some(vb), Some(db)) = (vb, db) else {
-                    return Err(MetaError::InvalidArgument(format!("device {}: mapping run overflows", d.dev_id)));
-                };
-                md.restore_mapping(d.dev_id, vb, db, r.time)?;
-                count += 1;
+                md.restore_mapping(d.dev_id, r.origin_begin + i, r.data_begin + i, r.time)?;
             }
         }
-        if count != d.mapped_blocks {
-            return Err(MetaError::InvalidArgument(format!(
-                "device {}: mapped_blocks=\"{}\" but {count} mappings listed",
-                d.dev_id, d.mapped_blocks
-            )));
-        }
     }
-    md.commit()?;
-    Ok(md)
+    Ok(())
 }
 
 //------------------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@
 //!   become free at the next commit; a grown data device via [`Pool::resize_data`]) and then
 //!   fail. Free space down to `low_water_blocks` (free <= mark, dm-thin's test) logs a warning
 //!   once per crossing and shows in status. The metadata engine keeps a reserve so a commit always has room; when metadata
-//!   space runs out the pool commits and goes read-only.
+//!   space runs out the pool commits (blocks the open transaction freed become usable) and
+//!   retries once; still out of space, it commits and goes read-only (no NEEDS_CHECK) until
+//!   the metadata grows ([`Pool::resize_metadata`]).
 //! * **Metadata I/O error or damage**: the transaction is aborted, NEEDS_CHECK is set in the
 //!   superblock, the pool fails every write; reads of committed mappings continue.
 //! * A pool whose superblock has NEEDS_CHECK opens read-only (status says why; the typed

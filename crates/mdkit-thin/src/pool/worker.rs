@@ -234,9 +234,13 @@ impl Worker {
         let holds: Vec<u64> = self.holds.iter().copied().collect();
         let r = {
             let mut md = self.md.write();
-            let mut undo = true;
+            // Taking the reservations again after the commit needs metadata (data space-map
+            // bitmaps are shadowed anew); near the reserve it could fail and lose them, so
+            // they are committed as they are, like when dropping them finds no room.
+            let mut undo = md.free_metadata_blocks() > holds.len() as u64 + 16;
             let mut r = Ok(());
-            for &b in &holds {
+            let to_drop = if undo { &holds[..] } else { &[][..] };
+            for &b in to_drop {
                 match md.dec_data_block(b) {
                     Ok(_) => {}
                     Err(MetaError::OutOfMetadataSpace { .. }) if md.is_poisoned().is_none() => {
@@ -286,11 +290,15 @@ impl Worker {
                     }
                 }
             }
-            for (b, e) in lost {
+            // Every lost reservation goes before reacting to the error: the reaction may commit
+            // again, which must not drop a reservation that is gone already.
+            for (b, e) in &lost {
                 // The provision waiting on `b` fails at insert.
-                self.holds.remove(&b);
+                self.holds.remove(b);
                 tracing::error!(pool = %name, block = b, "could not re-reserve a data block after commit: {e}");
-                self.after_error(&e);
+            }
+            if let Some((_, e)) = lost.first() {
+                self.after_error(e);
             }
         }
         self.passdown();
@@ -487,6 +495,12 @@ impl Worker {
                 }
                 self.md.write().alloc_data_block()
             }
+            Err(e) if self.may_make_metadata_room(&e) => {
+                if let Err(f) = self.commit_for_metadata_room() {
+                    return Err(AllocFailure::Error(f.into_io()));
+                }
+                self.md.write().alloc_data_block()
+            }
             r => r,
         };
         match r {
@@ -532,9 +546,17 @@ impl Worker {
             self.unalloc(b);
             return Err(e);
         }
-        let r = {
-            let mut md = self.md.write();
-            md.insert(dev, vblock, b).map(|_| (md.time() & 0x00ff_ffff, self.state.open_txn.load(Ordering::Acquire)))
+        let r = match self.insert_mapping(dev, vblock, b) {
+            Err(e) if self.may_make_metadata_room(&e) => {
+                // The commit drops and retakes the reservations: `b` is one again meanwhile.
+                self.holds.insert(b);
+                if let Err(f) = self.commit_for_metadata_room() {
+                    return Err(f.into_io());
+                }
+                self.holds.remove(&b);
+                self.insert_mapping(dev, vblock, b)
+            }
+            r => r,
         };
         match r {
             Ok(v) => {
@@ -558,19 +580,12 @@ impl Worker {
     /// next commit (when `passdown`). Returns how many blocks were unmapped.
     pub fn discard(&mut self, dev: u64, begin: u64, end: u64, passdown: bool) -> io::Result<u64> {
         self.check_writable()?;
-        let r = {
-            let mut md = self.md.write();
-            md.remove_range_mappings(dev, begin, end).and_then(|removed| {
-                let mut free = Vec::new();
-                if passdown {
-                    for (_, m) in &removed {
-                        if md.data_block_ref_count(m.data_block)? == 0 {
-                            free.push(m.data_block);
-                        }
-                    }
-                }
-                Ok((removed.len() as u64, free))
-            })
+        let r = match self.unmap_range(dev, begin, end, passdown) {
+            Err(e) if self.may_make_metadata_room(&e) => {
+                self.commit_for_metadata_room().map_err(CommitFailure::into_io)?;
+                self.unmap_range(dev, begin, end, passdown)
+            }
+            r => r,
         };
         match r {
             Ok((n, free)) => {
@@ -590,6 +605,52 @@ impl Worker {
         }
     }
 
+    fn insert_mapping(&self, dev: u64, vblock: u64, b: u64) -> Result<(u32, u64), MetaError> {
+        let mut md = self.md.write();
+        md.insert(dev, vblock, b).map(|_| (md.time() & 0x00ff_ffff, self.state.open_txn.load(Ordering::Acquire)))
+    }
+
+    /// Unmaps `[begin, end)`; returns how many blocks were unmapped and, with `passdown`, the
+    /// ones left without a reference.
+    fn unmap_range(&self, dev: u64, begin: u64, end: u64, passdown: bool) -> Result<(u64, Vec<u64>), MetaError> {
+        let mut md = self.md.write();
+        md.remove_range_mappings(dev, begin, end).and_then(|removed| {
+            let mut free = Vec::new();
+            if passdown {
+                for (_, m) in &removed {
+                    if md.data_block_ref_count(m.data_block)? == 0 {
+                        free.push(m.data_block);
+                    }
+                }
+            }
+            Ok((removed.len() as u64, free))
+        })
+    }
+
+    /// An operation refused for lack of metadata space (nothing changed) while the open
+    /// transaction holds metadata blocks it freed: those become allocatable when it commits,
+    /// so a commit and one retry may succeed. The kernel commits before the metadata reserve
+    /// is used for the same reason. Without this the pool would go read-only with much of its
+    /// metadata free (random overwrites shadow, and so free, a large part of the tree within
+    /// one commit interval).
+    fn may_make_metadata_room(&self, e: &MetaError) -> bool {
+        if !matches!(e, MetaError::OutOfMetadataSpace { .. }) || self.state.mode() != PoolMode::ReadWrite {
+            return false;
+        }
+        let md = self.md.read();
+        md.is_poisoned().is_none() && !md.is_read_only() && md.metadata_blocks_freed_uncommitted() > 0
+    }
+
+    /// The commit of [`Self::may_make_metadata_room`].
+    fn commit_for_metadata_room(&mut self) -> Result<(), CommitFailure> {
+        let freed = self.md.read().metadata_blocks_freed_uncommitted();
+        tracing::debug!(pool = %self.state.name, freed_metadata_blocks = freed, "committing to reuse freed metadata blocks");
+        // The freed blocks are uncommitted changes even when no mapping changed (a space-map
+        // bitmap shadowed by an allocation).
+        self.state.meta_dirty.store(true, Ordering::Release);
+        self.commit_round()
+    }
+
     /// Runs an admin mutation (create, snapshot, delete, transaction id, ...) and commits it
     /// at once, as dm-thin does after every pool message.
     pub fn admin<R>(&mut self, f: impl FnOnce(&mut ThinMetadata) -> Result<R, MetaError>) -> Result<R, PoolError> {
@@ -603,7 +664,17 @@ impl Worker {
                 },
             ));
         }
-        let r = f(&mut self.md.write());
+        let r = {
+            // At the reserve with freed blocks pending: commit first (see may_make_metadata_room).
+            let at_reserve = {
+                let md = self.md.read();
+                md.free_metadata_blocks() == 0 && md.metadata_blocks_freed_uncommitted() > 0
+            };
+            if at_reserve && let Err(c) = self.commit_for_metadata_room() {
+                return Err(PoolError::new(&name, PoolErrorKind::Io { what: "commit".into(), source: c.into_io() }));
+            }
+            f(&mut self.md.write())
+        };
         match r {
             Ok(v) => {
                 self.state.meta_dirty.store(true, Ordering::Release);

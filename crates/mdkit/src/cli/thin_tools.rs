@@ -217,9 +217,16 @@ fn restore(a: RestoreArgs) -> Result<ExitCode> {
     let text = std::fs::read_to_string(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
     let x = parse_xml(&text).with_context(|| format!("{}", a.input.display()))?;
     let size = a.size.as_deref().map(crate::config::parse_size).transpose().map_err(anyhow::Error::msg)?;
+    let created = !a.output.exists();
     let io = open_output(&a.output, size, a.force)?;
-    let md = restore_xml(Arc::new(io), &x, OpenOptions::default())
-        .with_context(|| format!("restoring {} to {}", a.input.display(), a.output.display()))?;
+    // A refused restore leaves an existing output as it was (the engine validates before
+    // writing); a file made for it goes again.
+    let md = restore_xml(Arc::new(io), &x, OpenOptions::default()).map_err(|e| {
+        if created {
+            let _ = std::fs::remove_file(&a.output);
+        }
+        anyhow::Error::new(e).context(format!("restoring {} to {}", a.input.display(), a.output.display()))
+    })?;
     let st = md.status();
     println!(
         "restored {} devices, {} mappings to {} (transaction {}, {}/{} metadata blocks used)",
