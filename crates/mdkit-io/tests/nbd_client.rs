@@ -349,3 +349,36 @@ fn unanswered_request_times_out_and_the_link_is_rebuilt() {
         assert_eq!((l.outstanding_requests, l.outstanding_bytes), (0, 0));
     });
 }
+
+/// A server shutting down answers ESHUTDOWN (nbdkit on SIGTERM with requests in flight). The
+/// NBD spec asks the client to disconnect: the request fails as on a lost link (typed
+/// `Disconnected`, not a server error that would fail an md member for good), the connection
+/// closes (so the server can exit) and the device reconnects by itself.
+#[test]
+fn eshutdown_drops_the_link_and_the_device_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = sparse_file(dir.path(), "remote.img", 4 << 20);
+    let sock = dir.path().join("nbdkit.sock");
+    let trigger = dir.path().join("shutting-down");
+    let error_file = format!("error-file={}", trigger.display());
+    let args = ["--filter=error", "file", file.to_str().unwrap(), "error=ESHUTDOWN", "error-rate=1", &error_file];
+    let _srv = nbdkit(&sock, &args);
+    rt().block_on(async {
+        let dev = NbdDevice::connect(&unix_uri("", &sock), small_opts()).await.unwrap();
+        dev.write_slice(0, &pattern(1, 4096), WriteFlags::NONE).await.unwrap();
+        std::fs::write(&trigger, b"").unwrap();
+        let e = dev.write_slice(4096, &pattern(2, 4096), WriteFlags::NONE).await.unwrap_err();
+        assert_eq!(kind_of(&e), Some(NbdErrorKind::Disconnected), "{e}");
+        assert!(e.to_string().contains("ESHUTDOWN"), "{e}");
+        let link = dev.link();
+        assert_eq!(link.losses, 1, "{link:?}");
+        std::fs::remove_file(&trigger).unwrap();
+        let t = Instant::now();
+        while !dev.link().up {
+            assert!(t.elapsed() < Duration::from_secs(20), "no reconnect: {:?}", dev.link());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        dev.write_slice(4096, &pattern(3, 4096), WriteFlags::FUA).await.unwrap();
+        assert_eq!(file_at(&file, 4096, 4096), pattern(3, 4096));
+    });
+}

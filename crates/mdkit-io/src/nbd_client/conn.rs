@@ -275,9 +275,22 @@ async fn simple_reply(core: &ConnCore, r: &mut BufReader<ReadHalf>) -> Result<()
             return Err(io_err(e));
         }
     }
+    if errno == ESHUTDOWN {
+        put_back(core, cookie, p);
+        return Err(shutting_down(""));
+    }
     let result = if errno == 0 { Ok(()) } else { Err(server_error(core, &p, errno, String::new())) };
     let _ = p.tx.send(Reply { buf: p.buf, result });
     Ok(())
+}
+
+/// ESHUTDOWN: the server is going away (the NBD spec asks the client to disconnect). The
+/// caller leaves the request pending and closes the connection with this reason: every
+/// request in flight fails as on a lost link (`Disconnected`), so a member comes back by
+/// reconnecting instead of staying failed, and closing lets the server finish its shutdown.
+fn shutting_down(msg: &str) -> String {
+    let msg = if msg.is_empty() { String::new() } else { format!(": {msg}") };
+    format!("the server is shutting down (ESHUTDOWN{msg})")
 }
 
 fn put_back(core: &ConnCore, cookie: u64, p: Pending) {
@@ -370,6 +383,9 @@ async fn chunk_body(
             let errno = u32::from_be_bytes(d[0..4].try_into().expect("4 bytes"));
             let msg_len = usize::from(u16::from_be_bytes([d[4], d[5]]));
             let msg = d.get(6..6 + msg_len).map(|m| String::from_utf8_lossy(m).into_owned()).unwrap_or_default();
+            if errno == ESHUTDOWN {
+                return Err(shutting_down(&msg)); // the caller puts the request back
+            }
             let mut e = core.err(NbdErrorKind::Server { errno }, p.op, msg).at(p.offset_bytes);
             if k == REPLY_TYPE_ERROR_OFFSET
                 && let Some(o) = d.get(6 + msg_len..14 + msg_len)
