@@ -437,3 +437,83 @@ volume = "m"
         srv.log_text().contains("SpareActive event detected on md device m")
     });
 }
+
+/// Unix-socket "servers" that accept connections and never answer (a hung NBD server: the
+/// kernel accepts, the process is stopped). Records, at each listener's first accept, whether
+/// every connection the other listeners accepted before was still open.
+struct SilentServers {
+    accepted: std::sync::Arc<parking_lot::Mutex<Vec<std::os::unix::net::UnixStream>>>,
+    overlapped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentServers {
+    fn start(socks: &[PathBuf]) -> SilentServers {
+        let accepted = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let overlapped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        for sock in socks {
+            let _ = std::fs::remove_file(sock);
+            let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+            let (accepted, overlapped) = (accepted.clone(), overlapped.clone());
+            std::thread::spawn(move || {
+                let mut first = true;
+                for stream in listener.incoming().flatten() {
+                    let mut held = accepted.lock();
+                    if first && held.iter().any(|s| !still_open(s)) {
+                        overlapped.store(false, std::sync::atomic::Ordering::Release);
+                    }
+                    first = false;
+                    held.push(stream);
+                }
+            });
+        }
+        SilentServers { accepted, overlapped }
+    }
+}
+
+/// The peer has not closed this connection (a non-blocking peek finds no end of file).
+fn still_open(s: &std::os::unix::net::UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte peek into a local buffer on the stream's own open fd.
+    let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n > 0 || (n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// Two remote members whose servers hang (accept, never answer) when the service starts: they
+/// are connected at once, not one after the other (each used to cost the full connect
+/// timeout before the next began: 10 s per member with the control socket and NBD listener
+/// down meanwhile), and the array starts degraded without them.
+#[test]
+fn hung_remote_servers_at_start_are_connected_to_at_once() {
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempfile::Builder::new().prefix("mdkit-hung-").tempdir_in("/var/tmp").unwrap();
+    let socks: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("r{i}.sock"))).collect();
+    let mut peers: Vec<_> = (0..2)
+        .map(|i| {
+            let file = dir.path().join(format!("r{i}.img"));
+            sparse(&file, SIZE);
+            nbdkit(&file, &socks[i], &dir.path().join(format!("r{i}.log")))
+        })
+        .collect();
+    let uris: Vec<String> = socks.iter().map(|s| format!("nbd+unix:///?socket={}", s.display())).collect();
+    let body = format!(
+        "[[volume]]\nname = \"m\"\nkind = \"md\"\nmembers = [\"m-local.img\", \"{}\", \"{}\"]\nmember_size = \"64MiB\"\n\
+         create = true\nlevel = \"raid1\"\nassume_clean = true\nremote_timeout_ms = 1000\n",
+        uris[0], uris[1]
+    );
+    let mut srv = Server::start(&body);
+    assert!(srv.signal_and_wait(libc::SIGTERM, Duration::from_secs(30)).success(), "{}", srv.log_text());
+    for p in &mut peers {
+        p.kill();
+    }
+    let hung = SilentServers::start(&socks);
+    let data_dir = std::mem::replace(&mut srv.dir, tempfile::tempdir().unwrap());
+    let srv = Server::start_with_config(data_dir, srv.config_path.clone());
+    let d = detail(&srv, "m");
+    assert_eq!(d["missing"].as_array().map(Vec::len), Some(2), "{d:#}");
+    assert!(hung.accepted.lock().len() >= 2, "both servers were connected to");
+    assert!(
+        hung.overlapped.load(std::sync::atomic::Ordering::Acquire),
+        "the second hung server was connected to only after the first connection was given up"
+    );
+}

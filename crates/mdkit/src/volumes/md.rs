@@ -177,14 +177,23 @@ pub async fn open_members(
     let names = member_names(specs);
     // Remote members first: a bad URI or an unreachable server must not leave member files
     // created behind it.
+    // All at once: an unresponsive server costs one connect timeout, not one per member.
+    let connecting: Vec<_> = specs
+        .iter()
+        .map(|spec| {
+            let (spec, opts) = (spec.clone(), how.remote);
+            is_nbd_uri(&spec).then(|| tokio::spawn(async move { open_remote(&spec, opts).await }))
+        })
+        .collect();
     let mut remote_devs: Vec<Option<Arc<NbdDevice>>> = Vec::with_capacity(specs.len());
     let mut remote = Vec::new();
-    for (spec, name) in specs.iter().zip(&names) {
-        if !is_nbd_uri(spec) {
+    for ((spec, name), connect) in specs.iter().zip(&names).zip(connecting) {
+        let Some(connect) = connect else {
             remote_devs.push(None);
             continue;
-        }
-        match open_remote(spec, how.remote).await {
+        };
+        let connected = connect.await.map_err(|e| anyhow!("connecting to {spec}: {e}"))?;
+        match connected {
             Ok(dev) => {
                 remote.push(RemoteMember::connected(spec, name, dev.clone()));
                 remote_devs.push(Some(dev));
@@ -341,6 +350,9 @@ fn remote_options(p: &MdParams) -> Result<NbdClientOptions> {
             bail!("remote_timeout_ms = {ms}: use 100..=3600000");
         }
         o.request_timeout = std::time::Duration::from_millis(ms);
+        // A server that accepts but never answers the handshake counts as silent too (at
+        // least 1 s for the connect and handshake, at most the client's default).
+        o.connect_timeout = o.request_timeout.max(std::time::Duration::from_secs(1)).min(o.connect_timeout);
     }
     if let Some(qd) = p.remote_queue_depth {
         if !(1..=REMOTE_QUEUE_DEPTH_MAX).contains(&qd) {
