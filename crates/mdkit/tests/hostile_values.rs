@@ -307,3 +307,21 @@ fn create_refuses_a_member_holding_a_file_system() {
     mdkit_ok(&srv, &["create", "md2", "--level", "raid1", "--member-size", "8M", "--force", &other, &path]);
     assert_ne!(sha256(&fs), before, "--force creates the array");
 }
+
+/// `--re-add` (or `--add`) of a member the array still holds as faulty says to remove it
+/// first (it said "already used by md array"), and a bad block written through `attr` is in
+/// the member's bad-block log when the command returns, as md's bad_blocks store does.
+#[test]
+fn re_add_of_a_faulty_member_and_an_attr_bad_block_say_and_do_what_md_does() {
+    let srv = Server::start(
+        "[[volume]]\nname = \"md0\"\nkind = \"md\"\nmembers = [\"a\", \"b\"]\nmember_size = \"8MiB\"\ncreate = true\nlevel = \"raid1\"\n",
+    );
+    mdkit_ok(&srv, &["manage", "md0", "--fail", "b"]);
+    let b = srv.path("b").display().to_string();
+    let e = mdkit_err(&srv, &["manage", "md0", "--re-add", &b]);
+    assert!(e.contains("member b is still in the array (faulty); --remove it first"), "{e}");
+    mdkit_ok(&srv, &["attr", "md0", "dev-a/bad_blocks=100 8"]);
+    let a = srv.path("a").display().to_string();
+    let text = offline_ok(&["examine", &a, "--badblocks"]);
+    assert!(text.contains("100 for 8 sectors"), "{text}");
+}

@@ -539,6 +539,11 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
     };
     match a.action.as_str() {
         "add" | "re-add" => {
+            if let Some(m) = resolve_member(vol, &a.member, &svc.config.data_dir)
+                && vol.array.core().slots().find(&m).is_some_and(|x| x.is_faulty())
+            {
+                bail!("{}: member {m} is still in the array (faulty); --remove it first, then --{}", a.name, a.action);
+            }
             let o = open_new(&a.member).await?;
             check_not_in_use(&svc, &o.sources).await?;
             let dev = o.devs[0].clone();
@@ -567,6 +572,7 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
             } else {
                 vol.array.remove_member(&m).await?;
                 vol.sources.lock().retain(|(n, _)| n != &m);
+                vol.remote.forget(&m);
             }
         }
         "replace" => {
@@ -617,6 +623,10 @@ async fn attr(svc: Arc<Service>, args: Value) -> Result<Value> {
         (Some(k), None) => Ok(json!({ k.clone(): vol.array.get_attribute(&k)? })),
         (Some(k), Some(val)) => {
             vol.array.set_attribute(&k, &val)?;
+            if k.ends_with("/bad_blocks") {
+                // As md's bad_blocks store: recorded in the member's log before the answer.
+                vol.array.core().update_superblocks("bad block recorded").await?;
+            }
             Ok(json!({ k.clone(): vol.array.get_attribute(&k).unwrap_or(val) }))
         }
     }

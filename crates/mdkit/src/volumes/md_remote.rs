@@ -159,6 +159,12 @@ impl RemoteLinks {
         g.push(RemoteMember::connected(uri, name, dev));
     }
 
+    /// A member removed from the array (`manage --remove`): no longer watched or listed, and
+    /// its connection closes with the last reference to its device.
+    pub fn forget(&self, name: &str) {
+        self.members.lock().retain(|m| m.name != name);
+    }
+
     /// The array stopped: the watch ends.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
