@@ -17,6 +17,8 @@
 //! refuses is 64 clients that are all running commands or streaming, and it passes as soon as
 //! a command finishes.
 //!
+//! The values are documented in docs/CONFIG.md ("Control socket limits").
+//!
 //! The NBD server's admission (`mdkit_nbd::admission`) has the same shape for handshakes, but
 //! keys on peer addresses and handshake state; the control socket needs idle/busy/stream
 //! states instead, so this is a table of its own.

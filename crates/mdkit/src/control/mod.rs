@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn the_limits_have_their_documented_values() {
-        // docs/CONFIG.md, "Control socket".
+        // docs/CONFIG.md, "Control socket limits".
         assert_eq!(CLIENTS_MAX, 64);
         assert_eq!(IDLE_TIMEOUT, Duration::from_secs(60));
     }
