@@ -12,6 +12,7 @@ mod block_status;
 mod cli;
 mod cli_paths;
 mod clients;
+mod control_clients;
 mod control_hostile;
 mod docs;
 mod ext4;

@@ -77,6 +77,9 @@ fn stream(a: &MonitorArgs) -> Result<ExitCode> {
     }
     while let Some(line) = read_line(&mut reader)? {
         let v: Value = serde_json::from_slice(&line).context("malformed event line")?;
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            bail!("{}: {e}", path.display());
+        }
         if let Some(n) = v.get("missed") {
             eprintln!("mdkit monitor: fell behind, {n} event(s) missed");
             continue;

@@ -37,7 +37,14 @@ impl ControlClient {
     pub fn call(&mut self, cmd: &str, args: Value) -> Result<Value> {
         let mut line = serde_json::to_vec(&Request { cmd: cmd.to_string(), args })?;
         line.push(b'\n');
-        send_all(&self.writer, &line).with_context(|| format!("sending {cmd:?} to {}", self.path.display()))?;
+        if let Err(e) = send_all(&self.writer, &line) {
+            // A service that refused or closed this connection said why before closing; that
+            // answer is still in the socket.
+            if let Some(refusal) = self.leftover_error() {
+                return Err(anyhow!("{}: {refusal}", self.path.display()));
+            }
+            return Err(anyhow::Error::new(e).context(format!("sending {cmd:?} to {}", self.path.display())));
+        }
         let mut resp = Vec::new();
         (&mut self.reader)
             .take(RESPONSE_MAX_BYTES)
@@ -52,6 +59,14 @@ impl ControlClient {
         } else {
             Err(anyhow!("{}", resp.error.unwrap_or_else(|| "unknown error".into())))
         }
+    }
+
+    /// The error line the service left before closing the connection, if any.
+    fn leftover_error(&mut self) -> Option<String> {
+        let mut resp = Vec::new();
+        (&mut self.reader).take(RESPONSE_MAX_BYTES).read_until(b'\n', &mut resp).ok()?;
+        let resp: Response = serde_json::from_slice(&resp).ok()?;
+        if resp.ok { None } else { resp.error }
     }
 
     /// A failed read of the answer to `cmd`. The socket's read timeout surfaces as EAGAIN
@@ -86,4 +101,26 @@ fn send_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
         buf = &buf[n as usize..];
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A service that refuses the connection (socket full) writes why and closes before the
+    /// request arrives: the CLI reports that, not "Broken pipe".
+    #[test]
+    fn a_refusal_before_the_request_is_reported_not_a_broken_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mdkit.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut client = ControlClient::connect(&path, Duration::from_secs(60)).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let refusal = "the control socket has 64 clients, the most it takes; 64 are running commands";
+        server.write_all(format!("{{\"ok\":false,\"error\":\"{refusal}\"}}\n").as_bytes()).unwrap();
+        drop(server);
+        let e = format!("{:#}", client.call("status", Value::Null).unwrap_err());
+        assert!(e.contains(refusal), "{e}");
+    }
 }

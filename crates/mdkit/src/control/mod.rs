@@ -10,12 +10,18 @@
 //! Requests are at most [`REQUEST_MAX_BYTES`]; a longer line gets an error and the connection
 //! is closed. Commands are looked up in a [`Registry`] built by [`registry()`].
 //!
+//! At most [`admission::CLIENTS_MAX`] clients are connected at once; one that sends no request
+//! for [`admission::IDLE_TIMEOUT`] is closed, and when the socket is full a new client cuts the
+//! one idle the longest (the rules are in [`admission`]). A client closed by these rules, or
+//! refused, first gets an error line `{"ok": false, "error": "..."}` saying why.
+//!
 //! Adding a command (e.g. `attr.get`, `create`, `thin.create`): write a module with
 //! `pub fn register(r: &mut Registry)` that calls `r.register("name", "help", handler)`, where
 //! the handler is `fn(Arc<Service>, serde_json::Value) -> BoxFuture<'static, Result<Value>>`,
 //! and call it from [`registry()`]. The CLI side sends `{"cmd": "name", "args": ...}` with
 //! [`client::ControlClient::call`].
 
+pub mod admission;
 pub mod client;
 pub mod md;
 pub mod md_grow;
@@ -29,21 +35,24 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
+
+use admission::{CLIENTS_MAX, Client, ClientTable, IDLE_TIMEOUT, State};
 
 use crate::service::Service;
 use crate::volumes::BoxFuture;
 
 /// Longest request line accepted.
 pub const REQUEST_MAX_BYTES: usize = 64 << 10;
-/// Control clients served at once.
-const CLIENTS_MAX: usize = 64;
 
 /// A request line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -202,7 +211,7 @@ impl ControlServer {
             Box::pin(async move { no_args("help", &args).map(|()| help) })
         });
         let registry = Arc::new(registry);
-        let clients = Arc::new(Semaphore::new(CLIENTS_MAX));
+        let clients = Arc::new(Mutex::new(ClientTable::new(CLIENTS_MAX)));
         let task = tokio::spawn(async move {
             loop {
                 let (stream, _) = match listener.accept().await {
@@ -213,14 +222,26 @@ impl ControlServer {
                         continue;
                     }
                 };
-                let Ok(permit) = clients.clone().try_acquire_owned() else {
-                    tracing::warn!("too many control clients; closing one");
-                    continue;
+                let admitted = clients.lock().admit();
+                let (id, cut_signal, cut) = match admitted {
+                    Ok(a) => a,
+                    Err(full) => {
+                        tracing::warn!("refused a control client: {full}");
+                        last_words(&stream, &Response::err(full.to_string()));
+                        continue;
+                    }
                 };
+                if let Some(cut) = cut {
+                    tracing::info!(
+                        "control socket full ({CLIENTS_MAX} clients): closed client {} ({:?}) to admit a new one",
+                        cut.id,
+                        cut.was
+                    );
+                }
+                let client = Client::new(clients.clone(), id, cut_signal);
                 let (service, registry) = (service.clone(), registry.clone());
                 tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Err(e) = serve_client(stream, service, registry).await {
+                    if let Err(e) = serve_client(stream, client, IDLE_TIMEOUT, service, registry).await {
                         tracing::debug!("control client: {e:#}");
                     }
                 });
@@ -236,14 +257,81 @@ impl ControlServer {
     }
 }
 
-async fn serve_client(stream: UnixStream, service: Arc<Service>, registry: Arc<Registry>) -> Result<()> {
+/// The error line a client cut to make room gets.
+fn cut_message(was: State) -> String {
+    if was == State::Stream {
+        format!(
+            "closed to make room: the control socket had {CLIENTS_MAX} clients, the most it takes, all event \
+             streams, and this stream was the oldest"
+        )
+    } else {
+        format!(
+            "closed to make room: the control socket had {CLIENTS_MAX} clients, the most it takes, and this one \
+             was idle the longest"
+        )
+    }
+}
+
+/// What the wait for a client's next request line ended with.
+#[derive(Debug, PartialEq, Eq)]
+enum Wait {
+    /// A line (or the last bytes before EOF) is in the buffer.
+    Line,
+    Eof,
+    /// The client was cut to make room for a new one.
+    Cut,
+    /// No whole request line within the idle timeout.
+    IdleTimeout,
+}
+
+/// Waits for the next request line of a client, at most `idle_timeout`, and for no longer than
+/// the client's `cut` signal.
+async fn next_request(
+    r: &mut (impl AsyncBufRead + Unpin),
+    line: &mut Vec<u8>,
+    cut: &Notify,
+    idle_timeout: Duration,
+) -> std::io::Result<Wait> {
+    let mut limited = r.take(REQUEST_MAX_BYTES as u64 + 1);
+    tokio::select! {
+        biased;
+        () = cut.notified() => Ok(Wait::Cut),
+        () = tokio::time::sleep(idle_timeout) => Ok(Wait::IdleTimeout),
+        n = limited.read_until(b'\n', line) => {
+            Ok(if n? == 0 { Wait::Eof } else { Wait::Line })
+        }
+    }
+}
+
+async fn serve_client(
+    stream: UnixStream,
+    client: Client,
+    idle_timeout: Duration,
+    service: Arc<Service>,
+    registry: Arc<Registry>,
+) -> Result<()> {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = (&mut r).take(REQUEST_MAX_BYTES as u64 + 1).read_until(b'\n', &mut line).await?;
-        if n == 0 {
+        match next_request(&mut r, &mut line, &client.cut, idle_timeout).await? {
+            Wait::Line => {}
+            Wait::Eof => return Ok(()),
+            Wait::Cut => {
+                last_words(&w, &Response::err(cut_message(State::Idle)));
+                return Ok(());
+            }
+            Wait::IdleTimeout => {
+                let msg =
+                    format!("closed: no request within {} s (idle control clients are closed)", idle_timeout.as_secs());
+                last_words(&w, &Response::err(msg));
+                return Ok(());
+            }
+        }
+        // Cut between reading the line and here: it must not start the command.
+        if !client.set(State::Busy) {
+            last_words(&w, &Response::err(cut_message(State::Idle)));
             return Ok(());
         }
         if line.len() > REQUEST_MAX_BYTES {
@@ -258,11 +346,17 @@ async fn serve_client(stream: UnixStream, service: Arc<Service>, registry: Arc<R
                 req.cmd,
                 json_type(&req.args)
             )),
-            Ok(req) if req.cmd == monitor::STREAM_CMD => return monitor::stream(r, w, service, req.args).await,
+            Ok(req) if req.cmd == monitor::STREAM_CMD => {
+                // Not cut between the two states: the table is only changed under its lock.
+                client.set(State::Stream);
+                return monitor::stream(r, w, service, req.args, &client.cut).await;
+            }
             Ok(req) => registry.call(service.clone(), req).await,
             Err(e) => Response::err(format!("malformed request: {e}")),
         };
         send(&mut w, &resp).await?;
+        // A busy client is never cut, so it is still in the table.
+        client.set(State::Idle);
     }
 }
 
@@ -279,9 +373,83 @@ pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(cmd: &str, args: Value)
     })
 }
 
-async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, resp: &Response) -> Result<()> {
+/// Writes `v` as the last line to a client about to be closed, without waiting: a client that
+/// does not read loses it, and nothing here blocks on it.
+pub(crate) fn last_words<W: LastWords>(w: &W, v: &impl Serialize) {
+    let Ok(mut out) = serde_json::to_vec(v) else { return };
+    out.push(b'\n');
+    let _ = w.try_write_line(&out);
+}
+
+/// A socket [`last_words`] can write to.
+pub(crate) trait LastWords {
+    fn try_write_line(&self, buf: &[u8]) -> std::io::Result<usize>;
+}
+
+impl LastWords for UnixStream {
+    fn try_write_line(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+impl LastWords for OwnedWriteHalf {
+    fn try_write_line(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+async fn send(w: &mut OwnedWriteHalf, resp: &Response) -> Result<()> {
     let mut out = serde_json::to_vec(resp)?;
     out.push(b'\n');
     w.write_all(&out).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that sends nothing is closed after exactly the idle timeout (paused clock), a
+    /// request that arrives just before it is read, and the wait starts over for each request.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_sends_nothing_is_closed_after_the_idle_timeout() {
+        let (server, mut peer) = UnixStream::pair().unwrap();
+        let mut r = BufReader::new(server);
+        let cut = Notify::new();
+        let mut line = Vec::new();
+        let start = tokio::time::Instant::now();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(IDLE_TIMEOUT - Duration::from_millis(1)).await;
+            peer.write_all(b"{\"cmd\": \"status\"}\n").await.unwrap();
+            peer
+        });
+        assert_eq!(next_request(&mut r, &mut line, &cut, IDLE_TIMEOUT).await.unwrap(), Wait::Line);
+        assert_eq!(line, b"{\"cmd\": \"status\"}\n");
+        let _peer = writer.await.unwrap();
+        let answered = tokio::time::Instant::now();
+        assert_eq!(answered - start, IDLE_TIMEOUT - Duration::from_millis(1));
+        line.clear();
+        assert_eq!(next_request(&mut r, &mut line, &cut, IDLE_TIMEOUT).await.unwrap(), Wait::IdleTimeout);
+        assert_eq!(tokio::time::Instant::now() - answered, IDLE_TIMEOUT);
+        assert!(line.is_empty());
+    }
+
+    /// A client cut to make room stops waiting at once, before the idle timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_client_stops_waiting_at_once() {
+        let (server, _peer) = UnixStream::pair().unwrap();
+        let mut r = BufReader::new(server);
+        let cut = Notify::new();
+        cut.notify_one();
+        let start = tokio::time::Instant::now();
+        assert_eq!(next_request(&mut r, &mut Vec::new(), &cut, IDLE_TIMEOUT).await.unwrap(), Wait::Cut);
+        assert_eq!(tokio::time::Instant::now(), start);
+    }
+
+    #[test]
+    fn the_limits_have_their_documented_values() {
+        // docs/CONFIG.md, "Control socket limits".
+        assert_eq!(CLIENTS_MAX, 64);
+        assert_eq!(IDLE_TIMEOUT, Duration::from_secs(60));
+    }
 }

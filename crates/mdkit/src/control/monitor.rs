@@ -8,7 +8,9 @@
 //! `monitor.stream` answers `{"ok": true, "result": {"streaming": true}}`, then one line per
 //! event `{"event": {...}}` (first a `TestMessage` per md array and thin pool when `test` is set), and
 //! `{"missed": N}` when the client fell behind the bus and lost N events. The stream ends when
-//! the client closes the connection or the service stops.
+//! the client closes the connection or the service stops, or with a last line
+//! `{"ok": false, "error": "..."}` when the control socket is full of event streams and a new
+//! client needs this one's slot (see `control/admission.rs`).
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{Registry, Response};
@@ -75,6 +78,7 @@ pub async fn stream(
     mut w: OwnedWriteHalf,
     svc: Arc<Service>,
     args: Value,
+    cut: &Notify,
 ) -> Result<()> {
     let a = match parse(args) {
         Ok(a) => a,
@@ -92,6 +96,10 @@ pub async fn stream(
     let mut scratch = [0u8; 256];
     loop {
         tokio::select! {
+            () = cut.notified() => {
+                super::last_words(&w, &Response::err(super::cut_message(super::admission::State::Stream)));
+                return Ok(());
+            }
             got = rx.recv() => match got {
                 Ok(ev) => send_line(&mut w, &json!({ "event": ev })).await?,
                 Err(RecvError::Lagged(n)) => send_line(&mut w, &json!({ "missed": n })).await?,
