@@ -435,8 +435,9 @@ impl Array {
     }
 }
 
-/// The faulty members of `old` the reassembly left behind (it assembles the working members
-/// only): listed as left out, so the operator can remove, re-add or add them again.
+/// The faulty members of `old` the reassembly (grow, a reshape's start or end) left behind (it
+/// assembles the working members only): listed as left out, so the operator can remove or add
+/// them again.
 fn dropped_faulty(old: &ArrayCore, new: &ArrayCore) -> Vec<super::Refusal> {
     let kept: Vec<String> = new.slots().all_members().iter().map(|m| m.name().to_string()).collect();
     old.slots()
@@ -445,7 +446,9 @@ fn dropped_faulty(old: &ArrayCore, new: &ArrayCore) -> Vec<super::Refusal> {
         .filter(|m| m.is_faulty() && !kept.iter().any(|k| k == m.name()))
         .map(|m| super::Refusal {
             member: m.name().to_string(),
-            reason: "faulty before the array was assembled again (by grow); re-add or add it".into(),
+            reason: "faulty before the array was assembled again (by a grow or at the end of a reshape); --add it \
+                     (--re-add only takes it back when its bitmap covers what it missed)"
+                .into(),
         })
         .collect()
 }
