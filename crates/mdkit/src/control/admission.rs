@@ -94,6 +94,19 @@ pub struct ClientTable {
     streams: BTreeMap<u64, ()>,
 }
 
+/// Takes client `id` out of the index of its state (idle by tick, or streams).
+fn unindex(idle: &mut BTreeMap<u64, u64>, streams: &mut BTreeMap<u64, ()>, id: u64, slot: &Slot) {
+    match slot.state {
+        State::Idle => {
+            idle.remove(&slot.idle_tick);
+        }
+        State::Stream => {
+            streams.remove(&id);
+        }
+        State::Busy => {}
+    }
+}
+
 impl ClientTable {
     pub fn new(max: usize) -> ClientTable {
         assert!(max > 0, "a control socket takes at least one client");
@@ -143,15 +156,7 @@ impl ClientTable {
         let Some(slot) = self.slots.get_mut(&id) else {
             return false;
         };
-        match slot.state {
-            State::Idle => {
-                self.idle.remove(&slot.idle_tick);
-            }
-            State::Stream => {
-                self.streams.remove(&id);
-            }
-            State::Busy => {}
-        }
+        unindex(&mut self.idle, &mut self.streams, id, slot);
         slot.state = state;
         match state {
             State::Idle => {
@@ -171,15 +176,7 @@ impl ClientTable {
     /// after a cut, is harmless).
     pub fn remove(&mut self, id: u64) -> Option<Arc<Notify>> {
         let slot = self.slots.remove(&id)?;
-        match slot.state {
-            State::Idle => {
-                self.idle.remove(&slot.idle_tick);
-            }
-            State::Stream => {
-                self.streams.remove(&id);
-            }
-            State::Busy => {}
-        }
+        unindex(&mut self.idle, &mut self.streams, id, &slot);
         Some(slot.cut)
     }
 
