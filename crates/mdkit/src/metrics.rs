@@ -101,6 +101,17 @@ pub async fn render(svc: &Arc<Service>) -> Result<String> {
     sink.encode()
 }
 
+/// The control socket's clients (status "control").
+fn control_metrics(sink: &mut Sink, c: &Value) {
+    sink.gauge("mdkit_control_clients", "control socket clients connected now", &[], num(&c["clients"]));
+    let help = "control socket clients closed by its limits";
+    for (reason, key) in [("cut_idle", "cut_idle"), ("cut_stream", "cut_streams"), ("idle_timeout", "idle_timeouts")] {
+        sink.counter("mdkit_control_clients_closed", help, &[("reason", reason)], count(&c[key]));
+    }
+    let help = "control socket clients refused: every slot ran a command or streamed";
+    sink.counter("mdkit_control_clients_refused", help, &[], count(&c["refused"]));
+}
+
 fn service_metrics(sink: &mut Sink, status: &Value) {
     let version = status["version"].as_str().unwrap_or("");
     sink.gauge("mdkit_build_info", "mdkit version (value 1)", &[("version", version)], 1.0);
@@ -121,6 +132,7 @@ fn service_metrics(sink: &mut Sink, status: &Value) {
         let help = "NBD connections cut before they finished the handshake";
         sink.counter("mdkit_nbd_handshakes_cut", help, &[("reason", reason)], count(&a[key]));
     }
+    control_metrics(sink, &status["control"]);
     let b = &status["payload_budget"];
     sink.gauge(
         "mdkit_nbd_payload_budget_bytes",

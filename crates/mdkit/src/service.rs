@@ -44,6 +44,8 @@ pub struct Service {
     pub started: Instant,
     /// Events for `mdkit monitor` (`events.rs`).
     pub events: crate::events::EventBus,
+    /// The control socket's clients (`control/admission.rs`).
+    pub control_clients: Arc<parking_lot::Mutex<control::admission::ClientTable>>,
 }
 
 impl Service {
@@ -124,6 +126,9 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         nbd: nbd.clone(),
         started: Instant::now(),
         events: Default::default(),
+        control_clients: Arc::new(parking_lot::Mutex::new(control::admission::ClientTable::new(
+            control::admission::CLIENTS_MAX,
+        ))),
     });
 
     let control = match start(&svc).await {

@@ -325,6 +325,9 @@ fn nbd_limits_in_the_config_reach_the_service() {
     assert!(metrics.contains("mdkit_nbd_connections_refused_total{reason=\"per_peer\"} 1"), "{metrics}");
     assert!(metrics.contains("mdkit_nbd_handshakes_cut_total{reason=\"max_handshakes\"} 1"), "{metrics}");
     assert!(metrics.contains("mdkit_nbd_payload_budget_bytes 4194304"), "{metrics}");
+    // The control socket's limits have their own counters (they acted on nothing here).
+    assert!(metrics.contains("mdkit_control_clients_closed_total{reason=\"cut_idle\"} 0"), "{metrics}");
+    assert!(metrics.contains("mdkit_control_clients_refused_total 0"), "{metrics}");
     // A slot freed: the next connection is served.
     drop(held);
     let start = std::time::Instant::now();

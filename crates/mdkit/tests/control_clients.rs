@@ -59,6 +59,16 @@ fn control_socket_full_of_idle_clients_still_admits_the_cli() {
     assert!(still_open(&active));
     let log = srv.log_text();
     assert!(log.contains("control socket full (64 clients): closed client"), "{log}");
+    // Counted, asked on a client already admitted (a new one could cut again, depending on
+    // whether the service has seen the CLI's close yet).
+    active.write_all(b"{\"cmd\": \"status\"}\n").unwrap();
+    let c = read_json(&active)["result"]["control"].clone();
+    assert_eq!(
+        (c["cut_idle"].as_u64(), c["cut_streams"].as_u64(), c["refused"].as_u64()),
+        (Some(1), Some(0), Some(0)),
+        "{c}"
+    );
+    assert_eq!(c["clients_max"].as_u64(), Some(64), "{c}");
 }
 
 #[test]

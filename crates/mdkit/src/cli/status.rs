@@ -46,6 +46,22 @@ fn limits_line(v: &Value) -> String {
     )
 }
 
+/// What the control socket's client limits did, when they did anything.
+fn control_line(v: &Value) -> String {
+    let c = &v["control"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let (idle, streams, timeouts, refused) = (n("cut_idle"), n("cut_streams"), n("idle_timeouts"), n("refused"));
+    if idle + streams + timeouts + refused == 0 {
+        return String::new();
+    }
+    format!(
+        "control socket: {} of {} clients; closed {idle} idle and {streams} event streams to make room, {timeouts} \
+         after the idle timeout; refused {refused}\n",
+        n("clients"),
+        n("clients_max"),
+    )
+}
+
 fn human(v: &Value) -> String {
     let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
     let u = |v: &Value| v.as_u64().unwrap_or(0);
@@ -60,6 +76,7 @@ fn human(v: &Value) -> String {
     let listeners: Vec<String> = v["listeners"].as_array().map(|a| a.iter().map(&s).collect()).unwrap_or_default();
     out += &format!("listeners: {}\nconnections: {}\n", listeners.join(", "), u(&v["connections"]));
     out += &limits_line(v);
+    out += &control_line(v);
     out += "\n";
     out += &format!("{:<16} {:<10} {:>12} {:<10}\n", "VOLUME", "KIND", "SIZE", "STATE");
     for vol in v["volumes"].as_array().into_iter().flatten() {
@@ -178,6 +195,15 @@ mod tests {
         let h = human(&v);
         assert!(
             h.contains("limits: refused 1 (all slots established) + 2 (per-peer limit); handshakes cut: 3 (max_handshakes), 4 (timeout); payload budget: 5 waits, peak 32.0 MiB of 64.0 MiB"),
+            "{h}"
+        );
+        assert!(!h.contains("control socket:"), "{h}");
+        let v = serde_json::json!({
+            "control": {"clients": 64, "clients_max": 64, "cut_idle": 3, "cut_streams": 1, "refused": 2, "idle_timeouts": 5},
+        });
+        let h = human(&v);
+        assert!(
+            h.contains("control socket: 64 of 64 clients; closed 3 idle and 1 event streams to make room, 5 after the idle timeout; refused 2"),
             "{h}"
         );
     }

@@ -82,9 +82,25 @@ struct Slot {
     cut: Arc<Notify>,
 }
 
+/// What the table did since start (`status` "control", the `mdkit_control_*` metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlStats {
+    /// Clients connected now.
+    pub connected: usize,
+    /// Idle clients cut to make room for a new one.
+    pub cut_idle: u64,
+    /// Event streams cut to make room for a new one.
+    pub cut_streams: u64,
+    /// New clients refused: every slot was running a command or streaming.
+    pub refused: u64,
+    /// Clients closed for sending no request within the idle timeout.
+    pub idle_timeouts: u64,
+}
+
 /// The open control connections.
 pub struct ClientTable {
     max: usize,
+    stats: ControlStats,
     next_id: u64,
     next_tick: u64,
     slots: HashMap<u64, Slot>,
@@ -112,6 +128,7 @@ impl ClientTable {
         assert!(max > 0, "a control socket takes at least one client");
         ClientTable {
             max,
+            stats: ControlStats::default(),
             next_id: 0,
             next_tick: 0,
             slots: HashMap::new(),
@@ -133,9 +150,14 @@ impl ClientTable {
             };
             let Some(id) = victim else {
                 let streams = self.streams.len();
+                self.stats.refused += 1;
                 return Err(Full { clients: self.slots.len(), busy: self.slots.len() - streams, streams });
             };
             let was = self.slots[&id].state;
+            match was {
+                State::Stream => self.stats.cut_streams += 1,
+                _ => self.stats.cut_idle += 1,
+            }
             if let Some(slot) = self.remove(id) {
                 slot.notify_one();
             }
@@ -180,6 +202,16 @@ impl ClientTable {
         Some(slot.cut)
     }
 
+    /// Counts a client closed by the idle timeout.
+    pub fn timed_out(&mut self) {
+        self.stats.idle_timeouts += 1;
+    }
+
+    /// What the table did since start, and how many clients are connected now.
+    pub fn stats(&self) -> ControlStats {
+        ControlStats { connected: self.slots.len(), ..self.stats }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.slots.len()
@@ -202,6 +234,11 @@ impl Client {
     /// See [`ClientTable::set`].
     pub fn set(&self, state: State) -> bool {
         self.table.lock().set(self.id, state)
+    }
+
+    /// See [`ClientTable::timed_out`].
+    pub fn timed_out(&self) {
+        self.table.lock().timed_out();
     }
 }
 
@@ -239,6 +276,7 @@ mod tests {
         assert_eq!(admit(&mut t).1, Some(Cut { id: a, was: State::Idle }));
         assert_eq!(admit(&mut t).1, Some(Cut { id: b, was: State::Idle }));
         assert_eq!(t.len(), 4);
+        assert_eq!(t.stats(), ControlStats { connected: 4, cut_idle: 4, ..ControlStats::default() });
         // The running command and the stream are still there.
         assert_eq!(t.slots[&ids[0]].state, State::Busy);
         assert_eq!(t.slots[&ids[1]].state, State::Stream);
@@ -264,6 +302,9 @@ mod tests {
         assert_eq!(admit(&mut t).1, Some(Cut { id: ids[0], was: State::Stream }));
         assert!(!t.streams.contains_key(&ids[0]));
         assert_eq!(t.len(), 3);
+        t.timed_out();
+        let counted = ControlStats { connected: 3, cut_idle: 1, cut_streams: 1, refused: 1, idle_timeouts: 1 };
+        assert_eq!(t.stats(), counted);
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl ControlServer {
             Box::pin(async move { no_args("help", &args).map(|()| help) })
         });
         let registry = Arc::new(registry);
-        let clients = Arc::new(Mutex::new(ClientTable::new(CLIENTS_MAX)));
+        let clients = service.control_clients.clone();
         let task = tokio::spawn(async move {
             loop {
                 let (stream, _) = match listener.accept().await {
@@ -323,6 +323,7 @@ async fn serve_client(
                 return Ok(());
             }
             Wait::IdleTimeout => {
+                client.timed_out();
                 let msg =
                     format!("closed: no request within {} s (idle control clients are closed)", idle_timeout.as_secs());
                 last_words(&w, &Response::err(msg));

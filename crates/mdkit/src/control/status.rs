@@ -112,6 +112,7 @@ pub async fn status(svc: Arc<Service>) -> Result<Value> {
         "connections_accepted": svc.nbd.connections_accepted(),
         "admission": admission_json(&svc.nbd.admission_stats()),
         "payload_budget": budget_json(&svc.nbd.payload_budget()),
+        "control": control_json(&svc.control_clients.lock().stats()),
         "volumes": vols,
         "exports": exports,
     }))
@@ -125,6 +126,19 @@ fn admission_json(a: &mdkit_nbd::AdmissionSnapshot) -> Value {
         "refused_per_peer": a.refused_per_peer,
         "handshakes_evicted": a.handshakes_evicted,
         "handshakes_timed_out": a.handshakes_timed_out,
+    })
+}
+
+/// The control socket's clients now, and how many its limits closed since start
+/// (`control/admission.rs`).
+fn control_json(c: &super::admission::ControlStats) -> Value {
+    json!({
+        "clients": c.connected,
+        "clients_max": super::admission::CLIENTS_MAX,
+        "cut_idle": c.cut_idle,
+        "cut_streams": c.cut_streams,
+        "refused": c.refused,
+        "idle_timeouts": c.idle_timeouts,
     })
 }
 
