@@ -19,15 +19,8 @@ use std::time::Duration;
 use array_util::*;
 use mdkit_io::{BlockDevice, FaultRule, OpMask, Rng};
 use mdkit_md::array::{Array, AssembleOptions, assemble};
-use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
+use mdkit_md::format::superblock::ROLE_FAULTY;
 use mdkit_md::layout::Level;
-
-fn sb_of(m: &SimMember) -> Superblock {
-    let img = m.mem.as_ref().unwrap();
-    let mut b = vec![0u8; 4096];
-    img.read_bytes(4096, &mut b);
-    Superblock::decode(&b, 8).unwrap()
-}
 
 async fn pull_during_workload(level: Level, n: usize, layout: Option<u32>, pull: usize) {
     let name = format!("{}-pull{pull}", level.name());
@@ -119,6 +112,9 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let spare_name = ms[n].name.clone();
+        // The cut must find the array clean (dirty and degraded would need a forced assembly).
+        let on_array: Vec<SimMember> = ms[..n - 1].iter().cloned().chain([ms[n].clone()]).collect();
+        wait_clean_on_disk(&on_array).await;
         drop(a);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let survivors: Vec<SimMember> = ms[..n - 1].iter().cloned().chain([ms[n].clone()]).collect();

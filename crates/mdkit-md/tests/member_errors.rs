@@ -29,14 +29,8 @@ use mdkit_io::{
     Rng, SharedBuf, Topology, WriteFlags, ZeroFlags,
 };
 use mdkit_md::array::{Array, ManualClock, MdError, MdErrorKind, Member};
-use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock};
+use mdkit_md::format::superblock::ROLE_FAULTY;
 use mdkit_md::layout::{Level, ParityGeometry};
-
-fn sb_of(m: &SimMember) -> Superblock {
-    let mut b = vec![0u8; 4096];
-    m.mem.as_ref().expect("RAM member").read_bytes(4096, &mut b);
-    Superblock::decode(&b, 8).expect("superblock")
-}
 
 fn fault(m: &SimMember) -> &FaultHandle {
     m.fault.as_ref().expect("fault-injecting member")

@@ -26,7 +26,7 @@ use mdkit_io::{
     MemDevice, OpMask, Rng, SharedBuf, WriteFlags,
 };
 use mdkit_md::array::{Array, AssembleOptions, MdError, MdErrorKind, assemble};
-use mdkit_md::format::superblock::{ROLE_FAULTY, Superblock, feature};
+use mdkit_md::format::superblock::{ROLE_FAULTY, feature};
 use mdkit_md::layout::Level;
 
 /// Fault injectors over flash-latency RAM members.
@@ -48,12 +48,6 @@ fn members(prefix: &str, n: usize, size: u64) -> Vec<SimMember> {
             SimMember { name, dev: Arc::new(f), mem: Some(mem), fault: Some(h) }
         })
         .collect()
-}
-
-fn sb_of(m: &SimMember) -> Superblock {
-    let mut b = vec![0u8; 4096];
-    m.mem.as_ref().unwrap().read_bytes(4096, &mut b);
-    Superblock::decode(&b, 8).unwrap()
 }
 
 async fn pull_under_load(level: Level, n: usize, pulls: &[usize], seed: u64) {
@@ -169,10 +163,12 @@ async fn interrupted_rebuild_resumes_from_checkpoint() {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
-        drop(a);
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let survivors: Vec<SimMember> =
             ms.iter().enumerate().filter(|(i, _)| !lost.contains(i)).map(|(_, m)| m.clone()).collect();
+        // The cut must find the array clean (dirty and degraded would need a forced assembly).
+        wait_clean_on_disk(&survivors).await;
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let checkpoint = spare_checkpoint();
         assert!(checkpoint > 0, "a spare's superblock carries RECOVERY_OFFSET");
         assert!(checkpoint >= total / 16, "checkpoint {checkpoint} of {total} sectors");

@@ -16,9 +16,30 @@ use mdkit_io::{
 };
 use mdkit_md::array::{Array, AssembleOptions, CreateOptions, MemberDev, assemble, create};
 use mdkit_md::format::create::BitmapRequest;
+use mdkit_md::format::superblock::Superblock;
 use mdkit_md::layout::Level;
 
 pub const MIB: u64 = 1 << 20;
+
+/// The superblock on a RAM member (1.2 metadata: 4 KiB into the device).
+pub fn sb_of(m: &SimMember) -> Superblock {
+    let mut b = vec![0u8; 4096];
+    m.mem.as_ref().expect("RAM member").read_bytes(4096, &mut b);
+    Superblock::decode(&b, 8).expect("superblock")
+}
+
+/// Waits until every member's superblock says clean (`resync_offset` MaxSector). The array
+/// marks itself clean `safe_mode_delay` after its last write, so a test that cuts an array
+/// (drops it without a stop) and expects a clean assembly waits for this first, whatever the
+/// machine's speed.
+pub async fn wait_clean_on_disk(ms: &[SimMember]) {
+    let started = std::time::Instant::now();
+    while !ms.iter().all(|m| sb_of(m).resync_offset_sectors == u64::MAX) {
+        let offsets: Vec<u64> = ms.iter().map(|m| sb_of(m).resync_offset_sectors).collect();
+        assert!(started.elapsed() < Duration::from_secs(60), "never marked clean on disk: resync_offset {offsets:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 /// The seed for randomized tests: `MDKIT_TEST_SEED` or `default`, printed for replay.
 pub fn seed(test: &str, default: u64) -> u64 {
