@@ -40,7 +40,10 @@
 //! filesystem refuses it (ramfs, some FUSE/overlay setups) or only emulates it through the page
 //! cache (tmpfs accepts O_DIRECT since Linux 6.6 but copies through the page cache), the device
 //! falls back to buffered I/O, logs a warning naming the path, and still honours FUA (RWF_DSYNC)
-//! and flush (fdatasync) — so durability semantics are identical, only the cache differs.
+//! and flush (fdatasync) — so durability semantics are identical, only the cache differs. One
+//! difference the device hides: buffered writes fail at writeback, which the kernel reports to
+//! one `fdatasync` only, so a failed flush is remembered (every later flush and FUA write fails
+//! until the device is reopened; see `Sticky`), in every mode.
 //! [`DirectMode::Require`] turns that fallback into an error; [`DirectMode::Off`] never tries.
 //!
 //! **Memory-backed files.** A buffered file on tmpfs or ramfs has no device behind it, and these
@@ -263,6 +266,69 @@ struct Shared {
     counters: Arc<Counters>,
     /// Present when opened with `flush_batching`.
     flusher: Option<FlushBatcher>,
+    /// Failures that outlive the request that met them (see [`Sticky`]).
+    sticky: Sticky,
+}
+
+/// Failures the device remembers until it is closed, because the kernel does not.
+///
+/// * **A failed flush.** The kernel reports a writeback error to `fdatasync` once per open
+///   file: the next `fdatasync` succeeds although the pages it lost never reached the device
+///   (PostgreSQL's "fsyncgate"; qemu marks its file `page_cache_inconsistent` for the same
+///   reason). So once a flush fails, every later flush fails too, naming the first failure:
+///   nothing written before it can be promised durable any more. Reopening the device (a
+///   service restart) clears it.
+/// * **A truncated file** (found at a flush): the data past the cut is gone and the holes read
+///   zeros, so reads and writes fail from then on instead of serving them.
+#[derive(Default)]
+struct Sticky {
+    flush_failed: AtomicBool,
+    truncated: AtomicBool,
+    /// The first failure, for the later errors.
+    first: Mutex<Option<String>>,
+}
+
+impl Sticky {
+    /// Records a failed flush (not a shut-down runtime: that is no device failure).
+    fn flush_failed(&self, e: &io::Error) {
+        if DeviceError::kind_of(e) == IoErrorKind::Closed {
+            return;
+        }
+        self.first.lock().get_or_insert_with(|| e.to_string());
+        self.flush_failed.store(true, Ordering::Release);
+    }
+
+    fn truncated(&self, e: &io::Error) {
+        self.flush_failed(e);
+        self.truncated.store(true, Ordering::Release);
+    }
+
+    /// The error for an operation refused because of an earlier failure.
+    fn refusal(&self, name: &str, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Error {
+        let first = self.first.lock().clone().unwrap_or_default();
+        DeviceError::new(IoErrorKind::Eio, name, op, offset_bytes, len_bytes)
+            .detail(format!(
+                "an earlier flush failed ({first}); data written before it may not be on the device, so every \
+                 later flush fails too until the device is reopened"
+            ))
+            .into()
+    }
+
+    /// Flushes, and FUA writes (a promise of durability too), after a failed flush.
+    fn check_durable(&self, name: &str, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        if self.flush_failed.load(Ordering::Acquire) {
+            return Err(self.refusal(name, op, offset_bytes, len_bytes));
+        }
+        Ok(())
+    }
+
+    /// Reads and writes after the file was found truncated.
+    fn check_io(&self, name: &str, op: IoOp, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        if self.truncated.load(Ordering::Acquire) {
+            return Err(self.refusal(name, op, offset_bytes, len_bytes));
+        }
+        Ok(())
+    }
 }
 
 /// One io_uring with the device's file registered, its completion reaper and eventfd.
@@ -364,6 +430,7 @@ impl FileDevice {
             thread_rings: Mutex::new(Vec::new()),
             counters,
             flusher: options.flush_batching.then(FlushBatcher::new),
+            sticky: Sticky::default(),
         });
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
     }
@@ -1370,7 +1437,9 @@ impl FileDevice {
     async fn do_read(&self, offset_bytes: u64, buf: IoBuf) -> ReadResult {
         let s = &self.shared;
         let len = buf.len();
-        if let Err(e) = check_io(&s.name, &s.current_topology(), IoOp::Read, offset_bytes, len as u64) {
+        let checked = check_io(&s.name, &s.current_topology(), IoOp::Read, offset_bytes, len as u64)
+            .and_then(|()| s.sticky.check_io(&s.name, IoOp::Read, offset_bytes, len as u64));
+        if let Err(e) = checked {
             return (buf, Err(e));
         }
         if len == 0 {
@@ -1427,12 +1496,30 @@ impl FileDevice {
         let s = &self.shared;
         let len = buf.len();
         check_io(&s.name, &s.current_topology(), IoOp::Write, offset_bytes, len as u64)?;
+        s.sticky.check_io(&s.name, IoOp::Write, offset_bytes, len as u64)?;
+        if flags.fua {
+            s.sticky.check_durable(&s.name, IoOp::Write, offset_bytes, len as u64)?;
+        }
         if s.read_only {
             return Err(s.read_only_error(IoOp::Write, offset_bytes, len as u64));
         }
         if len == 0 {
             return if flags.fua { self.do_flush().await } else { Ok(()) };
         }
+        let written = self.write_checked(offset_bytes, buf, flags).await;
+        if flags.fua
+            && let Err(e) = &written
+        {
+            // Its RWF_DSYNC may have taken (and so cleared) the file's writeback error.
+            s.sticky.flush_failed(e);
+        }
+        written
+    }
+
+    /// [`FileDevice::do_write`] of a validated, non-empty request.
+    async fn write_checked(&self, offset_bytes: u64, buf: SharedBuf, flags: WriteFlags) -> io::Result<()> {
+        let s = &self.shared;
+        let len = buf.len();
         if s.inline_copy && len <= INLINE_COPY_MAX_BYTES {
             return s.write_inline(offset_bytes, buf.as_slice(), flags.fua);
         }
@@ -1470,11 +1557,17 @@ impl FileDevice {
     }
 
     async fn do_flush(&self) -> io::Result<()> {
-        match &self.shared.flusher {
-            Some(b) => b.flush(|| self.flush_once()).await?,
-            None => self.flush_once().await?,
+        let s = &self.shared;
+        s.sticky.check_durable(&s.name, IoOp::Flush, 0, 0)?;
+        let flushed = match &s.flusher {
+            Some(b) => b.flush(|| self.flush_once()).await,
+            None => self.flush_once().await,
+        };
+        if let Err(e) = flushed {
+            s.sticky.flush_failed(&e);
+            return Err(e);
         }
-        self.shared.check_not_truncated()
+        s.check_not_truncated().inspect_err(|e| s.sticky.truncated(e))
     }
 
     /// One `fdatasync` of the file (or a block device's cache flush).

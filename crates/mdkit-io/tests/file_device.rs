@@ -98,6 +98,14 @@ async fn a_flush_fails_once_the_file_was_truncated_under_it() {
     assert!(e.to_string().contains("truncated to 3149824 bytes"), "{e}");
     let kind = mdkit_io::DeviceError::of(&e).map(|d| d.kind);
     assert_eq!(kind, Some(mdkit_io::IoErrorKind::Eio), "{e}");
+    // Remembered: the file at its old size again does not make the lost data come back, so
+    // flushes keep failing, and reads (the hole at 0 would read zeros) and writes fail too.
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4 * MIB).unwrap();
+    let e = dev.flush().await.unwrap_err();
+    assert!(e.to_string().contains("an earlier flush failed") && e.to_string().contains("truncated"), "{e}");
+    let e = dev.read_vec(0, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("an earlier flush failed"), "{e}");
+    dev.write_slice(0, &pattern(3, 4096), WriteFlags::NONE).await.unwrap_err();
 }
 
 #[tokio::test]
@@ -558,6 +566,95 @@ fn setup_loop(backing: &Path) -> Option<Loop> {
             None
         }
     }
+}
+
+/// nbdkit's `memory` plugin behind its error filter, exposed as a file by nbdfuse and as a block
+/// device by a loop device: a disk whose writes fail while `trigger` exists. Cleans up on drop.
+struct FailingDisk {
+    trigger: PathBuf,
+    fuse_dir: PathBuf,
+    nbdkit: std::process::Child,
+    nbdfuse: std::process::Child,
+    lo: Option<Loop>,
+}
+
+impl Drop for FailingDisk {
+    fn drop(&mut self) {
+        self.lo.take();
+        // Lazily: the loop device lets go of the file only after its detach completes.
+        let _ = std::process::Command::new("fusermount3").args(["-u", "-z"]).arg(&self.fuse_dir).status();
+        for c in [&mut self.nbdfuse, &mut self.nbdkit] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn failing_disk(dir: &Path) -> Option<FailingDisk> {
+    let tools = ["nbdkit", "nbdfuse", "fusermount3", "losetup"];
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| which(t).is_none()).collect();
+    if !missing.is_empty() || !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: failing-disk test needs root, /dev/fuse and {tools:?} (missing {missing:?})");
+        return None;
+    }
+    let (sock, trigger, fuse_dir) = (dir.join("nbdkit.sock"), dir.join("fail-writes"), dir.join("fuse"));
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    let spawn = |c: &mut std::process::Command| c.spawn().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let nbdkit = spawn(std::process::Command::new("nbdkit").arg("-f").arg("-U").arg(&sock).args([
+        "--filter=error",
+        "memory",
+        "16M",
+        "error=EIO",
+        "error-pwrite-rate=1",
+        &format!("error-file={}", trigger.display()),
+    ]));
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "nbdkit did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let nbdfuse = spawn(std::process::Command::new("nbdfuse").arg(&fuse_dir).arg(&uri));
+    let mut disk = FailingDisk { trigger, fuse_dir: fuse_dir.clone(), nbdkit, nbdfuse, lo: None };
+    let file = fuse_dir.join("nbd");
+    while std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) != 16 * MIB {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "nbdfuse did not expose {}", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = std::process::Command::new("losetup").args(["--find", "--show"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+    disk.lo = Some(Loop { dev: PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string()) });
+    Some(disk)
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(tool)).find(|p| p.exists())
+}
+
+/// A buffered device whose writeback fails: the kernel reports the lost pages to one
+/// `fdatasync` and then forgets them, so a second flush would succeed with the data gone (what
+/// QA saw: a file volume read the old data back after a successful flush). Every flush after a
+/// failed one fails, and the device still reads.
+#[tokio::test]
+async fn a_failed_flush_is_remembered_because_the_kernel_reports_a_writeback_error_once() {
+    let dir = target_tmp();
+    let Some(disk) = failing_disk(dir.path()) else { return };
+    let lo = disk.lo.as_ref().unwrap();
+    let opts = FileOptions { direct: DirectMode::Off, ..FileOptions::default() };
+    let dev = FileDevice::open(&lo.dev, opts).unwrap();
+    dev.write_slice(0, &pattern(1, 65536), WriteFlags::NONE).await.unwrap();
+    dev.flush().await.expect("a healthy flush");
+    std::fs::write(&disk.trigger, b"").unwrap();
+    // Into the page cache: the failure shows at writeback.
+    dev.write_slice(0, &pattern(2, 65536), WriteFlags::NONE).await.unwrap();
+    let first = dev.flush().await.expect_err("writeback of the failed write");
+    std::fs::remove_file(&disk.trigger).unwrap();
+    let again = dev.flush().await.expect_err("a flush after a failed one");
+    assert!(again.to_string().contains("an earlier flush failed"), "{again}");
+    assert!(again.to_string().contains(&first.to_string()), "names the first failure: {again}");
+    let e = dev.write_slice(4096, &pattern(3, 4096), WriteFlags::FUA).await.unwrap_err();
+    assert!(e.to_string().contains("an earlier flush failed"), "a FUA write flushes too: {e}");
+    dev.read_vec(65536, 4096).await.expect("reads still work");
 }
 
 #[tokio::test]

@@ -24,7 +24,9 @@ impl Drop for Cleanup {
         if let Some(l) = &self.loop_dev {
             let _ = Command::new("losetup").args(["-d", l]).status();
         }
-        let _ = Command::new("fusermount3").arg("-u").arg(&self.fuse_dir).stderr(Stdio::null()).status();
+        // Lazily: the loop device lets go of the file only after its detach completes (a plain
+        // unmount failed "busy" and left the mount behind once nbdfuse was killed).
+        let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(&self.fuse_dir).stderr(Stdio::null()).status();
         if let Some(mut c) = self.nbdfuse.take() {
             let _ = c.kill();
             let _ = c.wait();

@@ -339,6 +339,40 @@ fn metadata_write_error_fails_the_pool_and_sets_needs_check() {
     });
 }
 
+/// A data-device flush that fails once (QA: a buffered data device whose writeback failed;
+/// the kernel then reports the error to one fdatasync only): the mappings of the open
+/// transaction may point at data that never reached the device, so they are never committed.
+/// As dm-thin's failed pre-commit flush: the transaction is aborted, NEEDS_CHECK set, the pool
+/// fails, and a later flush (which the device would now pass) does not commit it after all.
+#[test]
+fn a_failed_data_flush_fails_the_pool_and_never_commits_the_transaction() {
+    rt().block_on(async {
+        let meta = Arc::new(MemDevice::new("meta", 4 << 20));
+        let faulty = FaultyDevice::new(MemDevice::new("data", 32 * BS));
+        let fh = faulty.handle();
+        let pool = Pool::create("p", meta.clone(), Arc::new(faulty), BS, opts()).await.unwrap();
+        pool.create_thin(0).await.unwrap();
+        let v = pool.thin(0, 8 * BS).await.unwrap();
+        let a = pattern(31, BS as usize);
+        v.write_slice(0, &a, WriteFlags::FUA).await.unwrap();
+        v.write_slice(BS, &a, WriteFlags::NONE).await.unwrap();
+        let id = fh.add(mdkit_io::FaultRule::error(OpMask::FLUSH, None).times(1));
+        let e = v.flush().await.unwrap_err();
+        assert!(e.to_string().contains("data device") && e.to_string().contains("flush failed"), "{e}");
+        assert_eq!(fh.fired(id), Some(1));
+        assert_eq!(pool.mode(), PoolMode::Failed, "{}", pool.mode_reason());
+        assert!(pool.mode_reason().contains("flush failed"), "{}", pool.mode_reason());
+        v.flush().await.expect_err("a failed pool commits nothing");
+        assert_eq!(v.read_vec(0, a.len()).await.unwrap(), a, "committed data still reads");
+        drop(v);
+        assert!(pool.close().await.is_err(), "the final commit of a failed pool fails");
+        let data: DeviceRef = Arc::new(MemDevice::new("data", 32 * BS));
+        let p2 = Pool::open("p", meta.clone(), data, opts()).await.unwrap();
+        assert_eq!(p2.mode(), PoolMode::ReadOnly, "NEEDS_CHECK on disk: read-only");
+        assert_eq!(p2.thin_status(0).await.unwrap().mapped_blocks, 1, "only the mapping committed before");
+    });
+}
+
 #[test]
 fn needs_check_pool_opens_read_only_with_a_clear_status() {
     rt().block_on(async {

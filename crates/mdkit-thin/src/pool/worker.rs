@@ -223,10 +223,12 @@ impl Worker {
         self.state.counters.commit_rounds.fetch_add(1, Ordering::Relaxed);
         let data = self.data.clone();
         if let Err(e) = self.handle.block_on(data.flush()) {
-            return Err(CommitFailure {
-                kind: e.kind(),
-                message: format!("thin pool {name}: data device {} flush failed: {e}", data.name()),
-            });
+            // As dm-thin's pre-commit data flush: the mappings of this transaction may point at
+            // data that is not on the device, so they are never committed (and a retried
+            // fdatasync would succeed without it: the kernel reports a writeback error once).
+            let message = format!("thin pool {name}: data device {} flush failed: {e}", data.name());
+            self.fail(&message);
+            return Err(CommitFailure { kind: e.kind(), message });
         }
         if !self.state.meta_dirty.load(Ordering::Acquire) || self.md.read().is_read_only() {
             return Ok(());
