@@ -49,7 +49,7 @@ fn check_config_names_the_key_and_value_of_every_hostile_value() {
         ("[[volume]]\nname = \"m\"\nkind = \"mem\"\nsize = \"8EiB\"".into(), &["unknown unit \"EiB\""]),
         ("[[volume]]\nname = \"m\"\nkind = \"mem\"\nsize = \"1M\"\nlogical_block_bytes = 4097".into(), &["4097"]),
         (format!("{MD}members = []\nlevel = \"raid1\""), &["members = []"]),
-        (format!("{MD}members = [\"a\", \"./a\"]\nlevel = \"raid1\""), &["member \"./a\" is given twice"]),
+        (format!("{MD}members = [\"a\", \"./a\"]\nlevel = \"raid1\""), &["member \"./a\" is the same device as member \"a\""]),
         (format!("{MD}members = [\"volume:md0\", \"b\"]\nlevel = \"raid1\""), &["\"volume:md0\"", "itself"]),
         (format!("{MD}members = [\"volume:later\", \"b\"]\nlevel = \"raid1\""), &["\"later\"", "not defined before"]),
         (format!("{MD}members = [\"a\", \"b\"]\nlevel = \"raid1\"\nraid_devices = 0"), &["raid_devices = 0"]),

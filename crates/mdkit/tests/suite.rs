@@ -26,6 +26,7 @@ mod metrics;
 mod monitor;
 mod remote;
 mod remote_link;
+mod same_device;
 mod signals;
 mod soak;
 mod systemd;

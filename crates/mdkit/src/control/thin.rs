@@ -104,12 +104,7 @@ async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
             );
         }
     }
-    // A device another pool or an array uses would be written by both.
-    let sources: Vec<String> = [&a.params.metadata, &a.params.data]
-        .into_iter()
-        .map(|s| if s.starts_with("volume:") { s.clone() } else { svc.config.data_dir.join(s).display().to_string() })
-        .collect();
-    super::md::check_not_in_use(&svc, &sources).await?;
+    // A device another volume uses is refused by `open_pool` before any file is created.
     // Files the pool would be created on: removed again if it is refused.
     let new_files: Vec<PathBuf> = [&a.params.metadata, &a.params.data]
         .into_iter()

@@ -17,9 +17,11 @@
 //! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting.
 //! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
+pub mod device_key;
 pub mod failed;
 pub mod faults;
 pub mod file;
+pub mod in_use;
 pub mod md;
 pub mod md_remote;
 pub mod mem;

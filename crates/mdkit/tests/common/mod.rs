@@ -227,6 +227,21 @@ name = "vol0"
 volume = "vol0"
 "#;
 
+/// `mdkit serve --check-config` on `body` (volume and export tables) with `dir` as data
+/// directory: (success, stderr).
+pub fn check_config_in(dir: &Path, body: &str) -> (bool, String) {
+    let config = dir.join("c.toml");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n{body}\n", dir.display())).expect("config");
+    let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&config).output().expect("mdkit");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The entry `name` of list `list` ("volumes", "exports") of a `status --json` answer
+/// (`Null` when it is not there).
+pub fn status_entry<'a>(status: &'a Value, list: &str, name: &str) -> &'a Value {
+    status[list].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap_or(&Value::Null)
+}
+
 /// `mdkit ARGS` without a control socket (offline verbs).
 pub fn offline(args: &[&str]) -> Output {
     Command::new(MDKIT).args(args).output().expect("run mdkit")
