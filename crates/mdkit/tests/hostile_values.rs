@@ -202,22 +202,6 @@ fn cli_values_are_refused_with_the_flag_and_value() {
     assert!(!srv.log_text().contains("panicked"));
 }
 
-/// A loop device detached when dropped.
-struct Loop(String);
-
-impl Loop {
-    fn over(file: &Path) -> Loop {
-        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(file));
-        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
-}
-
 /// A loop device over a member file is that member: refused as a second member of one array
 /// (the array would be degraded from birth) and as a spare of the array whose member it is
 /// (a rebuild onto it overwrote the active member). Nothing is written to the file.

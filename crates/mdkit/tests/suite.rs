@@ -16,6 +16,7 @@ mod control_clients;
 mod control_hostile;
 mod docs;
 mod ext4;
+mod file_volume_in_use;
 mod hostile_values;
 mod isolation;
 mod md;

@@ -1,5 +1,6 @@
 //! Which devices the volumes write, and the refusal of a second writer: one device written by
-//! two volumes (two arrays, a pool and an array) loses the writes of one of them. "The same device" is [`DeviceKey::same`].
+//! two volumes (two arrays, a pool and an array, a file volume and either) loses the writes of
+//! one of them. "The same device" is [`DeviceKey::same`].
 //!
 //! Checked three times, with one rule:
 //! - `serve --check-config`: [`check_config`] over the config's volumes;
@@ -8,6 +9,9 @@
 //!   second user fails and the first keeps serving;
 //! - within one volume: an md member given twice, a pool with one device as metadata and data
 //!   ([`refuse_repeated`]).
+//!
+//! Two file volumes may share a file (two views of one image, e.g. one read-only): a file
+//! volume is a plain window on its file, with no metadata of its own to lose.
 
 use std::fmt;
 use std::path::Path;
@@ -15,6 +19,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 
 use super::device_key::DeviceKey;
+use super::file::FileVolume;
 use super::md::MdVolume;
 use super::thin::{PoolParams, ThinPoolVolume};
 use super::{Volume, Volumes};
@@ -29,6 +34,8 @@ pub enum Role {
     Metadata,
     /// A thin pool's data device.
     Data,
+    /// The file of a `file` volume.
+    File,
 }
 
 impl Role {
@@ -38,6 +45,7 @@ impl Role {
             Role::Member => "member",
             Role::Metadata => "metadata",
             Role::Data => "data",
+            Role::File => "file",
         }
     }
 
@@ -46,7 +54,13 @@ impl Role {
         match self {
             Role::Member => "md array",
             Role::Metadata | Role::Data => "thin pool",
+            Role::File => "file volume",
         }
+    }
+
+    /// Whether two volumes may use one device in these roles (only two file volumes may).
+    fn may_share(self, other: Role) -> bool {
+        self == Role::File && other == Role::File
     }
 }
 
@@ -60,7 +74,7 @@ pub struct DeviceUse {
 }
 
 /// The devices `v` writes: a pool's metadata and data, an array's members (not the ones
-/// assembly left out: nothing is written to them).
+/// assembly left out: nothing is written to them), a file volume's file.
 pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
     let volume = v.name().to_string();
     let uses: Vec<(Role, String)> = if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
@@ -68,6 +82,8 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         vec![(Role::Metadata, m.to_string()), (Role::Data, d.to_string())]
     } else if let Some(md) = v.as_any().downcast_ref::<MdVolume>() {
         md.member_sources_in_use().into_iter().map(|s| (Role::Member, s)).collect()
+    } else if let Some(f) = v.as_any().downcast_ref::<FileVolume>() {
+        vec![(Role::File, f.path().display().to_string())]
     } else {
         Vec::new()
     };
@@ -107,7 +123,7 @@ impl std::error::Error for InUse {}
 pub fn refuse_in_use(volumes: &Volumes, role: Role, specs: &[&str], data_dir: &Path) -> Result<(), InUse> {
     let wanted: Vec<DeviceKey> = specs.iter().map(|s| DeviceKey::new(s, data_dir)).collect();
     for v in volumes.iter() {
-        for user in device_uses(v.as_ref()) {
+        for user in device_uses(v.as_ref()).into_iter().filter(|u| !role.may_share(u.role)) {
             let key = DeviceKey::new(&user.source, data_dir);
             if let Some(w) = wanted.iter().find(|w| w.same(&key)) {
                 return Err(InUse { role, spec: w.spec().to_string(), user });
@@ -152,9 +168,9 @@ pub fn check_config(config: &Config) -> Result<()> {
     // (volume, role, key) of every device seen so far.
     let mut seen: Vec<(&str, Role, DeviceKey)> = Vec::new();
     for spec in &config.volumes {
-        for (role, dev) in config_devices(spec) {
+        for (role, dev) in config_devices(spec, &config.data_dir) {
             let key = DeviceKey::new(&dev, &config.data_dir);
-            let clash = seen.iter().find(|(_, _, k)| k.same(&key));
+            let clash = seen.iter().find(|(_, other_role, k)| !role.may_share(*other_role) && k.same(&key));
             if let Some((other, other_role, k)) = clash {
                 if *other == spec.name {
                     bail!("volume {other:?}: {}", repeated_message(*other_role, k.spec(), role, &dev));
@@ -177,13 +193,20 @@ pub fn check_config(config: &Config) -> Result<()> {
 
 /// The devices a volume of the config uses, from its keys (a spec whose keys do not parse
 /// has none here: the kind's own check reports it).
-fn config_devices(spec: &VolumeSpec) -> Vec<(Role, String)> {
+fn config_devices(spec: &VolumeSpec, data_dir: &Path) -> Vec<(Role, String)> {
     match spec.kind.as_str() {
         "thin-pool" => match spec.parse_params::<PoolParams>() {
             Ok(p) => vec![(Role::Metadata, p.metadata), (Role::Data, p.data)],
             Err(_) => Vec::new(),
         },
         "md" => md_member_specs(spec).into_iter().map(|m| (Role::Member, m)).collect(),
+        // Absolute: a file volume's path is never `volume:NAME` or a URI.
+        "file" => spec
+            .params
+            .get("path")
+            .and_then(toml::Value::as_str)
+            .map(|p| vec![(Role::File, data_dir.join(p).display().to_string())])
+            .unwrap_or_default(),
         _ => Vec::new(),
     }
 }

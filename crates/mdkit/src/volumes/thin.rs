@@ -376,7 +376,7 @@ pub async fn open_pool(
     let opts = p.pool_options()?;
     let autoextend = p.autoextend_policy().with_context(|| format!("thin pool {name}"))?;
     // Before a file is created or opened: one device written by two pools (or a pool and an
-    // array) loses the commits of one of them.
+    // array or a file volume) loses the commits of one of them.
     let devices = [(Role::Metadata, p.metadata.as_str()), (Role::Data, p.data.as_str())];
     refuse_repeated(&devices, data_dir).with_context(|| format!("thin pool {name}"))?;
     for (role, spec) in devices {

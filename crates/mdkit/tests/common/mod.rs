@@ -242,6 +242,22 @@ pub fn status_entry<'a>(status: &'a Value, list: &str, name: &str) -> &'a Value 
     status[list].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap_or(&Value::Null)
 }
 
+/// A loop device detached when dropped.
+pub struct Loop(pub String);
+
+impl Loop {
+    pub fn over(file: &Path) -> Loop {
+        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(file));
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
 /// `mdkit ARGS` without a control socket (offline verbs).
 pub fn offline(args: &[&str]) -> Output {
     Command::new(MDKIT).args(args).output().expect("run mdkit")
