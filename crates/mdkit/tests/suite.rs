@@ -25,6 +25,7 @@ mod md_cli_paths;
 mod md_parity;
 mod metrics;
 mod monitor;
+mod name_race;
 mod remote;
 mod remote_link;
 mod same_device;

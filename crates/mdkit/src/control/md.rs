@@ -224,6 +224,9 @@ impl CreateArgs {
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a = CreateArgs::parse(args)?;
     super::check_name("array name", &a.name)?;
+    // Held until the array is registered: a second request for the name is refused before it
+    // opens a member (it used to write its superblocks first).
+    let _claim = svc.volumes.read().await.claim(&a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
@@ -288,6 +291,8 @@ struct AssembleArgs {
 async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: AssembleArgs = super::parse_args("md.assemble", args)?;
     super::check_name("array name", &a.name)?;
+    // Assembly writes the members' superblocks: claimed first, as for create.
+    let _claim = svc.volumes.read().await.claim(&a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }

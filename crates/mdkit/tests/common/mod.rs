@@ -258,6 +258,14 @@ impl Drop for Loop {
     }
 }
 
+/// `s` is still open and has nothing to read.
+pub fn still_open(s: &std::os::unix::net::UnixStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let r = (&*s).read(&mut [0u8; 1]);
+    s.set_nonblocking(false).unwrap();
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
 /// `mdkit ARGS` without a control socket (offline verbs).
 pub fn offline(args: &[&str]) -> Output {
     Command::new(MDKIT).args(args).output().expect("run mdkit")
