@@ -15,6 +15,7 @@ mod clients;
 mod control_clients;
 mod control_hostile;
 mod docs;
+mod examine_remote;
 mod ext4;
 mod file_volume_in_use;
 mod hostile_values;
