@@ -6,11 +6,11 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use common::{Server, mdkit_ok};
+use common::{Server, mdkit_ok, still_open};
 use serde_json::Value;
 
 /// The control socket's client limit (`control::admission::CLIENTS_MAX`, docs/CONFIG.md).
@@ -29,14 +29,6 @@ fn read_json(s: &UnixStream) -> Value {
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).expect("a line (hang guard)");
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-}
-
-/// `s` is still open and has nothing to read.
-fn still_open(s: &UnixStream) -> bool {
-    s.set_nonblocking(true).unwrap();
-    let r = (&*s).read(&mut [0u8; 1]);
-    s.set_nonblocking(false).unwrap();
-    matches!(r, Err(e) if e.kind() == ErrorKind::WouldBlock)
 }
 
 #[test]

@@ -10,11 +10,9 @@
 
 use crate::common;
 
-use std::process::Command;
-
 use common::raw::Raw;
-use common::{MDKIT, Server, mdkit_err, mdkit_ok, nbd_read, nbd_write_at, pattern, require_tool, restart};
-use serde_json::Value;
+use common::{Server, mdkit_err, mdkit_ok, nbd_read, nbd_write_at, pattern, require_tool, restart};
+use common::{check_config_in as check_config, status_entry as entry};
 
 const POOL_P: &str = r#"
 [[volume]]
@@ -33,18 +31,6 @@ fn pool_q(meta: &str) -> String {
         "[[volume]]\nname = \"q\"\nkind = \"thin-pool\"\nmetadata = \"{meta}\"\nmetadata_size = \"4MiB\"\n\
          data = \"q.data\"\ndata_size = \"64MiB\"\ncreate = true\n"
     )
-}
-
-/// `mdkit serve --check-config` on `body` in `dir`: (success, stderr).
-fn check_config(dir: &std::path::Path, body: &str) -> (bool, String) {
-    let config = dir.join("c.toml");
-    std::fs::write(&config, format!("data_dir = \"{}\"\n{body}\n", dir.display())).expect("config");
-    let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&config).output().expect("mdkit");
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn entry<'a>(status: &'a Value, list: &str, name: &str) -> &'a Value {
-    status[list].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap_or(&Value::Null)
 }
 
 #[test]

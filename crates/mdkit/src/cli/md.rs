@@ -4,7 +4,7 @@
 //! mdkit create NAME --level L --raid-devices N [--chunk K] [--layout X] [--bitmap internal|none]
 //!              [--bitmap-chunk SIZE] [--write-behind[=N]] [--assume-clean] [--metadata 1.2] [--member-size SIZE]
 //!              [--export E] [--force] MEMBER...
-//! mdkit examine MEMBER... [--json]            (offline: reads the superblocks)
+//! mdkit examine MEMBER... [--json]            (offline: reads the superblocks; files or NBD URIs)
 //! mdkit assemble NAME MEMBER... [--uuid U] [--force] [--run] [--export E]
 //! mdkit detail NAME [--json] | --scan
 //! mdkit stop NAME
@@ -18,7 +18,6 @@
 //! `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH` are members on NBD servers.
 
 use std::io::IsTerminal;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -83,6 +82,8 @@ pub struct CreateArgs {
 
 #[derive(Args, Debug)]
 pub struct ExamineArgs {
+    /// Member files or block devices, or members on NBD servers (`nbd://HOST[:PORT]/EXPORT`,
+    /// `nbd+unix:///EXPORT?socket=PATH`).
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<PathBuf>,
     #[arg(long)]
@@ -324,23 +325,13 @@ fn create_offline(
 //------------------------------------------------------------------------------------------------
 // examine (offline)
 
-fn device_sectors(f: &std::fs::File, path: &Path) -> Result<u64> {
-    let md = f.metadata().with_context(|| format!("{}", path.display()))?;
-    if std::os::unix::fs::FileTypeExt::is_block_device(&md.file_type()) {
-        let mut f2 = f.try_clone()?;
-        let end = std::io::Seek::seek(&mut f2, std::io::SeekFrom::End(0))?;
-        return Ok(end / 512);
-    }
-    Ok(md.len() / 512)
-}
-
 /// One member's superblock as `mdadm --examine` prints it (or JSON), and the problems found
 /// in its metadata (each naming the field); `Err` when there is no superblock.
 fn examine_one(path: &Path, as_json: bool, badblocks: bool) -> Result<(String, Vec<String>)> {
     use mdkit_md::format::examine::{Examine, examine_member, render, render_bad_blocks, render_json_with};
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let sectors = device_sectors(&f, path)?;
-    let mut read_at = |offset: u64, buf: &mut [u8]| f.read_exact_at(buf, offset);
+    let member = super::member_reader::MemberReader::open(path)?;
+    let sectors = member.sectors(path)?;
+    let mut read_at = |offset: u64, buf: &mut [u8]| member.read_at(offset, buf);
     let m = examine_member(&mut read_at, sectors).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let sb = &m.lenient.superblock;
     let bad_blocks: Vec<Value> =

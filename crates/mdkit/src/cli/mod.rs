@@ -9,6 +9,7 @@
 
 pub mod md;
 pub mod md_grow;
+pub mod member_reader;
 pub mod monitor;
 pub mod serve;
 pub mod status;
@@ -41,7 +42,7 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Create an md array (through the service when it runs, else superblocks only).
     Create(md::CreateArgs),
-    /// Show the md superblock of member devices (offline, like mdadm --examine).
+    /// Show the md superblock of member devices or NBD exports (offline, like mdadm --examine).
     Examine(md::ExamineArgs),
     /// Assemble an md array from its members and start it in the service.
     Assemble(md::AssembleArgs),

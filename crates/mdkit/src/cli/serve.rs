@@ -48,7 +48,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             println!("metrics: http://{addr}/metrics");
         }
         crate::volumes::check_specs(&config.volumes)?;
-        crate::volumes::thin::check_config(&config)?;
+        crate::volumes::in_use::check_config(&config)?;
+        crate::volumes::thin::check_config_exports(&config)?;
         for v in &config.volumes {
             println!("volume: {} (kind {})", v.name, v.kind);
         }

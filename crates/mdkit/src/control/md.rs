@@ -31,9 +31,9 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
+use crate::volumes::device_key::DeviceKey;
 use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, OpenedMembers, open_members, start_array, with_missing};
 use crate::volumes::open_guard::OpenGuard;
-use crate::volumes::thin::ThinPoolVolume;
 use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
 
@@ -221,41 +221,12 @@ impl CreateArgs {
     }
 }
 
-/// Refuses devices a running array or thin pool already uses (one file opened by two of them
-/// = corruption). Members assembly left out are not in use.
-pub(crate) async fn check_not_in_use(svc: &Service, sources: &[String]) -> Result<()> {
-    let vols = svc.volumes.read().await;
-    for v in vols.iter() {
-        if let Some(m) = v.as_any().downcast_ref::<MdVolume>() {
-            drop_left_out_sources(m);
-            for s in m.member_sources() {
-                if let Some(given) = sources.iter().find(|x| same_member(x, &s)) {
-                    bail!("member {given} is already used by md array {:?} (as {s})", m.name);
-                }
-            }
-        }
-        if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
-            for s in p.sources() {
-                if let Some(given) = sources.iter().find(|x| same_member(x, s)) {
-                    bail!("{given} is already used by thin pool {:?} (as {s})", v.name());
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Two member sources name one device: the same string, two paths of one file (`./a` and
-/// `a`, a hard or symbolic link), or a file and a loop device over it.
-fn same_member(a: &str, b: &str) -> bool {
-    a == b
-        || crate::volumes::md::file_identity(Path::new(a))
-            .is_some_and(|x| Some(x) == crate::volumes::md::file_identity(Path::new(b)))
-}
-
 async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a = CreateArgs::parse(args)?;
     super::check_name("array name", &a.name)?;
+    // Held until the array is registered: a second request for the name is refused before it
+    // opens a member (it used to write its superblocks first).
+    let _claim = svc.volumes.read().await.claim(&a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
@@ -269,7 +240,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
         open_members(&a.members, &svc.config.data_dir, &vols, how).await?
     };
-    let assembled = match create_on(&svc, &a, &opened).await {
+    let assembled = match create_on(&a, &opened).await {
         Ok(assembled) => assembled,
         Err(e) => {
             // Refused after opening: the member files made for it go again.
@@ -283,8 +254,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
 
 /// Writes the new array onto the opened members, unless a member is in use or (without
 /// --force) holds an md superblock, a file system or another known signature already.
-async fn create_on(svc: &Service, a: &CreateArgs, opened: &OpenedMembers) -> Result<mdkit_md::array::Assembled> {
-    check_not_in_use(svc, &opened.sources).await?;
+async fn create_on(a: &CreateArgs, opened: &OpenedMembers) -> Result<mdkit_md::array::Assembled> {
     if !a.force {
         for m in &opened.devs {
             if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {
@@ -321,6 +291,8 @@ struct AssembleArgs {
 async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: AssembleArgs = super::parse_args("md.assemble", args)?;
     super::check_name("array name", &a.name)?;
+    // Assembly writes the members' superblocks: claimed first, as for create.
+    let _claim = svc.volumes.read().await.claim(&a.name)?;
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
@@ -333,7 +305,6 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
         let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
         open_members(&a.members, &svc.config.data_dir, &vols, how).await?
     };
-    check_not_in_use(&svc, &opened.sources).await?;
     let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
     let partial = if a.run { PartialStart::Allowed } else { PartialStart::NeedsRun };
     let missing: Vec<String> = opened.remote.iter().filter_map(|m| m.missing_reason().map(str::to_string)).collect();
@@ -353,9 +324,8 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
 /// Forgets where the members assembly left out came from: they are not part of the array, so
 /// they may be re-added or used elsewhere, and the state file does not list them.
 fn drop_left_out_sources(vol: &MdVolume) {
-    let in_array: Vec<String> = vol.array.core().slots().all_members().iter().map(|m| m.name().to_string()).collect();
-    let left_out: Vec<String> = vol.array.left_out().into_iter().map(|r| r.member).collect();
-    vol.sources.lock().retain(|(n, _)| in_array.contains(n) || !left_out.contains(n));
+    let left_out = vol.left_out_names();
+    vol.sources.lock().retain(|(n, _)| !left_out.contains(n));
 }
 
 /// Registers a started array as a volume, exports it when asked, remembers it.
@@ -514,11 +484,15 @@ struct ManageArgs {
     write_mostly: bool,
 }
 
-/// The member name for `spec`: a member name, or the path/source it was opened from.
+/// The member name for `spec`: a member name, or the device it was opened from however spelt
+/// (`./m3` and `m3` relative to the data directory, an absolute path, a link, a loop device).
 fn resolve_member(vol: &MdVolume, spec: &str, data_dir: &Path) -> Option<String> {
     let src = vol.sources.lock();
-    let abs = if Path::new(spec).is_absolute() { spec.to_string() } else { data_dir.join(spec).display().to_string() };
-    src.iter().find(|(n, s)| n == spec || s == spec || *s == abs).map(|(n, _)| n.clone())
+    if let Some((n, _)) = src.iter().find(|(n, _)| n == spec) {
+        return Some(n.clone());
+    }
+    let key = DeviceKey::new(spec, data_dir);
+    src.iter().find(|(_, s)| key.same(&DeviceKey::new(s, data_dir))).map(|(n, _)| n.clone())
 }
 
 async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
@@ -545,7 +519,6 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
                 bail!("{}: member {m} is still in the array (faulty); --remove it first, then --{}", a.name, a.action);
             }
             let o = open_new(&a.member).await?;
-            check_not_in_use(&svc, &o.sources).await?;
             let dev = o.devs[0].clone();
             if a.action == "add" {
                 vol.array.add_member(dev.clone()).await?;
@@ -581,7 +554,6 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
             let with = match &a.with {
                 Some(w) => {
                     let o = open_new(w).await?;
-                    check_not_in_use(&svc, &o.sources).await?;
                     Some((o.devs[0].clone(), o.sources[0].clone()))
                 }
                 None => None,

@@ -13,7 +13,7 @@ use mdkit_md::layout::names::{parse_layout, parse_level};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::md::{as_md, check_not_in_use, md_volume, remember_members};
+use super::md::{as_md, md_volume, remember_members};
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::md::{MemberOpen, open_members};
@@ -173,7 +173,6 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
         let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
         let o = open_members(&a.add, &svc.config.data_dir, &vols, MemberOpen::default()).await?;
         drop(vols);
-        check_not_in_use(&svc, &o.sources).await?;
         Some(o)
     };
     let devs = opened.as_ref().map(|o| o.devs.clone()).unwrap_or_default();

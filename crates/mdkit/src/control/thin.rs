@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
+use crate::volumes::name_claim::NameClaim;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
     OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinState,
@@ -88,6 +89,9 @@ fn parse_pool_create(args: Value) -> Result<PoolCreateArgs> {
 async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a = parse_pool_create(args)?;
     super::check_name("thin pool name", &a.name)?;
+    // Held until the pool is registered: a second request for the name is refused before it
+    // creates or formats anything.
+    let _claim = svc.volumes.read().await.claim(&a.name)?;
     {
         let vols = svc.volumes.read().await;
         if vols.get(&a.name).is_some() {
@@ -104,12 +108,7 @@ async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
             );
         }
     }
-    // A device another pool or an array uses would be written by both.
-    let sources: Vec<String> = [&a.params.metadata, &a.params.data]
-        .into_iter()
-        .map(|s| if s.starts_with("volume:") { s.clone() } else { svc.config.data_dir.join(s).display().to_string() })
-        .collect();
-    super::md::check_not_in_use(&svc, &sources).await?;
+    // A device another volume uses is refused by `open_pool` before any file is created.
     // Files the pool would be created on: removed again if it is refused.
     let new_files: Vec<PathBuf> = [&a.params.metadata, &a.params.data]
         .into_iter()
@@ -221,25 +220,28 @@ struct CreateArgs {
     external_origin: Option<String>,
 }
 
-/// Refuses a volume name or export a new thin volume would get, before its thin device is
-/// created: `name` defaults to POOL.ID, `export` to the name ("" = none).
+/// Claims the volume name a new thin volume would get and refuses it, or the export, when
+/// taken, before its thin device is created: `name` defaults to POOL.ID, `export` to the name
+/// ("" = none). The claim is held until [`register_thin`] registered the volume.
 pub(super) async fn check_new_thin(
     svc: &Service,
     pool: &str,
     id: u64,
     name: Option<&str>,
     export: Option<&str>,
-) -> Result<()> {
+) -> Result<NameClaim> {
     let name = name.map_or_else(|| format!("{pool}.{id}"), str::to_string);
     super::check_name("volume name", &name)?;
+    let claim = svc.volumes.read().await.claim(&name)?;
     if svc.volumes.read().await.get(&name).is_some() {
         bail!("a volume named {name:?} already exists (give another --name)");
     }
     match export {
-        Some("") => Ok(()),
-        Some(e) => super::check_new_export(svc, e).await,
-        None => super::check_new_export(svc, &name).await,
+        Some("") => {}
+        Some(e) => super::check_new_export(svc, e).await?,
+        None => super::check_new_export(svc, &name).await?,
     }
+    Ok(claim)
 }
 
 /// "pool P has no thin device N (it has: ...)".
@@ -268,19 +270,19 @@ fn check_thin_size(size: u64) -> Result<u64> {
     Ok(size)
 }
 
-/// Opens `id` as a run-time volume (and export), remembering it (with its external origin,
-/// if given).
+/// Opens `id` as a run-time volume named as `claim` says (and export), remembering it (with
+/// its external origin, if given).
 pub(super) async fn register_thin(
     svc: &Arc<Service>,
+    claim: &NameClaim,
     pool_name: &str,
     id: u64,
     size: Option<u64>,
-    name: Option<String>,
     export: Option<String>,
     external_origin: Option<String>,
 ) -> Result<Value> {
     let pool = find_pool(&*svc.volumes.read().await, pool_name)?;
-    let name = name.unwrap_or_else(|| format!("{pool_name}.{id}"));
+    let name = claim.name().to_string();
     if svc.volumes.read().await.get(&name).is_some() {
         bail!("a volume named {name:?} already exists (give another --name)");
     }
@@ -322,14 +324,14 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let size = check_thin_size(a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes())?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     refuse_taken_id(&pool, &a.pool, a.id).await?;
-    check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
+    let claim = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     // A bad origin is refused before the device exists.
     drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
     pool.create_thin(a.id).await?;
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);
     })?;
-    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export, a.external_origin).await
+    register_thin(&svc, &claim, &a.pool, a.id, Some(size), a.export, a.external_origin).await
 }
 
 /// The external origin an active volume of thin device `id` was opened with: a snapshot of
@@ -362,13 +364,13 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
             .copied()
             .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
     };
-    check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
+    let claim = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     pool.create_snapshot(a.id, origin).await?;
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);
     })?;
     let external_origin = active_origin(&svc, &a.pool, origin).await;
-    register_thin(&svc, &a.pool, a.id, Some(size), a.name, a.export, external_origin).await
+    register_thin(&svc, &claim, &a.pool, a.id, Some(size), a.export, external_origin).await
 }
 
 #[derive(Deserialize)]
@@ -419,6 +421,12 @@ async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
     for u in &users {
         refuse_connected(&svc, &a.pool, a.id, &u.name).await?;
     }
+    // Held while the names are out of the registry: a refused delete registers them again,
+    // and no other request may take one meanwhile.
+    let claims: Vec<NameClaim> = {
+        let vols = svc.volumes.read().await;
+        users.iter().map(|u| vols.claim(&u.name)).collect::<Result<_, _>>()?
+    };
     for u in &users {
         // Flush first, still exported: a failing flush leaves everything as it was.
         let vol = svc.volumes.read().await.get(&u.name).cloned();
@@ -436,10 +444,9 @@ async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
     if let Err(e) = pool.delete_thin(a.id).await {
         // A client that connected after the check still holds the device: open the volumes
         // and exports again, so the refusal changes nothing.
-        for u in &users {
+        for (u, claim) in users.iter().zip(&claims) {
             let export = Some(u.export.clone().unwrap_or_default());
-            let again =
-                register_thin(&svc, &a.pool, a.id, None, Some(u.name.clone()), export, u.external_origin.clone()).await;
+            let again = register_thin(&svc, claim, &a.pool, a.id, None, export, u.external_origin.clone()).await;
             if let Err(r) = again {
                 tracing::error!(volume = %u.name, "reopening after a refused thin delete failed: {r:#}");
             }

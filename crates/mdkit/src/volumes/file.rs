@@ -22,6 +22,7 @@ use mdkit_io::{
 };
 use serde::Deserialize;
 
+use super::in_use::{Role, refuse_in_use};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind};
 use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple};
 
@@ -68,6 +69,9 @@ impl VolumeKind for FileKind {
         Box::pin(async move {
             let p: FileParams = spec.parse_params()?;
             let path = ctx.resolve(&p.path);
+            // Before the file is created or opened: a pool's or an array's device written
+            // through a plain export loses their metadata.
+            refuse_in_use(ctx.volumes, Role::File, &[&path.display().to_string()], ctx.data_dir)?;
             let want = p.size.map(Size::bytes);
             if !path.exists() {
                 let Some(size) = want else {
@@ -118,12 +122,19 @@ impl VolumeKind for FileKind {
     }
 }
 
-struct FileVolume {
+pub struct FileVolume {
     name: String,
     dev: Arc<FileDevice>,
     /// What is exported: `dev`, or `dev` behind the write-back window.
     device: DeviceRef,
     write_back: Option<WriteBackHandle>,
+}
+
+impl FileVolume {
+    /// The file (or block device) as opened.
+    pub fn path(&self) -> &std::path::Path {
+        self.dev.path()
+    }
 }
 
 impl Volume for FileVolume {

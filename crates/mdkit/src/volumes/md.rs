@@ -49,9 +49,10 @@ use mdkit_md::layout::{Level, parse_layout, parse_level};
 use serde::Deserialize;
 
 use super::faults::{self, FaultSpec};
+use super::in_use::{Role, refuse_in_use, refuse_repeated};
 use super::md_remote::{RemoteLinks, RemoteMember, spawn_watch, unreachable_reason};
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
-use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple, normalize};
+use crate::config::{Size, VolumeSpec, check_queue_depth, check_sector_multiple};
 
 pub struct MdKind;
 
@@ -173,7 +174,12 @@ pub async fn open_members(
     if specs.is_empty() {
         bail!("no members given");
     }
-    refuse_repeated_members(specs, data_dir)?;
+    // Before any member file is created or opened, any remote member connected: a member given
+    // twice (however spelt: a link, a loop device over the file) or written by another volume.
+    let roles: Vec<(Role, &str)> = specs.iter().map(|s| (Role::Member, s.as_str())).collect();
+    refuse_repeated(&roles, data_dir)?;
+    let wanted: Vec<&str> = specs.iter().map(String::as_str).collect();
+    refuse_in_use(volumes, Role::Member, &wanted, data_dir)?;
     let names = member_names(specs);
     // Remote members first: a bad URI or an unreachable server must not leave member files
     // created behind it.
@@ -271,35 +277,6 @@ pub(crate) fn remove_files(paths: &[PathBuf]) {
     }
 }
 
-/// The (device, inode) of an existing file: two paths name one file when these match.
-pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let m = std::fs::metadata(path).ok()?;
-    if !m.file_type().is_block_device() {
-        return Some((m.dev(), m.ino()));
-    }
-    // A loop device stores its data in its backing file: the file and the loop device over
-    // it are one member. Any other block device is known by its device number.
-    let (major, minor) = (libc_major(m.rdev()), libc_minor(m.rdev()));
-    let backing = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/loop/backing_file")).ok();
-    match backing.as_deref().map(str::trim_end).filter(|p| !p.ends_with(" (deleted)")) {
-        Some(file) => std::fs::metadata(file).ok().map(|f| (f.dev(), f.ino())),
-        None => Some((BLOCK_DEVICE_IDENTITY, m.rdev())),
-    }
-}
-
-/// The first half of a block device's identity (no file system has this device number).
-const BLOCK_DEVICE_IDENTITY: u64 = u64::MAX;
-
-/// glibc's `major()` / `minor()` of a `dev_t` (both halves split across the word).
-fn libc_major(dev: u64) -> u64 {
-    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff)
-}
-
-fn libc_minor(dev: u64) -> u64 {
-    ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff)
-}
-
 impl OpenedMembers {
     /// Undoes what opening did on a request that is refused afterwards: closes the members and
     /// removes the files created for it, so a refused create leaves the disk as it was.
@@ -308,28 +285,6 @@ impl OpenedMembers {
         drop(self);
         remove_files(&created);
     }
-}
-
-/// Refuses a member given twice, before any member file is created or written: the same
-/// spec, the same path spelt two ways, two paths of one file (a hard or symbolic link), or a
-/// file and a loop device over it.
-fn refuse_repeated_members(specs: &[String], data_dir: &Path) -> Result<()> {
-    /// A member already seen: its spec, its normalised path and its file's (device, inode).
-    type Seen<'a> = (&'a str, PathBuf, Option<(u64, u64)>);
-    let mut seen: Vec<Seen> = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let path = if spec.starts_with("volume:") || is_nbd_uri(spec) {
-            PathBuf::from(spec)
-        } else {
-            normalize(&data_dir.join(spec))
-        };
-        let inode = file_identity(&path);
-        if let Some((first, ..)) = seen.iter().find(|(_, p, i)| *p == path || (inode.is_some() && *i == inode)) {
-            bail!("member {spec:?} is the same device as member {first:?}; each member must be given once");
-        }
-        seen.push((spec, path, inode));
-    }
-    Ok(())
 }
 
 async fn open_remote(uri: &str, opts: NbdClientOptions) -> Result<Arc<NbdDevice>, mdkit_io::NbdClientError> {
@@ -563,11 +518,9 @@ impl VolumeKind for MdKind {
         if members.is_empty() {
             bail!("members = []: an array needs at least one member");
         }
-        let same = |a: &str, b: &str| a == b || normalize(Path::new(a)) == normalize(Path::new(b));
-        for (i, m) in members.iter().enumerate() {
-            if members[..i].iter().any(|e| same(e, m)) {
-                bail!("member {m:?} is given twice");
-            }
+        // A member given twice is refused with the data directory at hand: by
+        // `in_use::check_config` (--check-config) and when the array opens.
+        for m in &members {
             if m.strip_prefix("volume:") == Some(spec.name.as_str()) {
                 bail!("member {m:?}: an array cannot be a member of itself");
             }
@@ -837,6 +790,19 @@ impl MdVolume {
     /// The member sources in array order (for the state file).
     pub fn member_sources(&self) -> Vec<String> {
         self.sources.lock().iter().map(|(_, s)| s.clone()).collect()
+    }
+
+    /// The members assembly left out: not part of the array, nothing is written to them.
+    pub fn left_out_names(&self) -> Vec<String> {
+        let core = self.array.core();
+        let in_array: Vec<String> = core.slots().all_members().iter().map(|m| m.name().to_string()).collect();
+        self.array.left_out().into_iter().map(|r| r.member).filter(|n| !in_array.contains(n)).collect()
+    }
+
+    /// The sources of the members the array writes (not the ones it left out).
+    pub fn member_sources_in_use(&self) -> Vec<String> {
+        let left_out = self.left_out_names();
+        self.sources.lock().iter().filter(|(n, _)| !left_out.contains(n)).map(|(_, s)| s.clone()).collect()
     }
 }
 

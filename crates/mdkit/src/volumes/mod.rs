@@ -17,12 +17,15 @@
 //! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting.
 //! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
+pub mod device_key;
 pub mod failed;
 pub mod faults;
 pub mod file;
+pub mod in_use;
 pub mod md;
 pub mod md_remote;
 pub mod mem;
+pub mod name_claim;
 pub mod open_guard;
 pub mod signatures;
 pub mod thin;
@@ -40,6 +43,7 @@ use mdkit_io::DeviceRef;
 
 use crate::config::VolumeSpec;
 pub use failed::{FailedVolume, Origin, catch_panic};
+use name_claim::{NameBusy, NameClaim, NameClaims};
 use open_guard::OpenGuard;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -161,14 +165,23 @@ async fn open_one(kind: &dyn VolumeKind, spec: &VolumeSpec, ctx: &OpenContext<'_
     }
 }
 
-/// Opened volumes by name, in opening order, and the volumes that failed to open.
+/// Opened volumes by name, in opening order, the volumes that failed to open, and the names
+/// claimed by volumes being created (`name_claim.rs`).
 #[derive(Default)]
 pub struct Volumes {
     list: Vec<Arc<dyn Volume>>,
     failed: Vec<FailedVolume>,
+    claims: NameClaims,
 }
 
 impl Volumes {
+    /// Claims `name` for a volume a control command creates, before it opens or writes any
+    /// device; refused while another request holds it. The command then checks that no volume
+    /// has the name, and inserts its volume before it drops the claim.
+    pub fn claim(&self, name: &str) -> Result<NameClaim, NameBusy> {
+        self.claims.claim(name)
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Volume>> {
         self.list.iter().find(|v| v.name() == name)
     }

@@ -43,7 +43,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,11 +55,11 @@ use mdkit_io::{
 use mdkit_thin::pool::{DiscardMode, ModeCause, OpenMode, Pool, PoolMode, PoolOptions, ThinVolume};
 use serde::{Deserialize, Serialize};
 
-use super::md::{MdVolume, file_identity};
+use super::in_use::{Role, device_uses, refuse_in_use, refuse_repeated};
 use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
 use super::thin_origin::open_origin;
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
-use crate::config::{Config, Size, VolumeSpec, check_queue_depth, check_sector_multiple, normalize};
+use crate::config::{Config, Size, VolumeSpec, check_queue_depth, check_sector_multiple};
 
 /// File (in the data directory) with thin sizes and run-time pools and volumes.
 pub const STATE_FILE: &str = "thin-pools.json";
@@ -155,11 +155,9 @@ impl PoolParams {
     }
 
     /// Checks every key without opening anything (`serve --check-config`, `thin.pool-create`
-    /// before it creates a file).
+    /// before it creates a file). Metadata and data on one device is refused where the data
+    /// directory is at hand: `in_use::check_config` and [`open_pool`].
     pub fn check(&self, pool_name: &str) -> Result<()> {
-        if crate::config::normalize(Path::new(&self.metadata)) == crate::config::normalize(Path::new(&self.data)) {
-            bail!("metadata and data are both {:?}: a pool needs two devices", self.data);
-        }
         for dev in [&self.metadata, &self.data] {
             if dev.strip_prefix("volume:") == Some(pool_name) {
                 bail!("{dev:?}: a thin pool cannot be stored on itself");
@@ -260,56 +258,15 @@ pub fn update_state<R>(data_dir: &Path, f: impl FnOnce(&mut ThinState) -> R) -> 
 }
 
 //------------------------------------------------------------------------------------------------
-// Devices shared between volumes
-
-/// A device a pool (or an md array) is built on, for telling whether two volumes use one:
-/// `volume:NAME` and NBD URIs compare as given; a file by its normalised path or, when it
-/// exists, its (device, inode), so `./a`, an absolute path and a hard or symbolic link match.
-struct DeviceKey {
-    spec: String,
-    path: Option<PathBuf>,
-    identity: Option<(u64, u64)>,
-}
-
-impl DeviceKey {
-    fn new(spec: &str, data_dir: &Path) -> DeviceKey {
-        if spec.starts_with("volume:") || spec.contains("://") {
-            return DeviceKey { spec: spec.to_string(), path: None, identity: None };
-        }
-        let path = normalize(&data_dir.join(spec));
-        let identity = file_identity(&path);
-        DeviceKey { spec: spec.to_string(), path: Some(path), identity }
-    }
-
-    fn same(&self, other: &DeviceKey) -> bool {
-        match (&self.path, &other.path) {
-            (Some(a), Some(b)) => a == b || (self.identity.is_some() && self.identity == other.identity),
-            (None, None) => self.spec == other.spec,
-            _ => false,
-        }
-    }
-}
-
-/// What an open volume is built on: ("metadata" | "data" | "member", source).
-fn devices_of(v: &dyn Volume) -> Vec<(&'static str, String)> {
-    if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
-        let [m, d] = p.sources();
-        return vec![("metadata", m.to_string()), ("data", d.to_string())];
-    }
-    if let Some(md) = v.as_any().downcast_ref::<MdVolume>() {
-        return md.member_sources().into_iter().map(|s| ("member", s)).collect();
-    }
-    Vec::new()
-}
+// Volumes built on volumes
 
 /// The volume built on volume `name` (a pool or an array on `volume:NAME`, a thin volume
 /// with it as external origin), described for a message; `None` when nothing is.
 pub fn stacked_on(volumes: &Volumes, name: &str) -> Option<String> {
     let spec = format!("volume:{name}");
     for v in volumes.iter() {
-        if let Some((role, _)) = devices_of(v.as_ref()).into_iter().find(|(_, s)| *s == spec) {
-            let kind = if v.kind() == "md" { "md array" } else { "thin pool" };
-            return Some(format!("{kind} {:?} (as its {role})", v.name()));
+        if let Some(u) = device_uses(v.as_ref()).into_iter().find(|u| u.source == spec) {
+            return Some(format!("{} {:?} (as its {})", u.role.owner(), u.volume, u.role.word()));
         }
         let thin = v.as_any().downcast_ref::<ThinVolumeVol>();
         if thin.is_some_and(|t| t.origin_spec() == Some(spec.as_str())) {
@@ -317,72 +274,6 @@ pub fn stacked_on(volumes: &Volumes, name: &str) -> Option<String> {
         }
     }
     None
-}
-
-/// Refuses a pool device an open pool or md array already uses (`thin.pool-create` checks the
-/// same earlier, with the service's view; this covers config and remembered pools at start).
-fn refuse_devices_in_use(name: &str, p: &PoolParams, data_dir: &Path, volumes: &Volumes) -> Result<()> {
-    for (role, spec) in [("metadata", &p.metadata), ("data", &p.data)] {
-        let key = DeviceKey::new(spec, data_dir);
-        for v in volumes.iter().filter(|v| v.name() != name) {
-            for (their_role, src) in devices_of(v.as_ref()) {
-                if key.same(&DeviceKey::new(&src, data_dir)) {
-                    let kind = if v.kind() == "md" { "md array" } else { "thin pool" };
-                    bail!("{role} {spec:?} is already used by {kind} {:?} (as its {their_role} {src})", v.name());
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Config checks across volumes for thin pools (`serve --check-config`; at start the second
-/// user of a device fails to open instead, see [`refuse_devices_in_use`]): no two volumes use
-/// one metadata or data device of a pool (nor a pool a device an md array has as a member),
-/// and see [`check_config_exports`].
-pub fn check_config(config: &Config) -> Result<()> {
-    check_config_exports(config)?;
-    // (volume, role, key) of every pool device and md member.
-    let mut seen: Vec<(&str, &'static str, DeviceKey)> = Vec::new();
-    for spec in &config.volumes {
-        let devices: Vec<(&'static str, String)> = match spec.kind.as_str() {
-            "thin-pool" => match spec.parse_params::<PoolParams>() {
-                Ok(p) => vec![("metadata", p.metadata), ("data", p.data)],
-                Err(_) => continue,
-            },
-            "md" => md_member_specs(spec).into_iter().map(|m| ("member", m)).collect(),
-            _ => continue,
-        };
-        for (role, dev) in devices {
-            let key = DeviceKey::new(&dev, &config.data_dir);
-            // One member in two arrays (or twice in one) is the md check's to report.
-            let clash =
-                seen.iter().find(|(_, other_role, k)| (role != "member" || *other_role != "member") && k.same(&key));
-            if let Some((other, other_role, k)) = clash {
-                if *other == spec.name {
-                    bail!("volume {other:?} uses one device as {other_role} ({:?}) and {role} ({dev:?})", k.spec);
-                }
-                bail!(
-                    "volumes {other:?} and {:?} use one device: {:?} ({other_role} of {other:?}) and {dev:?} \
-                     ({role} of {:?}); one device written by two volumes loses data",
-                    spec.name,
-                    k.spec,
-                    spec.name
-                );
-            }
-            seen.push((&spec.name, role, key));
-        }
-    }
-    Ok(())
-}
-
-/// The member specs of an `md` volume's config keys (paths, `volume:NAME`, URIs; a fault
-/// injection table's `path`), without the md kind's own parsing.
-fn md_member_specs(spec: &VolumeSpec) -> Vec<String> {
-    let members = spec.params.get("members").and_then(toml::Value::as_array);
-    let entry =
-        |m: &toml::Value| m.as_str().or_else(|| m.get("path").and_then(toml::Value::as_str)).map(str::to_string);
-    members.into_iter().flatten().filter_map(entry).collect()
 }
 
 /// Refuses an export of a thin-pool volume: its device serves no blocks (export its thin
@@ -485,8 +376,12 @@ pub async fn open_pool(
     let opts = p.pool_options()?;
     let autoextend = p.autoextend_policy().with_context(|| format!("thin pool {name}"))?;
     // Before a file is created or opened: one device written by two pools (or a pool and an
-    // array) loses the commits of one of them.
-    refuse_devices_in_use(name, p, data_dir, volumes).with_context(|| format!("thin pool {name}"))?;
+    // array or a file volume) loses the commits of one of them.
+    let devices = [(Role::Metadata, p.metadata.as_str()), (Role::Data, p.data.as_str())];
+    refuse_repeated(&devices, data_dir).with_context(|| format!("thin pool {name}"))?;
+    for (role, spec) in devices {
+        refuse_in_use(volumes, role, &[spec], data_dir).with_context(|| format!("thin pool {name}"))?;
+    }
     let (meta, meta_src, meta_file) = open_device(&p.metadata, p.metadata_size, p, data_dir, volumes)?;
     let (data, data_src, data_file) = open_device(&p.data, p.data_size, p, data_dir, volumes)?;
     let pool = Pool::start(name, meta, data, opts, how.mode(p)).await?;

@@ -227,6 +227,45 @@ name = "vol0"
 volume = "vol0"
 "#;
 
+/// `mdkit serve --check-config` on `body` (volume and export tables) with `dir` as data
+/// directory: (success, stderr).
+pub fn check_config_in(dir: &Path, body: &str) -> (bool, String) {
+    let config = dir.join("c.toml");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n{body}\n", dir.display())).expect("config");
+    let out = Command::new(MDKIT).args(["serve", "--check-config", "--config"]).arg(&config).output().expect("mdkit");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The entry `name` of list `list` ("volumes", "exports") of a `status --json` answer
+/// (`Null` when it is not there).
+pub fn status_entry<'a>(status: &'a Value, list: &str, name: &str) -> &'a Value {
+    status[list].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap_or(&Value::Null)
+}
+
+/// A loop device detached when dropped.
+pub struct Loop(pub String);
+
+impl Loop {
+    pub fn over(file: &Path) -> Loop {
+        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(file));
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// `s` is still open and has nothing to read.
+pub fn still_open(s: &std::os::unix::net::UnixStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let r = (&*s).read(&mut [0u8; 1]);
+    s.set_nonblocking(false).unwrap();
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
 /// `mdkit ARGS` without a control socket (offline verbs).
 pub fn offline(args: &[&str]) -> Output {
     Command::new(MDKIT).args(args).output().expect("run mdkit")

@@ -1,0 +1,71 @@
+//! Two requests creating one volume name at once. The "a volume named X already exists" check
+//! only looked at the registry, where a volume appears once it is made: a second request for X
+//! passed it while the first was still opening members, and wrote its superblocks (formatted
+//! its pool, created its thin device) before the registry refused it, or won.
+//!
+//! Deterministic: the first `md create` has a remote member on a socket the test holds, so it
+//! waits in its connect, with everything before it done, until the test lets go. Every other
+//! request for the name is made meanwhile; each must be refused and leave its devices as they
+//! were. Then the first fails (the test closes the connection) and the name is free again.
+
+use crate::common;
+
+use std::os::unix::net::UnixListener;
+
+use common::{SMALL_POOL, Server, mdkit, mdkit_err, mdkit_json, mdkit_ok, sha256, still_open};
+
+const BUSY: &str = "a volume named \"x\" is being created by another request";
+
+#[test]
+fn a_name_being_created_is_refused_to_every_other_request_before_it_touches_a_device() {
+    let srv = Server::start(SMALL_POOL);
+    let p = |f: &str| srv.path(f).display().to_string();
+    // The members of a stopped array, for the assemble case.
+    mdkit_ok(&srv, &["create", "old", "--level", "raid1", "--member-size", "8M", &p("c1"), &p("c2")]);
+    mdkit_ok(&srv, &["stop", "old"]);
+    let stopped = [sha256(&srv.path("c1")), sha256(&srv.path("c2"))];
+
+    let gate = srv.path("gate.sock");
+    let listener = UnixListener::bind(&gate).unwrap();
+    let uri = format!("nbd+unix:///held?socket={}", gate.display());
+    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("a1")];
+    let first = std::thread::scope(|s| {
+        let first = s.spawn(|| mdkit(&srv, &first_args));
+        let (held, _) = listener.accept().unwrap();
+        refused_while_held(&srv, &stopped);
+        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
+        drop(held);
+        first.join().unwrap()
+    });
+    assert!(!first.status.success(), "the first create had no server behind its remote member");
+    assert!(!srv.path("a1").exists(), "the failed create left a member file");
+    // The claim went with the failed request.
+    mdkit_ok(&srv, &["create", "x", "--level", "raid1", "--member-size", "8M", &p("b1"), &p("b2")]);
+}
+
+/// While another request holds the name "x", every request for it is refused and creates or
+/// writes nothing.
+fn refused_while_held(srv: &Server, stopped: &[String; 2]) {
+    let p = |f: &str| srv.path(f).display().to_string();
+    let e = mdkit_err(srv, &["create", "x", "--level", "raid1", "--member-size", "8M", &p("b1"), &p("b2")]);
+    assert!(e.contains(BUSY), "{e}");
+    assert!(!srv.path("b1").exists() && !srv.path("b2").exists(), "the refused create made its members");
+    let e = mdkit_err(srv, &["assemble", "x", &p("c1"), &p("c2")]);
+    assert!(e.contains(BUSY), "{e}");
+    assert_eq!([sha256(&srv.path("c1")), sha256(&srv.path("c2"))], *stopped, "the refused assemble wrote");
+    let pool = ["thin", "pool-create", "x", "--metadata", &p("x.meta"), "--metadata-size", "4M"];
+    let e = mdkit_err(srv, &[&pool[..], &["--data", &p("x.data"), "--data-size", "64M"]].concat());
+    assert!(e.contains(BUSY), "{e}");
+    assert!(!srv.path("x.meta").exists() && !srv.path("x.data").exists(), "the refused pool made its files");
+    let e = mdkit_err(srv, &["thin", "create", "pool0", "7", "--size", "8M", "--name", "x"]);
+    assert!(e.contains(BUSY), "{e}");
+    let e = mdkit_err(srv, &["thin", "snapshot", "pool0", "8", "0", "--name", "x"]);
+    assert!(e.contains(BUSY), "{e}");
+    let ids: Vec<u64> = mdkit_json(srv, &["thin", "list", "pool0", "--json"])["thins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [0], "a refused thin create or snapshot made its device");
+}
