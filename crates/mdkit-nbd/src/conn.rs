@@ -679,7 +679,9 @@ async fn execute_timed(conn: &Conn, req: Request) -> Reply {
         Ok(()) => Reply::ok(req.cookie),
         Err((errno, msg)) => {
             stats.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(export = %conn.export.export.name, cookie = req.cookie, "request failed: {msg}");
+            let command = command_name(req.kind);
+            let name = &conn.export.export.name;
+            conn.export.failures.failed(name, command, req.offset_bytes, u64::from(req.len_bytes), errno, &msg);
             Reply::error(req.cookie, errno, &msg, conn.structured)
         }
     }

@@ -99,11 +99,18 @@ pub struct ExportState {
     /// Orders RMW cycles against other writes. One per export, not per connection, because
     /// the device is shared by all connections.
     pub gate: WriteGate,
+    /// Warnings for requests the device failed (rate-limited).
+    pub failures: crate::failure_log::FailureLog,
 }
 
 impl ExportState {
     pub fn new(export: Export) -> ExportState {
-        ExportState { export, stats: Arc::new(ExportStats::default()), gate: WriteGate::new() }
+        ExportState {
+            export,
+            stats: Arc::new(ExportStats::default()),
+            gate: WriteGate::new(),
+            failures: Default::default(),
+        }
     }
 
     pub fn topology(&self) -> Topology {

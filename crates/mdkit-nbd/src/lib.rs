@@ -31,6 +31,7 @@ mod block_status;
 pub mod budget;
 mod conn;
 pub mod export;
+pub mod failure_log;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gate;

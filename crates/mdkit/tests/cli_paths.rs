@@ -254,6 +254,14 @@ fn pool_create_error_if_no_space_fails_writes_at_once() {
     assert!(st["status"].as_str().unwrap().contains("error_if_no_space"), "{st:#}");
     // What did map reads back.
     assert!(nbd_read(&srv, "v", 1 << 20).iter().all(|&b| b == 0x5a));
+    // The operator sees the failures without debug logging (QA: device errors were logged at
+    // debug level only), at most 10 lines per export per 10 s.
+    let log = srv.log_text();
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("WARN") && l.contains("request failed")).collect();
+    assert!(!failed.is_empty() && failed.len() <= 10, "{log}");
+    let first = failed[0];
+    assert!(first.contains("out of data space") && first.contains("export=\"v\" command=\"WRITE\""), "{first}");
+    assert!(first.contains("errno=28"), "{first}");
 }
 
 /// A TCP connection that the server closed without a word: EOF before the greeting's first

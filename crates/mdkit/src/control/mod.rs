@@ -38,7 +38,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -46,7 +45,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
-use admission::{CLIENTS_MAX, Client, ClientTable, IDLE_TIMEOUT, State};
+use admission::{CLIENTS_MAX, Client, IDLE_TIMEOUT, State};
 
 use crate::service::Service;
 use crate::volumes::BoxFuture;
