@@ -565,27 +565,39 @@ impl Pacer {
         self.marks[0].shown_speed_kib(pos, Instant::now())
     }
 
-    fn io_speed_kib(&self) -> u64 {
-        self.marks[0].paced_speed_kib(self.io_sectors, Instant::now())
-    }
-
     /// Sleeps as md does: above `speed_min` only while idle, never above `speed_max`.
     async fn pace(&mut self, core: &ArrayCore, pos: u64, generation: u64) {
         loop {
             if core.sync.interrupt_gen.load(Ordering::Acquire) != generation || core.is_shutting_down() {
                 return;
             }
-            let speed = self.io_speed_kib();
             let users = core.user_requests();
             let busy = users != self.last_user_requests;
             self.last_user_requests = users;
-            if speed > core.sync.speed_max_kib() || (speed > core.sync.speed_min_kib() && busy) {
-                tokio::time::sleep(Duration::from_millis(if busy { 50 } else { 10 })).await;
-                continue;
+            let limits = (core.sync.speed_min_kib(), core.sync.speed_max_kib());
+            match self.wait_before_io(Instant::now(), pos, busy, limits) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return,
             }
-            break;
         }
-        self.marks = Mark::advance(self.marks, Mark { at: Instant::now(), pos, io_sectors: self.io_sectors });
+    }
+
+    /// How long to wait at `now` before more sync I/O (`None`: go on), for `(speed_min,
+    /// speed_max)` in KiB/s. The marks move on while the sync waits too: measured from a mark
+    /// that stood still, a busy array stopped a sync for a minute after a few seconds at full
+    /// speed (the speed over the growing window had to fall below `speed_min` first), and the
+    /// speed shown stood still with it. So a wait lasts at most two mark steps, and a sync under
+    /// steady user I/O keeps about `speed_min` going, as md does.
+    fn wait_before_io(
+        &mut self,
+        now: Instant,
+        pos: u64,
+        busy: bool,
+        (min_kib, max_kib): (u64, u64),
+    ) -> Option<Duration> {
+        self.marks = Mark::advance(self.marks, Mark { at: now, pos, io_sectors: self.io_sectors });
+        let speed = self.marks[0].paced_speed_kib(self.io_sectors, now);
+        (speed > max_kib || (speed > min_kib && busy)).then(|| Duration::from_millis(if busy { 50 } else { 10 }))
     }
 
     /// [`Pacer::pace`] for the reshape engine, which no sync request interrupts: `pos` counts
@@ -843,6 +855,28 @@ mod tests {
             }
         }
         assert!(marks[0].at >= secs(3_000), "the older mark moves on");
+    }
+
+    /// A sync that ran at 20 MB/s, then met steady user I/O with `speed_min` 1000 KiB/s: it
+    /// waits at most two mark steps, not until the speed over a window that never moved has
+    /// fallen below the minimum (a minute; QA saw the resync stand still for 14-60 s).
+    #[test]
+    fn a_busy_array_holds_a_fast_sync_back_for_two_mark_steps_at_most() {
+        let t0 = Instant::now();
+        let start = Mark { at: t0, pos: 0, io_sectors: 0 };
+        let mut p = Pacer { marks: [start; 2], io_sectors: 0, origin: 0, last_user_requests: 0 };
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 3 s idle at 40000 sectors a second, under sync_speed_max 20000 KiB/s.
+        for ms in (0..3_000).step_by(10) {
+            assert_eq!(p.wait_before_io(at(ms), ms * 40, false, (1_000, 30_000)), None, "at {ms} ms");
+            p.note_io(400);
+        }
+        let mut ms = 3_000;
+        while p.wait_before_io(at(ms), ms * 40, true, (1_000, 30_000)).is_some() {
+            ms += 50;
+            assert!(ms <= 3_000 + 2 * MARK_STEP.as_millis() as u64 + 100, "still waiting at {ms} ms");
+        }
+        assert!(ms > 3_000, "the busy array held the sync back at first");
     }
 
     /// The pace counts I/O, not position: skipping clean ranges does not slow the sync.
