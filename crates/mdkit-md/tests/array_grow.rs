@@ -310,6 +310,42 @@ async fn level_changes_under_io() {
     again.stop().await.unwrap();
 }
 
+/// raid5 -> raid6 `--layout preserve --add`, cut dirty (safe_mode_delay long, a write just
+/// done, no stop) while Q is rebuilt onto the added member: only the Q role (left-symmetric-6:
+/// Q alone on the last role) is not in sync, so nothing would be rebuilt from parity and the
+/// array assembles without --force, as raid5.c counts a dirty parity disk (only_parity); QA saw
+/// it refused "dirty degraded ... parity cannot be trusted" after a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dirty_cut_while_q_is_rebuilt_after_raid5_to_raid6_assembles_without_force() {
+    let ms = mem_members("q6cut", 4, 16 * MIB);
+    let a = create_array(&ms[..3], opts(Level::Raid5, 3, Some(64), None, true, true)).await;
+    let mut m = Model::new(a.size_bytes());
+    let mut rng = Rng::new(seed("a_dirty_cut_while_q_is_rebuilt", 7));
+    for _ in 0..16 {
+        random_write(&a, &mut m, &mut rng, 32).await;
+    }
+    a.set_attribute("safe_mode_delay", "3600").unwrap();
+    a.set_attribute("sync_speed_min", "1").unwrap();
+    a.set_attribute("sync_speed_max", "1").unwrap();
+    let preserve = GrowChange::Level { level: Level::Raid6, layout: LayoutChoice::Preserve };
+    a.grow(preserve, vec![ms[3].member_dev()]).await.unwrap();
+    random_write(&a, &mut m, &mut rng, 32).await;
+    assert_eq!(a.get_attribute("array_state").unwrap(), "active", "dirty at the cut");
+    assert_eq!(a.core().degraded(), 1, "Q still rebuilding at the cut");
+    drop(a);
+    let b = assemble(member_devs(&ms), AssembleOptions { name: "q6cut".into(), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("refused without --force: {e}"))
+        .array;
+    assert_eq!((b.info().level, b.info().layout), (Level::Raid6, 18));
+    fast_sync(&b);
+    b.wait_sync_idle().await;
+    assert_eq!(b.core().degraded(), 0);
+    verify_all(&b, &m).await;
+    assert_eq!(check(&b).await, 0);
+    b.stop().await.unwrap();
+}
+
 /// raid0 -> raid4 parity-last with `--add` while a writer writes: the parity member is
 /// recovered, the model reads back, check finds 0; then back to raid0 (the parity member is
 /// failed and removed first); a multi-zone raid0 is refused by name.

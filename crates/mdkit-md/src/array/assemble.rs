@@ -360,15 +360,16 @@ async fn member_problem(md: &MemberDev, sb: &Superblock, refsb: &Superblock, key
 }
 
 /// Whether every role without an in-sync member holds only parity (a raid0 taken over to
-/// raid4, its parity role empty): nothing is rebuilt from parity, so an unclean shutdown leaves
-/// no parity to distrust and the array starts without --force.
+/// raid4, its parity role empty; a raid5 grown to raid6 with `--layout preserve` whose Q member
+/// was still rebuilding): nothing is rebuilt from parity, so an unclean shutdown leaves no
+/// parity to distrust and the array starts without --force.
 fn missing_hold_only_parity(pers: &dyn Personality, table: &SlotTable, sb: &Superblock) -> bool {
     if let Some(r) = pers.reshape() {
         return r.missing_hold_only_parity(table);
     }
     let Some(level) = Level::from_md_level(sb.level) else { return false };
-    let parity = crate::layout::parity_only_roles(level, sb.layout, sb.raid_disks);
-    (0..sb.raid_disks).all(|r| table.in_sync(r as usize).is_some() || parity.contains(&r))
+    let parity = |r: u32| crate::layout::holds_only_parity(level, sb.layout, sb.raid_disks, r);
+    (0..sb.raid_disks).all(|r| table.in_sync(r as usize).is_some() || parity(r))
 }
 
 /// Roles the array has: `raid_disks`, or during a reshape to fewer members the old count

@@ -571,10 +571,9 @@ fn reshape_bitmap(
 /// by the first new device and recovered by the reshape (mdadm's raid0 --raid-devices path).
 fn only_parity_missing(info: &ArrayInfo, slots: &SlotTable) -> bool {
     let n = info.raid_disks;
-    let parity = crate::layout::parity_only_roles(info.level, info.layout, n);
     let missing: Vec<u32> = (0..n).filter(|r| slots.in_sync(*r as usize).is_none()).collect();
     matches!(info.level, Level::Raid4 | Level::Raid5)
-        && parity.contains(&(n - 1))
+        && (info.level == Level::Raid4 || info.layout == crate::layout::names::algorithm::PARITY_N)
         && missing == [n - 1]
         && slots.working(n as usize - 1).is_none()
 }

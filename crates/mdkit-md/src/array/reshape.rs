@@ -282,10 +282,10 @@ impl Reshape {
     /// (raid5_run's dirty_parity_disks).
     pub fn missing_hold_only_parity(&self, slots: &SlotTable) -> bool {
         let st = &self.state;
-        let parity = |layout: u32, disks: u32| crate::layout::parity_only_roles(st.level, layout, disks);
-        let (old, new) = (parity(st.old_layout, st.old_raid_disks), parity(st.new_layout, st.new_raid_disks));
+        let parity = |layout: u32, disks: u32, r: u32| crate::layout::holds_only_parity(st.level, layout, disks, r);
         let (old_missing, new_missing) = self.missing_roles(slots);
-        old_missing.iter().all(|r| old.contains(r)) && new_missing.iter().all(|r| new.contains(r))
+        old_missing.iter().all(|&r| parity(st.old_layout, st.old_raid_disks, r))
+            && new_missing.iter().all(|&r| parity(st.new_layout, st.new_raid_disks, r))
     }
 
     /// The roles each geometry runs without (old, new): no in-sync member, except that a

@@ -228,16 +228,25 @@ pub fn array_sectors(
     }
 }
 
-/// The roles that hold only parity in every stripe: the last one of raid4, the last
-/// `max_degraded` of a parity-last raid5/6 (layout parity-last); none otherwise.
-pub fn parity_only_roles(level: Level, layout: u32, raid_disks: u32) -> std::ops::Range<u32> {
-    let parity_last = match level {
-        Level::Raid4 => true,
-        Level::Raid5 | Level::Raid6 => layout == names::algorithm::PARITY_N,
+/// Whether `role` holds only parity in every stripe (raid5.c `only_parity`): raid4's last
+/// role; raid5/6 parity-first (PARITY_0) the first `max_degraded` roles, parity-last (PARITY_N)
+/// the last `max_degraded`; raid6 PARITY_0_6 the first and the last; the raid6 layouts that
+/// are a raid5 layout with Q on the last role (`*_6`, what `grow --level raid6 --layout
+/// preserve` makes) the last. A member there that is missing or not yet rebuilt leaves no data
+/// to rebuild from parity, so an unclean shutdown does not make the array's data suspect.
+pub fn holds_only_parity(level: Level, layout: u32, raid_disks: u32, role: u32) -> bool {
+    use names::algorithm::*;
+    let parity_roles = level.max_degraded();
+    match (level, layout) {
+        (Level::Raid4, _) => role + 1 == raid_disks,
+        (Level::Raid5 | Level::Raid6, PARITY_0) => role < parity_roles,
+        (Level::Raid5 | Level::Raid6, PARITY_N) => role + parity_roles >= raid_disks && role < raid_disks,
+        (Level::Raid6, PARITY_0_6) => role == 0 || role + 1 == raid_disks,
+        (Level::Raid6, LEFT_ASYMMETRIC_6 | RIGHT_ASYMMETRIC_6 | LEFT_SYMMETRIC_6 | RIGHT_SYMMETRIC_6) => {
+            role + 1 == raid_disks
+        }
         _ => false,
-    };
-    let first = if parity_last { raid_disks.saturating_sub(level.max_degraded()) } else { raid_disks };
-    first..raid_disks
+    }
 }
 
 #[cfg(test)]
@@ -245,12 +254,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parity_only_roles_are_the_last_of_parity_last_layouts() {
-        assert_eq!(parity_only_roles(Level::Raid4, 0, 5), 4..5);
-        assert_eq!(parity_only_roles(Level::Raid5, names::algorithm::PARITY_N, 4), 3..4);
-        assert_eq!(parity_only_roles(Level::Raid6, names::algorithm::PARITY_N, 6), 4..6);
-        assert!(parity_only_roles(Level::Raid5, names::algorithm::LEFT_SYMMETRIC, 4).is_empty(), "parity rotates");
-        assert!(parity_only_roles(Level::Raid10, 0x102, 4).is_empty());
+    fn only_parity_roles_are_raid5_cs_only_parity() {
+        use names::algorithm::*;
+        let roles = |level, layout, n| (0..n).filter(|r| holds_only_parity(level, layout, n, *r)).collect::<Vec<u32>>();
+        assert_eq!(roles(Level::Raid4, 0, 5), [4]);
+        assert_eq!(roles(Level::Raid5, PARITY_N, 4), [3]);
+        assert_eq!(roles(Level::Raid6, PARITY_N, 6), [4, 5]);
+        assert_eq!(roles(Level::Raid5, PARITY_0, 4), [0]);
+        assert_eq!(roles(Level::Raid6, PARITY_0, 6), [0, 1]);
+        assert_eq!(roles(Level::Raid6, PARITY_0_6, 5), [0, 4]);
+        for layout in [LEFT_ASYMMETRIC_6, RIGHT_ASYMMETRIC_6, LEFT_SYMMETRIC_6, RIGHT_SYMMETRIC_6] {
+            assert_eq!(roles(Level::Raid6, layout, 4), [3], "Q last of layout {layout}");
+        }
+        assert!(roles(Level::Raid5, LEFT_SYMMETRIC, 4).is_empty(), "parity rotates");
+        assert!(roles(Level::Raid6, LEFT_SYMMETRIC, 6).is_empty(), "P and Q rotate");
+        assert!(roles(Level::Raid10, 0x102, 4).is_empty());
     }
 
     #[test]
