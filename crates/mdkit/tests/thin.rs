@@ -146,3 +146,23 @@ fn thin_pool_on_md_through_the_service_and_the_tools() {
     let ours = Command::new(MDKIT).args(["thin", "check"]).arg(&meta).output().unwrap();
     assert!(ours.status.success(), "mdkit thin check: {}", String::from_utf8_lossy(&ours.stderr));
 }
+
+/// QA round 3: `grow md0 --array-size` (what a shrink refusal tells the operator to do first)
+/// under a live pool cut the pool's data device; after the reshape and a restart the pool failed
+/// for good ("data device holds 2012 blocks but the metadata maps 3024"). Making an array that a
+/// volume is built on smaller is refused, naming that volume, and changes nothing; growing it
+/// back to max, or any size at or above the current one, still works.
+#[test]
+fn an_array_under_a_pool_is_not_made_smaller() {
+    let srv = Server::start(POOL_ON_MD);
+    let size = srv.status()["volumes"][0]["size_bytes"].as_u64().unwrap();
+    let half = format!("{}K", size / 2 / 1024);
+    let e = mdkit_err(&srv, &["grow", "md0", "--array-size", &half]);
+    assert!(e.contains("thin pool \"pool0\" (its data device)") && e.contains("nothing was changed"), "{e}");
+    let e = mdkit_err(&srv, &["grow", "md0", "--size", &half]);
+    assert!(e.contains("--size would make the array smaller"), "{e}");
+    assert_eq!(srv.status()["volumes"][0]["size_bytes"].as_u64(), Some(size), "unchanged");
+    mdkit_ok(&srv, &["grow", "md0", "--array-size", "max"]);
+    let st = json(&srv, &["thin", "status", "pool0", "--json"]);
+    assert_eq!(st["mode"], "rw", "{st:#}");
+}

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::md::{as_md, md_volume, remember_members};
 use crate::service::Service;
 use crate::volumes::Volume;
+use crate::volumes::in_use::users_of_volume;
 use crate::volumes::md::{MemberOpen, open_members};
 use crate::volumes::thin_origin::refresh_origins;
 
@@ -129,6 +130,23 @@ fn change(a: &GrowArgs, level: &str) -> Result<GrowChange> {
     }
 }
 
+/// Refuses to make array `name` smaller while another volume is built on it: a thin pool's
+/// data or metadata past the new end would be gone (QA: `--array-size` then `--raid-devices 3`
+/// under a live pool left it failed for good, "data device holds 2012 blocks but the metadata
+/// maps 3024"), and pools never shrink.
+async fn refuse_shrink_under_users(svc: &Service, name: &str, what: &str) -> Result<()> {
+    let users = users_of_volume(&*svc.volumes.read().await, name, &svc.config.data_dir);
+    if users.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{name}: {what} would make the array smaller, but {} {} built on it and would lose what lies past \
+         the new end (thin pools never shrink); nothing was changed",
+        users.join(", "),
+        if users.len() == 1 { "is" } else { "are" }
+    )
+}
+
 pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: GrowArgs = super::parse_args("md.grow", args)?;
     let v = md_volume(&svc, &json!({ "name": a.name })).await?;
@@ -147,7 +165,11 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
             bail!("{}: --array-size goes alone (mdadm changes one thing per --grow)", a.name);
         }
         let before = vol.array.size_bytes();
-        let after = vol.array.set_array_size(array_size(&a, v)?)?;
+        let asked = array_size(&a, v)?;
+        if asked.is_some_and(|b| b < before) {
+            refuse_shrink_under_users(&svc, &a.name, "--array-size").await?;
+        }
+        let after = vol.array.set_array_size(asked)?;
         let summary = format!("array size {} KiB -> {} KiB", before / 1024, after / 1024);
         return Ok(
             json!({ "grow": summary, "size_bytes_before": before, "size_bytes_after": after, "detail": vol.details() }),
@@ -164,6 +186,11 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
         }
     }
     let c = change(&a, level)?;
+    if let GrowChange::Size { size: GrowSize::Sectors(s), .. } = c
+        && s < vol.array.info().member_size_sectors
+    {
+        refuse_shrink_under_users(&svc, &a.name, "--size").await?;
+    }
     if !a.add.is_empty() && !matches!(c, GrowChange::RaidDevices(_) | GrowChange::Level { .. }) {
         bail!("{}: --add goes with --raid-devices or --level", a.name);
     }

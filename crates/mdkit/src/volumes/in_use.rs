@@ -90,6 +90,27 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
     uses.into_iter().map(|(role, source)| DeviceUse { volume: volume.clone(), role, source }).collect()
 }
 
+/// The open volumes built on volume `name` (`volume:NAME` as a pool's metadata or data device,
+/// an array's member, or a thin volume's external origin), for messages: "thin pool \"p\" (its
+/// data device)".
+pub fn users_of_volume(volumes: &Volumes, name: &str, data_dir: &Path) -> Vec<String> {
+    let spec = format!("volume:{name}");
+    let key = DeviceKey::new(&spec, data_dir);
+    let mut users = Vec::new();
+    for v in volumes.iter() {
+        for u in device_uses(v.as_ref()) {
+            if DeviceKey::new(&u.source, data_dir).same(&key) {
+                users.push(format!("{} {:?} (its {} device)", u.role.owner(), u.volume, u.role.word()));
+            }
+        }
+        let origin = v.as_any().downcast_ref::<super::thin::ThinVolumeVol>().and_then(|t| t.origin_spec());
+        if origin == Some(spec.as_str()) {
+            users.push(format!("thin volume {:?} (its external origin)", v.name()));
+        }
+    }
+    users
+}
+
 /// A device asked for that an open volume already uses.
 #[derive(Debug)]
 pub struct InUse {
