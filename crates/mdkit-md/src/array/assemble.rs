@@ -634,12 +634,11 @@ pub async fn assemble_with(
         tracing::info!(array = name.as_str(), "unclean shutdown with the parity role(s) empty: nothing to resync");
         resync_cp = MAX_SECTOR;
     }
-    if matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6)
+    let dirty_degraded = matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6)
         && resync_cp != MAX_SECTOR
         && degraded > 0
-        && !parity_roles_empty
-        && !opts.force
-    {
+        && !parity_roles_empty;
+    if dirty_degraded && !opts.force {
         return Err(fail(
             format!(
                 "cannot start a dirty degraded {} ({degraded} member(s) missing, unclean shutdown): its parity cannot be trusted; use --force to start it anyway",
@@ -647,6 +646,13 @@ pub async fn assemble_with(
             ),
             &refused,
         ));
+    }
+    let forced_clean = dirty_degraded && !forced;
+    if forced_clean {
+        // mdadm --assemble --force marks such an array clean ("force-array": resync_offset =
+        // MaxSector): a degraded array has nothing to resync from, and a start that stays
+        // dirty is refused again at the next assembly (the one that ends a reshape too).
+        resync_cp = MAX_SECTOR;
     }
     if forced && pers.has_redundancy() {
         resync_cp = 0;
@@ -699,6 +705,11 @@ pub async fn assemble_with(
     }
     if forced {
         notes.push("stale member(s) forced in: resync from sector 0".to_string());
+    } else if forced_clean {
+        notes.push(format!(
+            "dirty and degraded, started with --force: marked clean as mdadm does (stripes written at the \
+             unclean shutdown may hold stale parity for the {degraded} missing member(s))"
+        ));
     } else if resync_cp != MAX_SECTOR {
         notes.push(format!("unclean shutdown: resync from sector {resync_cp}"));
     }
