@@ -385,8 +385,10 @@ fn list(a: PoolJsonArgs) -> Result<ExitCode> {
 }
 
 fn check_offline(a: CheckArgs) -> Result<ExitCode> {
+    // --clear-needs-check writes: refused on the device of a running pool (`offline_writer_error`).
     let io = FileMetaIo::open(&a.metadata, a.clear_needs_check)
-        .with_context(|| format!("opening {}", a.metadata.display()))?;
+        .with_context(|| format!("opening {}", a.metadata.display()))
+        .map_err(super::offline_writer_error)?;
     let opts = CheckOptions::default();
     let report = if a.clear_needs_check { clear_needs_check(&io, &opts)? } else { check(&io, &opts) };
     if a.json {

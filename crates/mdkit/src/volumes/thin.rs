@@ -329,7 +329,14 @@ fn open_device(
         Direct::Require => DirectMode::Require,
         Direct::Off => DirectMode::Off,
     };
-    let mut opts = FileOptions { direct, flush_batching: p.flush_batching.unwrap_or(true), ..FileOptions::default() };
+    // Exclusive: an offline tool writing the metadata under the running pool (a second
+    // writer) loses commits of one or the other; it is refused while the pool is open.
+    let mut opts = FileOptions {
+        direct,
+        flush_batching: p.flush_batching.unwrap_or(true),
+        exclusive: true,
+        ..FileOptions::default()
+    };
     if let Some(qd) = p.queue_depth {
         opts.queue_depth = qd;
     }
