@@ -26,6 +26,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 /// The identity of a locked inode: (file system device, inode).
 type Key = (u64, u64);
@@ -38,6 +39,14 @@ struct Held {
 }
 
 static HELD: LazyLock<Mutex<HashMap<Key, Held>>> = LazyLock::new(Default::default);
+
+/// How long a lock held elsewhere is waited for before the device is refused. A process that
+/// used a device through io_uring lets go of it some time *after* it exited: the kernel tears
+/// its rings down (and drops their file references, the last of which releases the lock)
+/// asynchronously, so a service restarted at once would find its own devices still locked.
+/// A device really in use is refused after this wait.
+const RELEASE_WAIT_MAX: Duration = Duration::from_secs(3);
+const RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// An exclusive lock on a device, shared by every user in this process; released when the last
 /// [`DeviceLock`] of the device is dropped (or the process ends).
@@ -64,30 +73,46 @@ pub fn is_busy(e: &io::Error) -> bool {
 
 impl DeviceLock {
     /// Takes (or, in this process, shares) the exclusive lock of the device open as `file`;
-    /// `name` is for the error. Never blocks: a device another process holds is refused at once
-    /// with [`busy_error`].
+    /// `name` is for the error. A device another process holds is refused with [`busy_error`]
+    /// once it has stayed held for [`RELEASE_WAIT_MAX`] (blocking the calling thread).
     pub fn exclusive(file: &File, name: &str) -> io::Result<DeviceLock> {
         let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         let key = (meta.dev(), meta.ino());
+        let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        let start = Instant::now();
+        loop {
+            if DeviceLock::try_take(key, &dup, name)? {
+                return Ok(DeviceLock { key });
+            }
+            if start.elapsed() >= RELEASE_WAIT_MAX {
+                return Err(busy_error(name));
+            }
+            std::thread::sleep(RELEASE_POLL);
+        }
+    }
+
+    /// Shares this process's lock of `key`, or takes it on `dup`; `false` while another process
+    /// holds it.
+    fn try_take(key: Key, dup: &File, name: &str) -> io::Result<bool> {
         // The table stays locked across the flock: a user dropping the last share of this key
         // unlocks inside the table lock too, so the two never interleave.
         let mut held = HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(h) = held.get_mut(&key) {
             h.users += 1;
-            return Ok(DeviceLock { key });
+            return Ok(true);
         }
-        let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
-        // SAFETY: flock on a descriptor this function owns (`dup`), no memory involved.
+        // SAFETY: flock on a descriptor the caller owns, no memory involved.
         let r = unsafe { libc::flock(dup.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if r != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(busy_error(name));
+                return Ok(false);
             }
             return Err(io::Error::new(e.kind(), format!("{name}: taking its exclusive lock: {e}")));
         }
-        held.insert(key, Held { file: dup, users: 1 });
-        Ok(DeviceLock { key })
+        let file = dup.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        held.insert(key, Held { file, users: 1 });
+        Ok(true)
     }
 }
 
