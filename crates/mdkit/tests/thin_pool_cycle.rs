@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use common::raw::Raw;
 use common::{
     SMALL_POOL, Server, is_root, mdkit_err, mdkit_json, mdkit_ok, nbd_read, offline, pattern, require_tool, run,
-    sha256, status_entry,
+    sha256, status_entry, wait_thin_status,
 };
 use serde_json::Value;
 
@@ -83,19 +83,6 @@ fn write_and_flush(srv: &Server, export: &str, offset: u64, data: &[u8]) -> bool
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     out.status.success() && !text.contains("failed")
-}
-
-/// Polls `thin status POOL --json` until `done` holds.
-fn wait_status(srv: &Server, pool: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let st = mdkit_json(srv, &["thin", "status", pool, "--json"]);
-        if done(&st) {
-            return st;
-        }
-        assert!(start.elapsed() < HANG_GUARD, "no {what}: {st:#}\nlog:\n{}", srv.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits until export `export` has no NBD client left (qemu-io's connection is closed by the
@@ -188,7 +175,7 @@ fn a_failed_pool_comes_back_by_deactivate_check_activate_while_another_volume_se
         write_and_flush(&srv, "vol0", offset, &pattern(offset, 256 << 10));
         offset += 1 << 20;
     }
-    let st = wait_status(&srv, "pool0", "NEEDS_CHECK", |s| s["needs_check"] == true);
+    let st = wait_thin_status(&srv, "pool0", "NEEDS_CHECK", |s| s["needs_check"] == true);
     assert_eq!(st["mode"], "Fail", "{st:#}");
     other_round_trip(&mut other, 2);
 
