@@ -85,6 +85,7 @@ use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlag
 use crate::error::{DeviceError, IoErrorKind};
 use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
 use crate::flush::{FlushBatcher, FlushStats};
+use crate::lock::DeviceLock;
 use crate::plug::{self, PlugTarget};
 
 /// Default number of requests in flight per device.
@@ -185,6 +186,10 @@ pub struct FileOptions {
     /// batches above them (and its `flush_batching = 0` comparison must reach the members
     /// unbatched).
     pub flush_batching: bool,
+    /// Hold the device's exclusive lock ([`DeviceLock`]) while open: another process that
+    /// opens it with this option (or an offline tool that writes it) is refused. Ignored with
+    /// `read_only`.
+    pub exclusive: bool,
 }
 
 impl Default for FileOptions {
@@ -194,6 +199,7 @@ impl Default for FileOptions {
             direct: DirectMode::Auto,
             queue_depth: DEFAULT_QUEUE_DEPTH,
             flush_batching: false,
+            exclusive: false,
         }
     }
 }
@@ -268,6 +274,8 @@ struct Shared {
     flusher: Option<FlushBatcher>,
     /// Failures that outlive the request that met them (see [`Sticky`]).
     sticky: Sticky,
+    /// Held while the device is open when opened `exclusive` (released with the last request).
+    _lock: Option<DeviceLock>,
 }
 
 /// Failures the device remembers until it is closed, because the kernel does not.
@@ -393,6 +401,10 @@ impl FileDevice {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| io::Error::other(format!("{name}: FileDevice::open must be called inside a tokio runtime")))?;
         let (file, direct, fallback_reason) = open_file(path, &name, &options)?;
+        // Before anything reads the device for its topology: a device another process writes is
+        // refused as it is.
+        let lock =
+            (options.exclusive && !options.read_only).then(|| DeviceLock::exclusive(&file, &name)).transpose()?;
         let meta = file.metadata().map_err(|e| with_context(e, &name))?;
         let kind = if meta.file_type().is_block_device() {
             Kind::BlockDevice
@@ -431,6 +443,7 @@ impl FileDevice {
             counters,
             flusher: options.flush_batching.then(FlushBatcher::new),
             sticky: Sticky::default(),
+            _lock: lock,
         });
         Ok(FileDevice { shared, path: path.to_path_buf(), fallback_reason })
     }

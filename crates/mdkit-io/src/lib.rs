@@ -16,6 +16,7 @@
 //! | [`plug`]   | [`Plug`] / [`plugged`]: batch io_uring submissions of one poll          |
 //! | [`error`]  | [`DeviceError`] / [`IoErrorKind`]: typed errors of every device         |
 //! | [`fault`]  | [`FaultyDevice`]: I/O errors, pulled disks, dropped writes              |
+//! | [`lock`]   | [`DeviceLock`]: one writer per device across processes (`flock`)       |
 //! | [`crash`]  | [`CrashGroup`] / [`CrashDevice`]: power cuts at any point, many members |
 //! | [`flash`]  | [`FlashDevice`]: 4 KiB write unit, read-modify-write latency            |
 //! | [`trace`]  | [`Tracer`] / [`TracedDevice`]: events, counters, histograms             |
@@ -35,6 +36,7 @@ pub mod fault;
 pub mod file;
 pub mod flash;
 pub mod flush;
+pub mod lock;
 pub mod mem;
 pub mod nbd_client;
 pub mod nbd_wire;
@@ -62,6 +64,7 @@ pub use file::{
 };
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use flush::{FlushBatcher, FlushStats};
+pub use lock::DeviceLock;
 pub use mem::MemDevice;
 pub use nbd_client::{LinkStatus, NbdClientError, NbdClientOptions, NbdDevice, NbdErrorKind, NbdUri, is_nbd_uri};
 pub use plug::{Plug, Plugged, is_plugged, plugged};

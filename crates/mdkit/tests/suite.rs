@@ -39,6 +39,7 @@ mod thin_cli_paths;
 mod thin_corrupt;
 mod thin_lifecycle;
 mod thin_origin;
+mod thin_pool_cycle;
 mod thin_repair_lab;
 mod thin_service_refusals;
 mod thin_tools;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     SMALL_POOL as POOL, Server, mdkit_json as json, mdkit_ok, nbd_write_at, offline_ok, pattern, require_tool, restart,
-    run,
+    run, wait_thin_status as wait_status,
 };
 use mdkit_thin::meta::Superblock;
 use mdkit_thin::meta::block::{BlockKind, seal};
@@ -35,19 +35,6 @@ const BLOCK_BYTES: usize = 64 << 10;
 
 fn p(path: &Path) -> &str {
     path.to_str().unwrap()
-}
-
-/// Polls `thin status POOL --json` until `done` holds.
-fn wait_status(srv: &Server, pool: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let st = json(srv, &["thin", "status", pool, "--json"]);
-        if done(&st) {
-            return st;
-        }
-        assert!(start.elapsed() < HANG_GUARD, "no {what} within the hang guard: {st:#}\nlog:\n{}", srv.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Polls the service log until it contains `want`.

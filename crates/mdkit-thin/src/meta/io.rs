@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mdkit_io::{DeviceRef, IoBuf, SharedBuf, WriteFlags};
+use mdkit_io::{DeviceLock, DeviceRef, IoBuf, SharedBuf, WriteFlags};
 use parking_lot::Mutex;
 
 use crate::meta::block::{BLOCK_SIZE, BlockBuf};
@@ -81,13 +81,22 @@ pub struct FileMetaIo {
     name: String,
     file: File,
     nr_blocks: u64,
+    /// Held while open for writing: a device a running service (another process) writes is
+    /// refused, and none opens this one meanwhile (see `mdkit_io::lock`).
+    _lock: Option<DeviceLock>,
 }
 
 impl FileMetaIo {
-    /// Opens `path`; its size (rounded down to 4 KiB) is the metadata device size.
+    /// Opens `path`; its size (rounded down to 4 KiB) is the metadata device size. `writable`
+    /// takes the device's exclusive lock first: a device another process holds (a running
+    /// pool) fails with `ResourceBusy` ([`mdkit_io::lock::is_busy`]) before anything is read.
     pub fn open(path: &Path, writable: bool) -> io::Result<FileMetaIo> {
+        let name = path.display().to_string();
         let file = std::fs::OpenOptions::new().read(true).write(writable).open(path)?;
-        FileMetaIo::from_file(file, path.display().to_string())
+        let lock = writable.then(|| DeviceLock::exclusive(&file, &name)).transpose()?;
+        let mut io = FileMetaIo::from_file(file, name)?;
+        io._lock = lock;
+        Ok(io)
     }
 
     pub fn from_file(file: File, name: impl Into<String>) -> io::Result<FileMetaIo> {
@@ -101,7 +110,7 @@ impl FileMetaIo {
             let mut f = &file;
             f.seek(io::SeekFrom::End(0))?
         };
-        Ok(FileMetaIo { name, file, nr_blocks: size_bytes / BLOCK_SIZE as u64 })
+        Ok(FileMetaIo { name, file, nr_blocks: size_bytes / BLOCK_SIZE as u64, _lock: None })
     }
 }
 

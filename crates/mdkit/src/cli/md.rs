@@ -299,7 +299,9 @@ fn create_offline(
     rt.block_on(async {
         let vols = crate::volumes::Volumes::default();
         let how = crate::volumes::md::MemberOpen { create_size_bytes: member_size, ..Default::default() };
-        let opened = crate::volumes::md::open_members(members, Path::new("/"), &vols, how).await?;
+        let opened = crate::volumes::md::open_members(members, Path::new("/"), &vols, how)
+            .await
+            .map_err(super::offline_writer_error)?;
         if !force {
             for m in &opened.devs {
                 if let Ok(sb) = mdkit_md::array::read_superblock(&m.dev).await {

@@ -113,3 +113,18 @@ impl ControlArgs {
         ControlClient::connect(&self.socket_path()?, Duration::from_secs(self.timeout_s))
     }
 }
+
+/// The refusal of an offline writer on a device a running service holds
+/// (`mdkit_io::lock`), with what to do about it; any other error as it is.
+pub(crate) fn offline_writer_error(e: anyhow::Error) -> anyhow::Error {
+    let busy = e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(mdkit_io::lock::is_busy));
+    if !busy {
+        return e;
+    }
+    anyhow::anyhow!(
+        "{e:#}; nothing was written. Close it in the service first (`mdkit thin pool-deactivate POOL` for a \
+         thin pool's metadata or data device, `mdkit stop NAME` for an md array's member) or stop the \
+         service; read-only tools (`mdkit thin check` without --clear-needs-check, `thin dump`, `examine`) \
+         work on it as it is"
+    )
+}

@@ -14,7 +14,8 @@
 //! mdkit thin snapshot POOL NEW-ID ORIGIN-ID [--name VOLUME] [--export NAME | --no-export]
 //! mdkit thin delete POOL ID
 //! mdkit thin list POOL [--json]
-//! mdkit thin activate | deactivate | pool-resize ...   (thin_activate.rs)
+//! mdkit thin activate | deactivate | pool-resize | pool-deactivate | pool-activate ...
+//!                                                       (thin_activate.rs)
 //! ```
 //! DEV is a path (a file or block device) or `volume:NAME` (a volume of the service, e.g. an
 //! md array).
@@ -59,6 +60,11 @@ pub enum Verb {
     Deactivate(super::thin_activate::DeactivateArgs),
     /// Grow a running pool: pick up a grown data device, grow the metadata (never shrinks).
     PoolResize(super::thin_activate::PoolResizeArgs),
+    /// Close a pool (commit, release its devices) while the service runs; --force closes its
+    /// thin volumes first. Offline tools may then write its metadata.
+    PoolDeactivate(super::thin_activate::PoolDeactivateArgs),
+    /// Open a deactivated pool again, with the thin volumes and exports it had.
+    PoolActivate(super::thin_activate::PoolActivateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -215,6 +221,8 @@ pub fn run(a: ThinArgs) -> Result<ExitCode> {
         Verb::Activate(a) => super::thin_activate::activate(a),
         Verb::Deactivate(a) => super::thin_activate::deactivate(a),
         Verb::PoolResize(a) => super::thin_activate::pool_resize(a),
+        Verb::PoolDeactivate(a) => super::thin_activate::pool_deactivate(a),
+        Verb::PoolActivate(a) => super::thin_activate::pool_activate(a),
     }
 }
 
@@ -319,6 +327,14 @@ fn status_text(v: &Value) -> String {
     let s = |x: &Value| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string());
     let u = |x: &Value| x.as_u64().unwrap_or(0);
     let mut out = format!("{}: {}\n", s(&v["pool"]), s(&v["status"]));
+    if v["inactive"].as_bool() == Some(true) {
+        out += &format!("  metadata {}, data {}\n", s(&v["metadata_device"]), s(&v["data_device"]));
+        for t in v["thins"].as_array().into_iter().flatten() {
+            out += &format!("  thin {} (volume {}) opens again with the pool\n", t["id"], s(&t["volume"]));
+        }
+        out += &format!("  `mdkit thin pool-activate {}` opens it again\n", s(&v["pool"]));
+        return out;
+    }
     out += &format!(
         "  mode {}{}, data {}/{} blocks of {} KiB, metadata {}/{} blocks, transaction {}\n",
         s(&v["mode"]),
@@ -334,7 +350,11 @@ fn status_text(v: &Value) -> String {
         u(&v["transaction_id"]),
     );
     if v["needs_check"].as_bool() == Some(true) {
-        out += "  NEEDS_CHECK is set: run `mdkit thin check METADATA-DEV` offline\n";
+        out += &format!(
+            "  NEEDS_CHECK is set: `mdkit thin pool-deactivate {p} --force`, then \
+             `mdkit thin check METADATA-DEV --clear-needs-check`, then `mdkit thin pool-activate {p}`\n",
+            p = s(&v["pool"])
+        );
     }
     if v["low_water_reached"].as_bool() == Some(true) {
         out += &format!("  free data blocks are down to the low-water mark ({})\n", u(&v["low_water_blocks"]));
@@ -385,8 +405,10 @@ fn list(a: PoolJsonArgs) -> Result<ExitCode> {
 }
 
 fn check_offline(a: CheckArgs) -> Result<ExitCode> {
+    // --clear-needs-check writes: refused on the device of a running pool (`offline_writer_error`).
     let io = FileMetaIo::open(&a.metadata, a.clear_needs_check)
-        .with_context(|| format!("opening {}", a.metadata.display()))?;
+        .with_context(|| format!("opening {}", a.metadata.display()))
+        .map_err(super::offline_writer_error)?;
     let opts = CheckOptions::default();
     let report = if a.clear_needs_check { clear_needs_check(&io, &opts)? } else { check(&io, &opts) };
     if a.json {

@@ -1,11 +1,14 @@
-//! `mdkit thin activate | deactivate | pool-resize`: open an existing thin device as a volume,
-//! close it again, grow a running pool.
+//! `mdkit thin activate | deactivate | pool-resize | pool-deactivate | pool-activate`: open an
+//! existing thin device as a volume, close it again, grow a running pool, close a pool and open
+//! it again while the service runs.
 //!
 //! ```text
 //! mdkit thin activate POOL ID [--size S] [--name VOLUME] [--export NAME | --no-export]
 //!                    [--external-origin PATH|volume:NAME]
 //! mdkit thin deactivate POOL ID
 //! mdkit thin pool-resize POOL [--data-size SIZE|max] [--metadata-size SIZE|max]
+//! mdkit thin pool-deactivate POOL [--force]
+//! mdkit thin pool-activate POOL
 //! ```
 
 use std::process::ExitCode;
@@ -59,6 +62,58 @@ pub struct PoolResizeArgs {
     pub json: bool,
     #[command(flatten)]
     pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PoolDeactivateArgs {
+    pub pool: String,
+    /// Close the pool's open thin volumes first (flushed, exports removed); pool-activate
+    /// opens them again. Refused while NBD clients are connected to them.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PoolActivateArgs {
+    pub pool: String,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+pub fn pool_deactivate(a: PoolDeactivateArgs) -> Result<ExitCode> {
+    let v = a.control.client()?.call("thin.pool-deactivate", json!({ "pool": a.pool, "force": a.force }))?;
+    for (what, key) in [("volume", "volumes_removed"), ("export", "exports_removed")] {
+        for n in v[key].as_array().into_iter().flatten() {
+            println!("closed {what} {}", n.as_str().unwrap_or("?"));
+        }
+    }
+    match v["final_commit_error"].as_str() {
+        Some(e) if v["was_failed"] == true => {
+            println!("pool {}: failed, closed without its final commit ({e})", a.pool)
+        }
+        Some(e) => println!("pool {}: its final commit failed ({e}); check its metadata before activating it", a.pool),
+        None => println!("pool {}: committed and closed", a.pool),
+    }
+    if v["devices_released"] == false {
+        println!("pool {}: a device file is still held; offline tools are refused until it is released", a.pool);
+    }
+    println!("pool {} is inactive; `mdkit thin pool-activate {}` opens it again", a.pool, a.pool);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn pool_activate(a: PoolActivateArgs) -> Result<ExitCode> {
+    let v = a.control.client()?.call("thin.pool-activate", json!({ "pool": a.pool }))?;
+    println!("pool {} activated: {}", a.pool, v["status"].as_str().unwrap_or("?"));
+    for n in v["volumes_opened"].as_array().into_iter().flatten() {
+        println!("opened volume {}", n.as_str().unwrap_or("?"));
+    }
+    let errors = v["errors"].as_array().cloned().unwrap_or_default();
+    for e in &errors {
+        eprintln!("mdkit: {}", e["error"].as_str().unwrap_or("?"));
+    }
+    Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 pub fn activate(a: ActivateArgs) -> Result<ExitCode> {

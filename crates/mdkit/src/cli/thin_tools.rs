@@ -203,7 +203,9 @@ fn open_output(path: &Path, create_bytes: Option<u64>, force: bool) -> Result<Fi
             .with_context(|| format!("creating {}", path.display()))?;
         f.set_len(bytes).with_context(|| format!("sizing {}", path.display()))?;
     }
-    let io = FileMetaIo::open(path, true).with_context(|| format!("opening {} for writing", path.display()))?;
+    let io = FileMetaIo::open(path, true)
+        .with_context(|| format!("opening {} for writing", path.display()))
+        .map_err(super::offline_writer_error)?;
     if !force && ThinMetadata::read_superblock(&io).is_ok() {
         bail!(
             "{} holds dm-thin metadata already; give --force to overwrite it (make sure no pool uses it)",

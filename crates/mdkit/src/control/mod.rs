@@ -29,6 +29,7 @@ pub mod monitor;
 pub mod status;
 pub mod thin;
 pub mod thin_activate;
+pub mod thin_pool_activate;
 pub mod thin_tools;
 
 use std::collections::BTreeMap;
@@ -124,6 +125,7 @@ pub fn registry() -> Registry {
     thin::register(&mut r);
     thin_tools::register(&mut r);
     thin_activate::register(&mut r);
+    thin_pool_activate::register(&mut r);
     monitor::register(&mut r);
     r
 }

@@ -33,6 +33,7 @@ use crate::volumes::thin::{
     OriginArg, PoolOpen, PoolParams, RememberedPool, RememberedThin, STATE_FILE, ThinPoolVolume, ThinState,
     ThinVolumeVol, find_pool, load_state, open_pool, open_thin, size_key, stacked_on, update_state,
 };
+use crate::volumes::thin_inactive::InactivePool;
 use crate::volumes::{FailedVolume, Origin, catch_panic};
 
 pub fn register(r: &mut Registry) {
@@ -145,6 +146,9 @@ struct PoolArg {
 
 async fn status(svc: Arc<Service>, args: Value) -> Result<Value> {
     let a: PoolArg = super::parse_args("thin.status", args)?;
+    if let Some(v) = inactive_status(&svc, &a.pool).await {
+        return Ok(v);
+    }
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     let st = pool.status().await?;
     let sizes = load_state(&svc.config.data_dir)?.sizes;
@@ -197,6 +201,25 @@ async fn status(svc: Arc<Service>, args: Value) -> Result<Value> {
         },
         "thins": thins,
         "autoextend": autoextend_json(&svc, &a.pool).await,
+    }))
+}
+
+/// `thin.status` of a deactivated pool (`thin.pool-deactivate`): its devices and the thin
+/// volumes it opens again; `None` for any other name.
+async fn inactive_status(svc: &Service, pool: &str) -> Option<Value> {
+    let vols = svc.volumes.read().await;
+    let ip = vols.get(pool)?.as_any().downcast_ref::<InactivePool>()?;
+    let [metadata, data] = ip.sources();
+    Some(json!({
+        "pool": pool,
+        "status": "inactive",
+        "mode": "inactive",
+        "mode_reason": ip.refusal(),
+        "metadata_device": metadata,
+        "data_device": data,
+        "inactive": true,
+        "thins": ip.thins().iter().map(|t| json!({ "id": t.id, "volume": t.name, "size_bytes": t.size_bytes }))
+            .collect::<Vec<_>>(),
     }))
 }
 

@@ -26,6 +26,7 @@ use crate::config::{Size, parse_size};
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::thin::{ThinPoolVolume, ThinVolumeVol, load_state, size_key, update_state};
+use crate::volumes::thin_inactive::InactivePool;
 use crate::volumes::thin_origin::refresh_origins;
 use mdkit_thin::meta::sm_format::MAX_METADATA_BLOCKS;
 
@@ -41,20 +42,24 @@ pub fn register(r: &mut Registry) {
     });
 }
 
-/// The pool volume `name`, with a clear error for every way it can be missing.
-async fn pool_volume(svc: &Service, name: &str) -> Result<Arc<dyn Volume>> {
+/// The pool volume `name`, with a clear error for every way it can be missing (an inactive
+/// pool included).
+pub(super) async fn pool_volume(svc: &Service, name: &str) -> Result<Arc<dyn Volume>> {
     let vols = svc.volumes.read().await;
     if let Some(f) = vols.get_failed(name) {
         bail!("{} {name:?} failed to open: {}", f.kind, f.error);
     }
     let v = vols.get(name).ok_or_else(|| anyhow!("no thin pool named {name:?} (`mdkit status` lists the volumes)"))?;
+    if let Some(i) = v.as_any().downcast_ref::<InactivePool>() {
+        bail!("{}", i.refusal());
+    }
     if v.as_any().downcast_ref::<ThinPoolVolume>().is_none() {
         bail!("volume {name:?} is a {} volume, not a thin-pool", v.kind());
     }
     Ok(v.clone())
 }
 
-fn as_pool(v: &Arc<dyn Volume>) -> &ThinPoolVolume {
+pub(super) fn as_pool(v: &Arc<dyn Volume>) -> &ThinPoolVolume {
     v.as_any().downcast_ref::<ThinPoolVolume>().expect("checked by pool_volume")
 }
 

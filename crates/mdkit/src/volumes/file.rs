@@ -86,6 +86,9 @@ impl VolumeKind for FileKind {
             let mut opts = FileOptions {
                 read_only: p.read_only,
                 flush_batching: p.flush_batching.unwrap_or(true),
+                // Read-write: no other process writes the file meanwhile (a read-only volume
+                // takes no lock).
+                exclusive: true,
                 ..FileOptions::default()
             };
             opts.direct = match p.direct {

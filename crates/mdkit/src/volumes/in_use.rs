@@ -22,6 +22,7 @@ use super::device_key::DeviceKey;
 use super::file::FileVolume;
 use super::md::MdVolume;
 use super::thin::{PoolParams, ThinPoolVolume};
+use super::thin_inactive::InactivePool;
 use super::{Volume, Volumes};
 use crate::config::{Config, VolumeSpec};
 
@@ -73,8 +74,9 @@ pub struct DeviceUse {
     pub source: String,
 }
 
-/// The devices `v` writes: a pool's metadata and data, an array's members (not the ones
-/// assembly left out: nothing is written to them), a file volume's file.
+/// The devices `v` writes: a pool's metadata and data (an inactive pool's too: it comes
+/// back), an array's members (not the ones assembly left out: nothing is written to them), a
+/// file volume's file.
 pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
     let volume = v.name().to_string();
     let uses: Vec<(Role, String)> = if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
@@ -82,6 +84,10 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         vec![(Role::Metadata, m.to_string()), (Role::Data, d.to_string())]
     } else if let Some(md) = v.as_any().downcast_ref::<MdVolume>() {
         md.member_sources_in_use().into_iter().map(|s| (Role::Member, s)).collect()
+    } else if let Some(p) = v.as_any().downcast_ref::<InactivePool>() {
+        // Closed, but coming back: its devices stay reserved in this service.
+        let [m, d] = p.sources();
+        vec![(Role::Metadata, m.to_string()), (Role::Data, d.to_string())]
     } else if let Some(f) = v.as_any().downcast_ref::<FileVolume>() {
         vec![(Role::File, f.path().display().to_string())]
     } else {

@@ -362,7 +362,9 @@ fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Res
         Direct::Require => DirectMode::Require,
         Direct::Off => DirectMode::Off,
     };
-    let mut opts = FileOptions { direct, ..FileOptions::default() };
+    // Exclusive: another process (a second service, an offline create) writing a member
+    // loses the array's writes or its superblocks.
+    let mut opts = FileOptions { direct, exclusive: true, ..FileOptions::default() };
     if let Some(qd) = how.queue_depth {
         opts.queue_depth = qd;
     }

@@ -30,6 +30,7 @@ pub mod open_guard;
 pub mod signatures;
 pub mod thin;
 pub mod thin_autoextend;
+pub mod thin_inactive;
 pub mod thin_origin;
 
 use std::any::Any;

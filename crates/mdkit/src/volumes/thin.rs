@@ -57,6 +57,7 @@ use serde::{Deserialize, Serialize};
 
 use super::in_use::{Role, device_uses, refuse_in_use, refuse_repeated};
 use super::thin_autoextend::{Autoextend, AutoextendParams, Policy};
+use super::thin_inactive::InactivePool;
 use super::thin_origin::open_origin;
 use super::{BoxFuture, OpenContext, Volume, VolumeKind, Volumes};
 use crate::config::{Config, Size, VolumeSpec, check_queue_depth, check_sector_multiple};
@@ -329,7 +330,14 @@ fn open_device(
         Direct::Require => DirectMode::Require,
         Direct::Off => DirectMode::Off,
     };
-    let mut opts = FileOptions { direct, flush_batching: p.flush_batching.unwrap_or(true), ..FileOptions::default() };
+    // Exclusive: an offline tool writing the metadata under the running pool (a second
+    // writer) loses commits of one or the other; it is refused while the pool is open.
+    let mut opts = FileOptions {
+        direct,
+        flush_batching: p.flush_batching.unwrap_or(true),
+        exclusive: true,
+        ..FileOptions::default()
+    };
     if let Some(qd) = p.queue_depth {
         opts.queue_depth = qd;
     }
@@ -353,6 +361,15 @@ pub enum PoolOpen {
 }
 
 impl PoolOpen {
+    /// How a pool opened this way opens again (`thin.pool-activate`): as before, except that a
+    /// pool formatted by `thin.pool-create` is opened as a remembered one, never formatted again.
+    fn reopen(self) -> PoolOpen {
+        match self {
+            PoolOpen::Format { .. } => PoolOpen::Remembered,
+            other => other,
+        }
+    }
+
     fn mode(self, p: &PoolParams) -> OpenMode {
         let data_block_bytes = p.block_bytes().unwrap_or(DEFAULT_BLOCK_BYTES);
         match self {
@@ -409,15 +426,16 @@ pub async fn open_pool(
         },
         _ => None,
     };
-    let placeholder: DeviceRef = Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") });
     Ok(Arc::new(ThinPoolVolume {
         name: name.to_string(),
+        params: p.clone(),
+        reopen: how.reopen(),
         pool,
         meta_src,
         data_src,
         files: PoolFiles { meta: meta_file, data: data_file },
         autoextend,
-        placeholder,
+        placeholder: NotABlockDevice::pool(name),
     }))
 }
 
@@ -447,6 +465,9 @@ impl VolumeKind for ThinPoolKind {
 /// A thin pool in the volume registry.
 pub struct ThinPoolVolume {
     name: String,
+    /// The keys it was opened with, and how to open it again (`thin.pool-activate`).
+    params: PoolParams,
+    reopen: PoolOpen,
     pool: Pool,
     meta_src: String,
     data_src: String,
@@ -477,6 +498,11 @@ impl ThinPoolVolume {
 
     pub fn autoextend(&self) -> Option<&Arc<Autoextend>> {
         self.autoextend.as_ref()
+    }
+
+    /// The keys it was opened with and how to open it again: never formatting a device.
+    pub fn reopen_with(&self) -> (&PoolParams, PoolOpen) {
+        (&self.params, self.reopen)
     }
 }
 
@@ -560,6 +586,9 @@ pub fn find_pool(volumes: &Volumes, name: &str) -> Result<Pool> {
     }
     let v =
         volumes.get(name).ok_or_else(|| anyhow!("no thin pool named {name:?} (`mdkit status` lists the volumes)"))?;
+    if let Some(i) = v.as_any().downcast_ref::<InactivePool>() {
+        bail!("{}", i.refusal());
+    }
     let p = v
         .as_any()
         .downcast_ref::<ThinPoolVolume>()
@@ -726,11 +755,16 @@ impl Volume for ThinVolumeVol {
 //------------------------------------------------------------------------------------------------
 
 /// The device of a thin-pool volume: size 0; every request fails (export the thin volumes).
-struct NotABlockDevice {
+pub(super) struct NotABlockDevice {
     name: String,
 }
 
 impl NotABlockDevice {
+    /// The placeholder device of pool `name`.
+    pub(super) fn pool(name: &str) -> DeviceRef {
+        Arc::new(NotABlockDevice { name: format!("thin-pool:{name}") })
+    }
+
     fn refuse(&self, op: IoOp) -> std::io::Error {
         let t = self.topology();
         check_io(&self.name, &t, op, 0, 512).err().unwrap_or_else(|| std::io::Error::other("unreachable"))
@@ -812,6 +846,9 @@ mod tests {
         assert_eq!(PoolOpen::Format { force: false }.mode(&params("")), OpenMode::Create { data_block_bytes: bs });
         let forced = PoolOpen::Format { force: true }.mode(&params("block_size = \"128KiB\""));
         assert_eq!(forced, OpenMode::Overwrite { data_block_bytes: 128 << 10 });
+        // Opened again (thin.pool-activate), a pool-create pool is never formatted.
+        assert_eq!(PoolOpen::Format { force: true }.reopen(), PoolOpen::Remembered);
+        assert_eq!(PoolOpen::Config.reopen(), PoolOpen::Config);
     }
 
     #[test]

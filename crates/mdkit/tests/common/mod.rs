@@ -379,3 +379,17 @@ pub fn restart(mut srv: Server) -> Server {
     drop(srv);
     Server::start_with_config(dir, cfg)
 }
+
+/// Polls `thin status POOL --json` until `done` holds; panics with the last status and the
+/// service log when it has not after two minutes (a hang guard: no test checks how long it took).
+pub fn wait_thin_status(srv: &Server, pool: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let st = mdkit_json(srv, &["thin", "status", pool, "--json"]);
+        if done(&st) {
+            return st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no {what}: {st:#}\nlog:\n{}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

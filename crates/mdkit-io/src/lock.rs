@@ -1,0 +1,176 @@
+//! One writer per device across processes: an exclusive advisory lock (`flock(LOCK_EX |
+//! LOCK_NB)`) held for as long as a device is open for writing.
+//!
+//! Why `flock`: it is the convention for block devices (udev and systemd take a BSD lock on a
+//! device node to keep it out of their hands while a tool works on it, and `flock(1)` lets a
+//! script take the same lock), it is released by the kernel when the process dies (no stale
+//! lock files to clean up after a crash), and it applies to regular files as well. POSIX
+//! `fcntl` locks would not do: closing *any* descriptor of the file drops every lock the process
+//! holds on it, and the service opens its devices more than once (signature probes, reassembly).
+//!
+//! `flock` locks belong to an open file description, so a second `open` by this same process
+//! would conflict with the first. Within one process a device may legitimately be opened twice
+//! (an array assembled again after a reshape, two file volumes on one image, a pool resized
+//! while open): the second user *shares* the lock the first took. Keeping one process from
+//! writing a device twice is the business of the layer above (mdkit's `in_use` checks); this
+//! lock keeps *other processes* out: a second `mdkit serve`, or an offline tool that writes
+//! (`thin check --clear-needs-check`, `thin restore`, `thin repair -o`, offline md create).
+//!
+//! The lock is taken on the device as opened (its inode): two names of one file (links, a
+//! relative and an absolute path) are one lock. A loop device and its backing file are two
+//! inodes and so two locks, as for udev. Read-only users take no lock.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+/// The identity of a locked inode: (file system device, inode).
+type Key = (u64, u64);
+
+/// The locks this process holds: one locked descriptor per inode and how many users share it.
+struct Held {
+    /// A duplicate of the first user's descriptor: the lock lives on its open file description.
+    file: File,
+    users: usize,
+}
+
+static HELD: LazyLock<Mutex<HashMap<Key, Held>>> = LazyLock::new(Default::default);
+
+/// How long a lock held elsewhere is waited for before the device is refused. A process that
+/// used a device through io_uring lets go of it some time *after* it exited: the kernel tears
+/// its rings down (and drops their file references, the last of which releases the lock)
+/// asynchronously, so a service restarted at once would find its own devices still locked.
+/// A device really in use is refused after this wait.
+const RELEASE_WAIT_MAX: Duration = Duration::from_secs(3);
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// An exclusive lock on a device, shared by every user in this process; released when the last
+/// [`DeviceLock`] of the device is dropped (or the process ends).
+#[derive(Debug)]
+pub struct DeviceLock {
+    key: Key,
+}
+
+/// The error of a device another process holds: kind `ResourceBusy`, naming the device.
+pub fn busy_error(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "{name} is in use by another process: a running mdkit service has it open read-write \
+             (or an offline mdkit tool is writing it)"
+        ),
+    )
+}
+
+/// Whether `e` is the refusal of a device another process holds ([`busy_error`]).
+pub fn is_busy(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ResourceBusy
+}
+
+impl DeviceLock {
+    /// Takes (or, in this process, shares) the exclusive lock of the device open as `file`;
+    /// `name` is for the error. A device another process holds is refused with [`busy_error`]
+    /// once it has stayed held for [`RELEASE_WAIT_MAX`] (blocking the calling thread).
+    pub fn exclusive(file: &File, name: &str) -> io::Result<DeviceLock> {
+        let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        let key = (meta.dev(), meta.ino());
+        let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        let start = Instant::now();
+        loop {
+            if DeviceLock::try_take(key, &dup, name)? {
+                return Ok(DeviceLock { key });
+            }
+            if start.elapsed() >= RELEASE_WAIT_MAX {
+                return Err(busy_error(name));
+            }
+            std::thread::sleep(RELEASE_POLL);
+        }
+    }
+
+    /// Shares this process's lock of `key`, or takes it on `dup`; `false` while another process
+    /// holds it.
+    fn try_take(key: Key, dup: &File, name: &str) -> io::Result<bool> {
+        // The table stays locked across the flock: a user dropping the last share of this key
+        // unlocks inside the table lock too, so the two never interleave.
+        let mut held = HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(h) = held.get_mut(&key) {
+            h.users += 1;
+            return Ok(true);
+        }
+        // SAFETY: flock on a descriptor the caller owns, no memory involved.
+        let r = unsafe { libc::flock(dup.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Ok(false);
+            }
+            return Err(io::Error::new(e.kind(), format!("{name}: taking its exclusive lock: {e}")));
+        }
+        let file = dup.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        held.insert(key, Held { file, users: 1 });
+        Ok(true)
+    }
+}
+
+impl Drop for DeviceLock {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(h) = held.get_mut(&self.key) else { return };
+        h.users -= 1;
+        if h.users == 0 {
+            let h = held.remove(&self.key).expect("present above");
+            // Unlocked explicitly: the description may outlive `h.file` in another descriptor
+            // (the device's own, until its last in-flight request is reaped).
+            // SAFETY: flock on a descriptor owned by `h`, no memory involved.
+            unsafe { libc::flock(h.file.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flock_nb(path: &std::path::Path) -> bool {
+        // Another open file description, as another process would have.
+        let f = File::open(path).unwrap();
+        // SAFETY: flock on a descriptor owned here.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        r == 0
+    }
+
+    #[test]
+    fn users_in_one_process_share_the_lock_and_the_last_releases_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dev");
+        std::fs::write(&p, b"x").unwrap();
+        let (a, b) = (File::open(&p).unwrap(), File::open(&p).unwrap());
+        let la = DeviceLock::exclusive(&a, "dev").unwrap();
+        let lb = DeviceLock::exclusive(&b, "dev").expect("a second open in this process shares the lock");
+        assert!(!flock_nb(&p), "held against other open file descriptions");
+        drop(la);
+        drop(a);
+        assert!(!flock_nb(&p), "still held by the second user");
+        drop(lb);
+        assert!(flock_nb(&p), "released with the last user");
+    }
+
+    #[test]
+    fn a_device_locked_elsewhere_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dev");
+        std::fs::write(&p, b"x").unwrap();
+        // Another "process": a description locked outside the table.
+        let other = File::open(&p).unwrap();
+        // SAFETY: flock on a descriptor owned here.
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let e = DeviceLock::exclusive(&File::open(&p).unwrap(), "/x/dev").unwrap_err();
+        assert!(is_busy(&e) && e.to_string().contains("/x/dev is in use"), "{e}");
+        drop(other);
+        assert!(DeviceLock::exclusive(&File::open(&p).unwrap(), "dev").is_ok());
+    }
+}
