@@ -681,7 +681,7 @@ async fn execute_timed(conn: &Conn, req: Request) -> Reply {
             stats.errors.fetch_add(1, Ordering::Relaxed);
             let command = command_name(req.kind);
             let name = &conn.export.export.name;
-            conn.export.failures.failed(name, command, req.offset_bytes, u64::from(req.len_bytes), errno, &msg);
+            conn.export.failures.failed(name, command, req.offset_bytes, req.len_bytes, errno, &msg);
             Reply::error(req.cookie, errno, &msg, conn.structured)
         }
     }
