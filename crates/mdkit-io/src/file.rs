@@ -85,7 +85,7 @@ use crate::device::{BlockDevice, IoFuture, IoOp, ReadResult, Topology, WriteFlag
 use crate::error::{DeviceError, IoErrorKind};
 use crate::extent::{Extent, ExtentFlags, check_status_range, seek_extents};
 use crate::flush::{FlushBatcher, FlushStats};
-use crate::lock::DeviceLock;
+use crate::lock::{DeviceLock, LockMode};
 use crate::plug::{self, PlugTarget};
 
 /// Default number of requests in flight per device.
@@ -186,10 +186,12 @@ pub struct FileOptions {
     /// batches above them (and its `flush_batching = 0` comparison must reach the members
     /// unbatched).
     pub flush_batching: bool,
-    /// Hold the device's exclusive lock ([`DeviceLock`]) while open: another process that
-    /// opens it with this option (or an offline tool that writes it) is refused. Ignored with
-    /// `read_only`.
+    /// Hold the device's lock ([`DeviceLock`]) while open: another process that opens it with
+    /// this option (or an offline tool that writes it) is refused. Ignored with `read_only`.
     pub exclusive: bool,
+    /// With `exclusive`, take the lock shared ([`LockMode::Shared`]): other shared holders
+    /// (another service's file volume on the same image) are let in, exclusive ones are not.
+    pub shared_lock: bool,
 }
 
 impl Default for FileOptions {
@@ -200,6 +202,7 @@ impl Default for FileOptions {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             flush_batching: false,
             exclusive: false,
+            shared_lock: false,
         }
     }
 }
@@ -403,8 +406,9 @@ impl FileDevice {
         let (file, direct, fallback_reason) = open_file(path, &name, &options)?;
         // Before anything reads the device for its topology: a device another process writes is
         // refused as it is.
+        let lock_mode = if options.shared_lock { LockMode::Shared } else { LockMode::Exclusive };
         let lock =
-            (options.exclusive && !options.read_only).then(|| DeviceLock::exclusive(&file, &name)).transpose()?;
+            (options.exclusive && !options.read_only).then(|| DeviceLock::take(&file, &name, lock_mode)).transpose()?;
         let meta = file.metadata().map_err(|e| with_context(e, &name))?;
         let kind = if meta.file_type().is_block_device() {
             Kind::BlockDevice

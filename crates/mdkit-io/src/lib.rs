@@ -64,7 +64,7 @@ pub use file::{
 };
 pub use flash::{FlashDevice, FlashHandle, FlashModel, FlashStats};
 pub use flush::{FlushBatcher, FlushStats};
-pub use lock::DeviceLock;
+pub use lock::{DeviceLock, LockMode};
 pub use mem::MemDevice;
 pub use nbd_client::{LinkStatus, NbdClientError, NbdClientOptions, NbdDevice, NbdErrorKind, NbdUri, is_nbd_uri};
 pub use plug::{Plug, Plugged, is_plugged, plugged};

@@ -48,7 +48,20 @@ static HELD: LazyLock<Mutex<HashMap<Key, Held>>> = LazyLock::new(Default::defaul
 const RELEASE_WAIT_MAX: Duration = Duration::from_secs(3);
 const RELEASE_POLL: Duration = Duration::from_millis(10);
 
-/// An exclusive lock on a device, shared by every user in this process; released when the last
+/// How a device is locked against other processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// `LOCK_EX`: no other process holds the device at all (md members, pool devices, offline
+    /// writers).
+    Exclusive,
+    /// `LOCK_SH`: other processes may hold it shared too, never exclusively. For a plain file
+    /// volume, a window on its file with no metadata of its own: two services may serve one
+    /// image (the benchmarks' A/A control does), but no array, pool or offline tool writes it
+    /// meanwhile.
+    Shared,
+}
+
+/// A lock on a device, shared by every user in this process; released when the last
 /// [`DeviceLock`] of the device is dropped (or the process ends).
 #[derive(Debug)]
 pub struct DeviceLock {
@@ -76,12 +89,17 @@ impl DeviceLock {
     /// `name` is for the error. A device another process holds is refused with [`busy_error`]
     /// once it has stayed held for [`RELEASE_WAIT_MAX`] (blocking the calling thread).
     pub fn exclusive(file: &File, name: &str) -> io::Result<DeviceLock> {
+        DeviceLock::take(file, name, LockMode::Exclusive)
+    }
+
+    /// [`DeviceLock::exclusive`] in either [`LockMode`].
+    pub fn take(file: &File, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
         let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         let key = (meta.dev(), meta.ino());
         let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         let start = Instant::now();
         loop {
-            if DeviceLock::try_take(key, &dup, name)? {
+            if DeviceLock::try_take(key, &dup, name, mode)? {
                 return Ok(DeviceLock { key });
             }
             if start.elapsed() >= RELEASE_WAIT_MAX {
@@ -93,7 +111,7 @@ impl DeviceLock {
 
     /// Shares this process's lock of `key`, or takes it on `dup`; `false` while another process
     /// holds it.
-    fn try_take(key: Key, dup: &File, name: &str) -> io::Result<bool> {
+    fn try_take(key: Key, dup: &File, name: &str, mode: LockMode) -> io::Result<bool> {
         // The table stays locked across the flock: a user dropping the last share of this key
         // unlocks inside the table lock too, so the two never interleave.
         let mut held = HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -102,13 +120,14 @@ impl DeviceLock {
             return Ok(true);
         }
         // SAFETY: flock on a descriptor the caller owns, no memory involved.
-        let r = unsafe { libc::flock(dup.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let how = if mode == LockMode::Shared { libc::LOCK_SH } else { libc::LOCK_EX };
+        let r = unsafe { libc::flock(dup.as_raw_fd(), how | libc::LOCK_NB) };
         if r != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Ok(false);
             }
-            return Err(io::Error::new(e.kind(), format!("{name}: taking its exclusive lock: {e}")));
+            return Err(io::Error::new(e.kind(), format!("{name}: taking its lock: {e}")));
         }
         let file = dup.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         held.insert(key, Held { file, users: 1 });
@@ -172,5 +191,28 @@ mod tests {
         assert!(is_busy(&e) && e.to_string().contains("/x/dev is in use"), "{e}");
         drop(other);
         assert!(DeviceLock::exclusive(&File::open(&p).unwrap(), "dev").is_ok());
+    }
+
+    /// Shared holders (file volumes of two services on one image) let each other in and keep
+    /// exclusive ones (an array, a pool, an offline writer) out; an exclusive holder keeps
+    /// shared ones out.
+    #[test]
+    fn shared_locks_admit_each_other_and_refuse_exclusive_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        std::fs::write(&p, b"x").unwrap();
+        let other = File::open(&p).unwrap();
+        // SAFETY: flock on a descriptor owned here (another "process" holding it shared).
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) }, 0);
+        let f = File::open(&p).unwrap();
+        let shared = DeviceLock::take(&f, "img", LockMode::Shared).expect("shared beside shared");
+        assert!(!flock_nb(&p), "an exclusive lock elsewhere is refused");
+        drop(shared);
+        drop(other);
+        // SAFETY: as above, this time held exclusively elsewhere.
+        let other = File::open(&p).unwrap();
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let e = DeviceLock::take(&File::open(&p).unwrap(), "img", LockMode::Shared).unwrap_err();
+        assert!(is_busy(&e), "{e}");
     }
 }

@@ -268,3 +268,25 @@ create = true
     let ts = mdkit_json(&srv, &["thin", "status", "pool0", "--json"]);
     assert_eq!(ts["mode"], "rw", "{ts:#}");
 }
+
+/// Two services may serve one image as file volumes (the benchmarks' A/A control runs two
+/// identical services on one file): a file volume locks its file shared. A pool of another
+/// service on that file is still refused, and so is a file volume on a running pool's file.
+#[test]
+fn file_volumes_of_two_services_share_an_image_and_keep_pools_out() {
+    let srv = Server::start("[[volume]]\nname = \"f\"\nkind = \"file\"\npath = \"img\"\nsize = \"8MiB\"\n");
+    let img = srv.path("img");
+    let sum = sha256(&img);
+    let srv2 = Server::start(&format!("[[volume]]\nname = \"f2\"\nkind = \"file\"\npath = \"{}\"\n", img.display()));
+    assert_eq!(status_entry(&srv2.status(), "volumes", "f2")["state"], "active");
+    let pool = format!(
+        "[[volume]]\nname = \"p3\"\nkind = \"thin-pool\"\nmetadata = \"{}\"\ndata = \"p3.data\"\n\
+         data_size = \"8MiB\"\ncreate = true\n",
+        img.display()
+    );
+    let srv3 = Server::start(&pool);
+    let p3 = status_entry(&srv3.status(), "volumes", "p3").clone();
+    assert_eq!(p3["state"], "failed", "{p3}");
+    assert!(p3["error"].as_str().unwrap_or_default().contains("is in use by another process"), "{p3}");
+    assert_eq!(sha256(&img), sum, "the refused pool wrote nothing");
+}

@@ -86,9 +86,12 @@ impl VolumeKind for FileKind {
             let mut opts = FileOptions {
                 read_only: p.read_only,
                 flush_batching: p.flush_batching.unwrap_or(true),
-                // Read-write: no other process writes the file meanwhile (a read-only volume
-                // takes no lock).
+                // Read-write: no array, pool or offline tool of another process writes the
+                // file meanwhile; another service's file volume may serve it too (a plain
+                // window on the file, as two file volumes of one service may). A read-only
+                // volume takes no lock.
                 exclusive: true,
+                shared_lock: true,
                 ..FileOptions::default()
             };
             opts.direct = match p.direct {
