@@ -119,8 +119,8 @@ impl DeviceLock {
             h.users += 1;
             return Ok(true);
         }
-        // SAFETY: flock on a descriptor the caller owns, no memory involved.
         let how = if mode == LockMode::Shared { libc::LOCK_SH } else { libc::LOCK_EX };
+        // SAFETY: flock on a descriptor the caller owns, no memory involved.
         let r = unsafe { libc::flock(dup.as_raw_fd(), how | libc::LOCK_NB) };
         if r != 0 {
             let e = io::Error::last_os_error();
@@ -209,8 +209,8 @@ mod tests {
         assert!(!flock_nb(&p), "an exclusive lock elsewhere is refused");
         drop(shared);
         drop(other);
-        // SAFETY: as above, this time held exclusively elsewhere.
         let other = File::open(&p).unwrap();
+        // SAFETY: as above, this time held exclusively elsewhere.
         assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
         let e = DeviceLock::take(&File::open(&p).unwrap(), "img", LockMode::Shared).unwrap_err();
         assert!(is_busy(&e), "{e}");
