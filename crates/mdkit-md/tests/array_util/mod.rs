@@ -34,8 +34,11 @@ pub fn sb_of(m: &SimMember) -> Superblock {
 /// machine's speed.
 pub async fn wait_clean_on_disk(ms: &[SimMember]) {
     let started = std::time::Instant::now();
-    while !ms.iter().all(|m| sb_of(m).resync_offset_sectors == u64::MAX) {
+    loop {
         let offsets: Vec<u64> = ms.iter().map(|m| sb_of(m).resync_offset_sectors).collect();
+        if offsets.iter().all(|&o| o == u64::MAX) {
+            return;
+        }
         assert!(started.elapsed() < Duration::from_secs(60), "never marked clean on disk: resync_offset {offsets:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
