@@ -69,3 +69,27 @@ fn refused_while_held(srv: &Server, stopped: &[String; 2]) {
         .collect();
     assert_eq!(ids, [0], "a refused thin create or snapshot made its device");
 }
+
+/// A create whose remote member is still connecting (up to `remote_timeout_ms`) holds up no
+/// other request: it used to keep the volume table read-locked through the connect, so the
+/// next create queued its install (a write lock) behind it, and every status behind that.
+#[test]
+fn a_remote_member_connecting_holds_up_no_other_request() {
+    let srv = Server::start(SMALL_POOL);
+    let p = |f: &str| srv.path(f).display().to_string();
+    let gate = srv.path("gate.sock");
+    let listener = UnixListener::bind(&gate).unwrap();
+    let uri = format!("nbd+unix:///held?socket={}", gate.display());
+    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("a1")];
+    std::thread::scope(|s| {
+        let first = s.spawn(|| mdkit(&srv, &first_args));
+        let (held, _) = listener.accept().unwrap();
+        mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("y1"), &p("y2")]);
+        let st = mdkit_json(&srv, &["status", "--json"]);
+        assert!(st.to_string().contains("\"y\""), "{st}");
+        mdkit_ok(&srv, &["stop", "y"]);
+        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
+        drop(held);
+        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
+    });
+}

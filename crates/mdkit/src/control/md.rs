@@ -32,7 +32,9 @@ use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
 use crate::volumes::device_key::DeviceKey;
-use crate::volumes::md::{CreateParams, MdVolume, MemberOpen, OpenedMembers, open_members, start_array, with_missing};
+use crate::volumes::md::{
+    CreateParams, MdVolume, MemberOpen, OpenedMembers, open_members_in_service, start_array, with_missing,
+};
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::{FailedVolume, Volume};
 use mdkit_md::array::{AssembleOptions, PartialStart, assemble_with};
@@ -235,11 +237,8 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     }
     // Refuse bad parameters before any member file is created.
     a.params.to_options(&a.name, a.members.len(), false)?;
-    let opened = {
-        let vols = svc.volumes.read().await;
-        let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
-        open_members(&a.members, &svc.config.data_dir, &vols, how).await?
-    };
+    let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
+    let opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
     let assembled = match create_on(&a, &opened).await {
         Ok(assembled) => assembled,
         Err(e) => {
@@ -300,11 +299,8 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
         Some(u) => Some(mdkit_md::format::parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
         None => None,
     };
-    let opened = {
-        let vols = svc.volumes.read().await;
-        let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
-        open_members(&a.members, &svc.config.data_dir, &vols, how).await?
-    };
+    let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
+    let opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
     let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
     let partial = if a.run { PartialStart::Allowed } else { PartialStart::NeedsRun };
     let missing: Vec<String> = opened.remote.iter().filter_map(|m| m.missing_reason().map(str::to_string)).collect();
@@ -400,11 +396,8 @@ pub async fn restore(svc: &Arc<Service>) {
 /// Assembles one remembered array and registers it.
 async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
-    let opened = {
-        let vols = svc.volumes.read().await;
-        let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
-        open_members(&r.members, &svc.config.data_dir, &vols, how).await?
-    };
+    let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
+    let opened = open_members_in_service(&r.members, &svc.config.data_dir, &svc.volumes, how).await?;
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
     if let Some(l) = &r.then_level {
         resume_then_level(svc, &vol, l);
@@ -501,9 +494,8 @@ async fn manage(svc: Arc<Service>, args: Value) -> Result<Value> {
     let vol = as_md(&v);
     drop_left_out_sources(vol);
     let open_new = async |spec: &str| -> Result<_> {
-        let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
         let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
-        let mut o = open_members(&[spec.to_string()], &svc.config.data_dir, &vols, how).await?;
+        let mut o = open_members_in_service(&[spec.to_string()], &svc.config.data_dir, &svc.volumes, how).await?;
         // Keep member names unique within the array.
         let existing: Vec<String> = vol.sources.lock().iter().map(|(n, _)| n.clone()).collect();
         if existing.contains(&o.devs[0].name) {

@@ -17,7 +17,7 @@ use super::md::{as_md, md_volume, remember_members};
 use crate::service::Service;
 use crate::volumes::Volume;
 use crate::volumes::in_use::users_of_volume;
-use crate::volumes::md::{MemberOpen, open_members};
+use crate::volumes::md::{MemberOpen, open_members_in_service};
 use crate::volumes::thin_origin::refresh_origins;
 
 #[derive(Deserialize)]
@@ -197,10 +197,7 @@ pub async fn grow(svc: Arc<Service>, args: Value) -> Result<Value> {
     let opened = if a.add.is_empty() {
         None
     } else {
-        let vols = svc.volumes.try_read().map_err(|_| anyhow!("volumes are busy; retry"))?;
-        let o = open_members(&a.add, &svc.config.data_dir, &vols, MemberOpen::default()).await?;
-        drop(vols);
-        Some(o)
+        Some(open_members_in_service(&a.add, &svc.config.data_dir, &svc.volumes, MemberOpen::default()).await?)
     };
     let devs = opened.as_ref().map(|o| o.devs.clone()).unwrap_or_default();
     let report = vol.array.grow(c, devs).await?;

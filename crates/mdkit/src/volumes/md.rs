@@ -47,6 +47,7 @@ use mdkit_md::format::parse_uuid;
 use mdkit_md::format::superblock::MetadataVersion;
 use mdkit_md::layout::{Level, parse_layout, parse_level};
 use serde::Deserialize;
+use tokio::sync::RwLock;
 
 use super::faults::{self, FaultSpec};
 use super::in_use::{Role, refuse_in_use, refuse_repeated};
@@ -171,19 +172,54 @@ pub async fn open_members(
     volumes: &Volumes,
     how: MemberOpen,
 ) -> Result<OpenedMembers> {
+    check_member_specs(specs, data_dir, volumes)?;
+    let names = member_names(specs);
+    let (remote_devs, remote) = connect_remote_members(specs, &names, how).await?;
+    open_with_remote(specs, names, remote_devs, remote, data_dir, volumes, how)
+}
+
+/// [`open_members`] in the running service: the volume table is read-locked to check the specs
+/// and to open the local members, never while a remote member connects (up to
+/// `remote_timeout_ms`): a request waiting to change the table (an install) would otherwise
+/// queue behind that connect, and every status request behind it.
+pub async fn open_members_in_service(
+    specs: &[String],
+    data_dir: &Path,
+    volumes: &RwLock<Volumes>,
+    how: MemberOpen,
+) -> Result<OpenedMembers> {
+    check_member_specs(specs, data_dir, &*volumes.read().await)?;
+    let names = member_names(specs);
+    let (remote_devs, remote) = connect_remote_members(specs, &names, how).await?;
+    let vols = volumes.read().await;
+    // The table may have changed while the remote members connected.
+    check_member_specs(specs, data_dir, &vols)?;
+    open_with_remote(specs, names, remote_devs, remote, data_dir, &vols, how)
+}
+
+/// Refuses, before any member file is created or opened and any remote member connected, a
+/// member given twice (however spelt: a link, a loop device over the file) or written by
+/// another volume.
+fn check_member_specs(specs: &[String], data_dir: &Path, volumes: &Volumes) -> Result<()> {
     if specs.is_empty() {
         bail!("no members given");
     }
-    // Before any member file is created or opened, any remote member connected: a member given
-    // twice (however spelt: a link, a loop device over the file) or written by another volume.
     let roles: Vec<(Role, &str)> = specs.iter().map(|s| (Role::Member, s.as_str())).collect();
     refuse_repeated(&roles, data_dir)?;
     let wanted: Vec<&str> = specs.iter().map(String::as_str).collect();
     refuse_in_use(volumes, Role::Member, &wanted, data_dir)?;
-    let names = member_names(specs);
-    // Remote members first: a bad URI or an unreachable server must not leave member files
-    // created behind it.
-    // All at once: an unresponsive server costs one connect timeout, not one per member.
+    Ok(())
+}
+
+/// Connects the remote members among `specs` (`None` in their places for the others, and for
+/// remote members left out as unreachable), all at once: an unresponsive server costs one
+/// connect timeout, not one per member. Remote members come first so that a bad URI or an
+/// unreachable server leaves no member files created behind it.
+async fn connect_remote_members(
+    specs: &[String],
+    names: &[String],
+    how: MemberOpen,
+) -> Result<(Vec<Option<Arc<NbdDevice>>>, Vec<RemoteMember>)> {
     let connecting: Vec<_> = specs
         .iter()
         .map(|spec| {
@@ -193,7 +229,7 @@ pub async fn open_members(
         .collect();
     let mut remote_devs: Vec<Option<Arc<NbdDevice>>> = Vec::with_capacity(specs.len());
     let mut remote = Vec::new();
-    for ((spec, name), connect) in specs.iter().zip(&names).zip(connecting) {
+    for ((spec, name), connect) in specs.iter().zip(names).zip(connecting) {
         let Some(connect) = connect else {
             remote_devs.push(None);
             continue;
@@ -214,6 +250,20 @@ pub async fn open_members(
             },
         }
     }
+    Ok((remote_devs, remote))
+}
+
+/// Opens the local members beside the remote ones connected already; a refusal removes the
+/// member files it created.
+fn open_with_remote(
+    specs: &[String],
+    names: Vec<String>,
+    remote_devs: Vec<Option<Arc<NbdDevice>>>,
+    remote: Vec<RemoteMember>,
+    data_dir: &Path,
+    volumes: &Volumes,
+    how: MemberOpen,
+) -> Result<OpenedMembers> {
     let mut created_files = Vec::new();
     let r = open_local_members(specs, names, remote_devs, data_dir, volumes, how, &mut created_files);
     let (devs, sources, all_created) = match r {
