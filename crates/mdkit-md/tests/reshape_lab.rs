@@ -351,6 +351,7 @@ dump /dev/md{m0} 0 {d_low}
 dump /dev/md{m0} {high_mib} {d_high}
 echo check > /sys/block/md{m0}/md/sync_action; sleep 1; mdadm --wait /dev/md{m0}
 echo "=== mismatch{k}"; cat /sys/block/md{m0}/md/mismatch_cnt
+echo "=== dmesg{k}"; dmesg -c 2>/dev/null | grep -E 'md{m0}\b|md/raid' | tail -40
 mdadm --stop /dev/md{m0} 2>&1
 mdadm --create /dev/md{m1} --run --metadata=1.2 --level={level} {layout} --chunk=64 --raid-devices={before} {size} --assume-clean {bitmap} {theirs_before} 2>&1
 dd if=$pat of=/dev/md{m1} bs=1M oflag=direct status=none
@@ -384,6 +385,30 @@ echo 200000 > /proc/sys/dev/raid/speed_limit_max
 /// What the guest copied to the dump disk at `slot_mib`.
 fn dumped(dump: &std::path::Path, slot_mib: u64) -> Vec<u8> {
     common::lab::read_dump(dump, slot_mib * MIB, PATTERN_BYTES as usize)
+}
+
+/// For a failure message: what mdkit reads at `at` (bytes) of the array on `paths`, against
+/// `pattern` (whether the kernel left the data on disk wrong or only read it wrong).
+async fn mdkit_reads_back(paths: &[std::path::PathBuf], at: u64, pattern: &[u8]) -> String {
+    let devs = paths.iter().map(|p| member(p)).collect();
+    let opts = AssembleOptions { name: "kdone".into(), start_frozen: true, ..Default::default() };
+    let a = match assemble(devs, opts).await {
+        Ok(a) => a.array,
+        Err(e) => return format!("assembly failed: {e}"),
+    };
+    let text = match a.read_vec(at, pattern.len()).await {
+        Ok(got) => common::lab::describe_difference(&got, pattern),
+        Err(e) => format!("read failed: {e}"),
+    };
+    let _ = a.stop().await;
+    text
+}
+
+/// With MDKIT_LAB_KEEP set, a failed run's member images and dump disk stay for a look.
+fn keep_on_failure(dir: tempfile::TempDir) {
+    if std::env::var_os("MDKIT_LAB_KEEP").is_some() {
+        eprintln!("kept {}", dir.keep().display());
+    }
 }
 
 /// Both ways for each case, one boot.
@@ -447,8 +472,19 @@ fn cross(name: &str, cases: &[Case]) {
         assert!(!detail.contains("Reshape Status"), "{name}: the kernel finished the reshape: {detail}");
         let bitmap = if case.bitmap { Some("Internal") } else { None };
         assert_eq!(after(&detail, "Intent Bitmap :"), bitmap, "{name}: the bitmap: {detail}");
-        assert!(dumped(&dump_path, 16 * k as u64) == pattern, "{name}: the kernel reads the pattern at 0");
-        assert!(dumped(&dump_path, 16 * k as u64 + 8) == pattern, "{name}: the kernel reads the high pattern");
+        for (slot, what) in [(0, "the pattern at 0"), (8, "the high pattern")] {
+            let got = dumped(&dump_path, 16 * k as u64 + slot);
+            if got != pattern {
+                let at = if slot == 0 { 0 } else { case.high_bytes };
+                let mdkit_reads = rt.block_on(mdkit_reads_back(&mine[k], at, &pattern));
+                keep_on_failure(dir);
+                panic!(
+                    "{name}: the kernel reads {what}: {}; mdkit reads the array the kernel finished: {mdkit_reads}\n{}",
+                    common::lab::describe_difference(&got, &pattern),
+                    run.section(&format!("dmesg{k}")).unwrap_or_default()
+                );
+            }
+        }
         let kernel_mismatches: u64 =
             section(&format!("mismatch{k}")).lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or(u64::MAX);
         if case.level == Level::Raid0 {

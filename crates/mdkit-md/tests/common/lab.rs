@@ -242,6 +242,34 @@ pub fn read_dump(dump: &Path, offset: u64, len: usize) -> Vec<u8> {
     bytes
 }
 
+/// Where `got` differs from `want`, for a failure message: the differing 4 KiB blocks (count,
+/// first, last) and, for the first few, where in `want` their content belongs (a misplaced
+/// block), or that they hold zeros.
+pub fn describe_difference(got: &[u8], want: &[u8]) -> String {
+    const BLOCK: usize = 4096;
+    if got.len() != want.len() {
+        return format!("{} bytes, {} wanted", got.len(), want.len());
+    }
+    let differing: Vec<usize> = (0..got.len().div_ceil(BLOCK))
+        .filter(|&b| got[b * BLOCK..].iter().take(BLOCK).ne(want[b * BLOCK..].iter().take(BLOCK)))
+        .collect();
+    let (Some(first), Some(last)) = (differing.first(), differing.last()) else { return "identical".into() };
+    let mut text = format!("{} of {} 4 KiB blocks differ, blocks {first}..={last}", differing.len(), got.len() / BLOCK);
+    for &b in differing.iter().take(4) {
+        let block = &got[b * BLOCK..(b * BLOCK + BLOCK).min(got.len())];
+        let from = if block.iter().all(|&x| x == 0) {
+            "zeros".to_string()
+        } else {
+            match want.chunks(BLOCK).position(|w| w == block) {
+                Some(w) => format!("wanted block {w}"),
+                None => "unknown data".to_string(),
+            }
+        };
+        text += &format!("; block {b} holds {from}");
+    }
+    text
+}
+
 /// The value after `key` on the first line of `text` that starts with it once indented:
 /// `mdadm --detail`'s `   Raid Level : raid5` lines (`detail_field(text, "Raid Level :")`).
 pub fn detail_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
