@@ -4,7 +4,9 @@
 //! covers the array, grows with it: [`reshape_bitmap`]), as
 //! mdadm ≥ 3.3 does on 1.x metadata without a backup file (Grow.c set_new_data_offset):
 //! every member's data offset moves down by `min_offset_change` = LCM(old stripe, new stripe) /
-//! old data members, so the new geometry's writes always trail the old geometry's reads.
+//! old data members, so the new geometry's writes always trail the old geometry's reads; over
+//! the same members by more where there is room, about half the free space before the data, as
+//! mdadm picks it ([`move_into_room`]).
 //! To fewer members (`grow --raid-devices N` below the count, no `--add`) the reshape runs
 //! backwards and the data moves *up* by as much; the array must first be cut to the smaller
 //! size (`grow --array-size`, as mdadm asks), and where the members have no room after the
@@ -203,6 +205,61 @@ fn move_sectors(info: &ArrayInfo, to: RestripeTarget) -> u64 {
     min_offset_change_sectors(oc, nc, od, nd)
 }
 
+/// A restripe over the same members moves the data down by more than min_offset_change where
+/// the members have the room, as mdadm does (Grow.c set_new_data_offset with `delta_disks == 0`
+/// picks a new offset near the middle of the free space before the data): the old geometry's
+/// reads then lead the new geometry's writes by several stripes, so whoever continues the
+/// reshape (the kernel too, after a stop) records a checkpoint before any write lands on an old
+/// stripe not yet recorded as moved. With the bare minimum (one chunk for a layout change) the
+/// kernel's reshape_request finds `readpos == writepos` and goes on without a checkpoint: not
+/// crash safe, and its reads of one old stripe race its write of the next new one there.
+/// `bitmap_bytes` is the bitmap the members hold now. Growth and shrinks keep the minimum.
+fn same_members_move(start: ReshapeStart, info: &ArrayInfo, old: &[Arc<Member>], bitmap_bytes: u64) -> ReshapeStart {
+    if start.backwards || start.to.raid_disks != info.raid_disks {
+        return start;
+    }
+    let Some(data_offset) = old.first().map(|m| m.superblock().data_offset_sectors) else { return start };
+    let room = old
+        .iter()
+        .map(|m| {
+            let sb = m.superblock();
+            sb.data_offset_sectors.saturating_sub(metadata_end_sectors(&sb, bitmap_bytes))
+        })
+        .min()
+        .unwrap_or(0);
+    ReshapeStart { move_sectors: move_into_room(data_offset, room, start.move_sectors), ..start }
+}
+
+/// How far to move data at `data_offset` down, given `room` free sectors before it on every
+/// member and the least move `min`: to mdadm's choice of new offset (Grow.c choose_offset):
+/// from the middle of the free space, rounded bit by bit (up to 1 MiB) to a coarser alignment,
+/// each time the way that stays farther from the ends of the free space, never moving less than
+/// `min` nor more than `room`; in whole 4 KiB. Less room than `min`: `min` (and the caller
+/// refuses).
+pub fn move_into_room(data_offset: u64, room: u64, min: u64) -> u64 {
+    let room = room.min(data_offset);
+    if room < min {
+        return min;
+    }
+    let (lowest, highest) = (data_offset - room, data_offset - min);
+    let mut offset = (lowest + data_offset) / 2;
+    let mut bit = 1u64;
+    while bit < 2048 {
+        if offset & bit != 0 {
+            let (up, down) = (offset + bit, offset - bit);
+            match (up <= highest, down >= lowest) {
+                (false, false) => break,
+                (false, true) => offset = down,
+                (true, false) => offset = up,
+                (true, true) => offset = if data_offset - up > down - lowest { up } else { down },
+            }
+        }
+        bit <<= 1;
+    }
+    let moved = data_offset - offset;
+    (moved / 8 * 8).max(min)
+}
+
 /// Refuses a target the restripe cannot reach (before anything is written).
 fn check_target(info: &ArrayInfo, to: RestripeTarget, added: usize) -> Result<(), String> {
     if to.raid_disks < info.raid_disks && (to.layout, to.chunk_sectors) != (info.layout, info.chunk_sectors) {
@@ -305,6 +362,7 @@ impl Array {
             Some(m) => read_bitmap_area(name, m, &m.superblock()).await?,
             None => None,
         };
+        let start = same_members_move(start, &info, &old, bitmap_area.as_ref().map_or(0, |a| a.len() as u64));
         let bitmap_area = match bitmap_area {
             Some(area) => Some(reshape_bitmap(name, &info, &start, &old, area).map_err(refuse)?),
             None => None,
@@ -355,7 +413,8 @@ impl Array {
     }
 
     /// How the reshape to `to` starts: forwards (more members, or the same) the data moves
-    /// down by mdadm's min_offset_change; backwards (fewer members) it moves up by as much,
+    /// down by mdadm's min_offset_change (over the same members [`same_members_move`] widens
+    /// it once the bitmap is known); backwards (fewer members) it moves up by as much,
     /// from the end of the smaller array, once the array was cut to that size (`--array-size`).
     fn plan_start(&self, info: &ArrayInfo, to: RestripeTarget, old: &[Arc<Member>]) -> Result<ReshapeStart, String> {
         let move_sectors = move_sectors(info, to);
@@ -606,5 +665,21 @@ mod tests {
         assert_eq!(min_offset_change_sectors(256, 128, 3, 3), 256);
         // Same members and chunk, another layout: one chunk.
         assert_eq!(min_offset_change_sectors(128, 128, 4, 4), 128);
+    }
+
+    #[test]
+    fn a_restripe_over_the_same_members_moves_the_data_as_far_as_mdadm_would() {
+        // 1 MiB data offset, 16 sectors of metadata before it: mdadm's new offset is 1024.
+        assert_eq!(move_into_room(2048, 2032, 128), 1024);
+        // 128 MiB data offset (mdadm's default on large members), bitmap in the way.
+        assert_eq!(move_into_room(262144, 262144 - 24, 256), 131072);
+        // Barely more room than the minimum: no more than the room, whole 4 KiB, at least min.
+        assert_eq!(move_into_room(2048, 132, 128), 128);
+        // Less room than the minimum: the minimum (refused by the caller).
+        assert_eq!(move_into_room(2048, 100, 128), 128);
+        for room in 128..2040 {
+            let m = move_into_room(2048, room, 128);
+            assert!(m >= 128 && m <= room && m % 8 == 0, "room {room}: {m}");
+        }
     }
 }

@@ -17,7 +17,8 @@
 //! moving down): the new geometry starts `|new_offset|` sectors lower on every member (mdadm ≥
 //! 3.3 without a backup file), so its writes trail the old geometry's reads. Over the same
 //! members old and new addresses coincide, so the move is at least the larger chunk (raid5_run's
-//! rule for a restripe that is "not really in-place"). A window is written only when its new-geometry end
+//! rule for a restripe that is "not really in-place"), and where there is room about half the
+//! free space before the data, as mdadm moves it. A window is written only when its new-geometry end
 //! stays below where the old copy of the last recorded position (`safe`, what every superblock's
 //! `reshape_position` says) begins; otherwise the engine first flushes the members and records
 //! `reshape_position = progress` in every superblock (the kernel's checkpoint rule). After a
