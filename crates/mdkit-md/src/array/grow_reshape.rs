@@ -679,7 +679,7 @@ mod tests {
         assert_eq!(move_into_room(2048, 100, 128), 128);
         for room in 128..2040 {
             let m = move_into_room(2048, room, 128);
-            assert!(m >= 128 && m <= room && m % 8 == 0, "room {room}: {m}");
+            assert!(m >= 128 && m <= room && m.is_multiple_of(8), "room {room}: {m}");
         }
     }
 }
