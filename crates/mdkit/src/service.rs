@@ -39,6 +39,9 @@ pub struct Service {
     pub exports: RwLock<Vec<ExportSpec>>,
     /// Exports not served because their volume failed.
     pub failed_exports: RwLock<Vec<FailedExport>>,
+    /// Export names claimed by requests creating a volume with an export, from their check of
+    /// the name until the export is added ([`control::check_new_export`]).
+    pub export_claims: crate::volumes::name_claim::NameClaims,
     pub default_export: Option<String>,
     pub nbd: NbdServer,
     pub started: Instant,
@@ -122,6 +125,7 @@ pub async fn run(config: Config, connection_runtimes: Vec<tokio::runtime::Handle
         volumes: RwLock::new(volumes),
         exports: RwLock::new(Vec::new()),
         failed_exports: RwLock::new(Vec::new()),
+        export_claims: Default::default(),
         default_export,
         nbd: nbd.clone(),
         started: Instant::now(),

@@ -93,3 +93,39 @@ fn a_remote_member_connecting_holds_up_no_other_request() {
         assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
     });
 }
+
+/// An export name is claimed like a volume name: a second request creating a volume with the
+/// export name a create in progress asked for is refused before it touches a device (both
+/// passed the check before, and the second volume came up without the export it asked for,
+/// yet remembered with it).
+#[test]
+fn an_export_name_being_taken_is_refused_to_every_other_request() {
+    let srv = Server::start(SMALL_POOL);
+    let p = |f: &str| srv.path(f).display().to_string();
+    let gate = srv.path("gate.sock");
+    let listener = UnixListener::bind(&gate).unwrap();
+    let uri = format!("nbd+unix:///held?socket={}", gate.display());
+    let first_args =
+        ["create", "x", "--level", "raid1", "--member-size", "8M", "--export", "shared", uri.as_str(), &p("a1")];
+    let busy = "export name \"shared\" is being taken by another request";
+    std::thread::scope(|s| {
+        let first = s.spawn(|| mdkit(&srv, &first_args));
+        let (held, _) = listener.accept().unwrap();
+        let y = ["create", "y", "--level", "raid1", "--member-size", "8M", "--export", "shared", &p("y1"), &p("y2")];
+        let e = mdkit_err(&srv, &y);
+        assert!(e.contains(busy), "{e}");
+        assert!(!srv.path("y1").exists(), "the refused create made its members");
+        let e = mdkit_err(&srv, &["thin", "create", "pool0", "7", "--size", "8M", "--export", "shared"]);
+        assert!(e.contains(busy), "{e}");
+        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
+        drop(held);
+        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
+    });
+    // Released with the failed request.
+    mdkit_ok(
+        &srv,
+        &["create", "y", "--level", "raid1", "--member-size", "8M", "--export", "shared", &p("y1"), &p("y2")],
+    );
+    let st = mdkit_json(&srv, &["status", "--json"]);
+    assert!(st["exports"].to_string().contains("\"shared\""), "{st}");
+}

@@ -232,9 +232,10 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
-    if let Some(e) = &a.export {
-        super::check_new_export(&svc, e).await?;
-    }
+    let _export_claim = match &a.export {
+        Some(e) => Some(super::check_new_export(&svc, e).await?),
+        None => None,
+    };
     // Refuse bad parameters before any member file is created.
     a.params.to_options(&a.name, a.members.len(), false)?;
     let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
@@ -295,6 +296,10 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
     if svc.volumes.read().await.contains(&a.name) {
         bail!("a volume named {:?} already exists", a.name);
     }
+    let _export_claim = match &a.export {
+        Some(e) => Some(super::check_new_export(&svc, e).await?),
+        None => None,
+    };
     let uuid = match &a.uuid {
         Some(u) => Some(mdkit_md::format::parse_uuid(u).ok_or_else(|| anyhow!("uuid {u:?} is not 32 hex digits"))?),
         None => None,

@@ -50,6 +50,7 @@ use admission::{CLIENTS_MAX, Client, IDLE_TIMEOUT, State};
 
 use crate::service::Service;
 use crate::volumes::BoxFuture;
+use crate::volumes::name_claim::NameClaim;
 
 /// Longest request line accepted.
 pub const REQUEST_MAX_BYTES: usize = 64 << 10;
@@ -139,8 +140,10 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
 }
 
 /// Refuses a new export name the NBD server would not take or another export has, before
-/// anything is created for it.
-pub(crate) async fn check_new_export(svc: &Service, name: &str) -> Result<()> {
+/// anything is created for it, and claims it: the caller holds the claim until its export is
+/// added (two requests creating volumes with one export name both passed the check before, and
+/// the second's volume ended up without the export it asked for, yet remembered with it).
+pub(crate) async fn check_new_export(svc: &Service, name: &str) -> Result<NameClaim> {
     if name.is_empty() || name.len() > mdkit_nbd::handshake::NAME_MAX_BYTES || name.contains('\0') {
         return Err(anyhow!(
             "export name {:.80?}: must be 1..={} bytes without NUL",
@@ -148,13 +151,14 @@ pub(crate) async fn check_new_export(svc: &Service, name: &str) -> Result<()> {
             mdkit_nbd::handshake::NAME_MAX_BYTES
         ));
     }
+    let claim = svc.export_claims.claim_export(name)?;
     if let Some(e) = svc.exports.read().await.iter().find(|e| e.name == name) {
         return Err(anyhow!("export name {name:?} is taken (volume {:?})", e.volume));
     }
     if let Some(e) = svc.failed_exports.read().await.iter().find(|e| e.spec.name == name) {
         return Err(anyhow!("export name {name:?} is taken (failed volume {:?})", e.spec.volume));
     }
-    Ok(())
+    Ok(claim)
 }
 
 /// Refuses arguments to a command that takes none (`null` and `{}` are none).

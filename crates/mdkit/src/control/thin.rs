@@ -245,26 +245,27 @@ struct CreateArgs {
 
 /// Claims the volume name a new thin volume would get and refuses it, or the export, when
 /// taken, before its thin device is created: `name` defaults to POOL.ID, `export` to the name
-/// ("" = none). The claim is held until [`register_thin`] registered the volume.
+/// ("" = none). The claims (name, and export unless none) are held until [`register_thin`]
+/// registered the volume.
 pub(super) async fn check_new_thin(
     svc: &Service,
     pool: &str,
     id: u64,
     name: Option<&str>,
     export: Option<&str>,
-) -> Result<NameClaim> {
+) -> Result<(NameClaim, Option<NameClaim>)> {
     let name = name.map_or_else(|| format!("{pool}.{id}"), str::to_string);
     super::check_name("volume name", &name)?;
     let claim = svc.volumes.read().await.claim(&name)?;
     if svc.volumes.read().await.get(&name).is_some() {
         bail!("a volume named {name:?} already exists (give another --name)");
     }
-    match export {
-        Some("") => {}
-        Some(e) => super::check_new_export(svc, e).await?,
-        None => super::check_new_export(svc, &name).await?,
-    }
-    Ok(claim)
+    let export_claim = match export {
+        Some("") => None,
+        Some(e) => Some(super::check_new_export(svc, e).await?),
+        None => Some(super::check_new_export(svc, &name).await?),
+    };
+    Ok((claim, export_claim))
 }
 
 /// "pool P has no thin device N (it has: ...)".
@@ -347,7 +348,7 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     let size = check_thin_size(a.size.ok_or_else(|| anyhow!("thin.create: size is required"))?.bytes())?;
     let pool = find_pool(&*svc.volumes.read().await, &a.pool)?;
     refuse_taken_id(&pool, &a.pool, a.id).await?;
-    let claim = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
+    let (claim, _export_claim) = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     // A bad origin is refused before the device exists.
     drop(OriginArg::open(a.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?);
     pool.create_thin(a.id).await?;
@@ -387,7 +388,7 @@ async fn snapshot(svc: Arc<Service>, args: Value) -> Result<Value> {
             .copied()
             .ok_or_else(|| anyhow!("the size of origin {origin} is not recorded in {STATE_FILE}; give --size"))?,
     };
-    let claim = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
+    let (claim, _export_claim) = check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     pool.create_snapshot(a.id, origin).await?;
     update_state(&svc.config.data_dir, |s| {
         s.sizes.insert(size_key(&a.pool, a.id), size);
@@ -449,6 +450,12 @@ async fn delete(svc: Arc<Service>, args: Value) -> Result<Value> {
     let claims: Vec<NameClaim> = {
         let vols = svc.volumes.read().await;
         users.iter().map(|u| vols.claim(&u.name)).collect::<Result<_, _>>()?
+    };
+    // Their export names too: a refused delete serves them again.
+    let _export_claims: Vec<NameClaim> = {
+        let exports = svc.exports.read().await;
+        let theirs = exports.iter().filter(|e| users.iter().any(|u| u.name == e.volume));
+        theirs.map(|e| svc.export_claims.claim_export(&e.name)).collect::<Result<_, _>>()?
     };
     for u in &users {
         // Flush first, still exported: a failing flush leaves everything as it was.

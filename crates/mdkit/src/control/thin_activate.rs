@@ -102,7 +102,8 @@ async fn activate(svc: Arc<Service>, args: Value) -> Result<Value> {
     if let Some(v) = volumes_of(&svc, &a.pool, a.id).await.first() {
         bail!("thin device {} of pool {:?} is already active as volume {v:?}", a.id, a.pool);
     }
-    let claim = super::thin::check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
+    let (claim, _export_claim) =
+        super::thin::check_new_thin(&svc, &a.pool, a.id, a.name.as_deref(), a.export.as_deref()).await?;
     let name = a.name.clone().unwrap_or_else(|| format!("{}.{}", a.pool, a.id));
     let export = a.export.clone().unwrap_or_else(|| name.clone());
     if !export.is_empty() {

@@ -38,10 +38,21 @@ pub struct NameClaim {
 #[derive(Debug)]
 pub struct NameBusy {
     pub name: String,
+    /// An export name (claimed by a request that creates a volume with that export), not a
+    /// volume name.
+    pub export: bool,
 }
 
 impl fmt::Display for NameBusy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.export {
+            return write!(
+                f,
+                "export name {:?} is being taken by another request creating a volume; nothing was done: wait for \
+                 that request (`mdkit status` lists the export once it is served) or choose another export name",
+                self.name
+            );
+        }
         write!(
             f,
             "a volume named {:?} is being created by another request; nothing was done: wait for that request \
@@ -54,11 +65,21 @@ impl fmt::Display for NameBusy {
 impl std::error::Error for NameBusy {}
 
 impl NameClaims {
-    /// Claims `name`; refused while another claim holds it.
+    /// Claims the volume name `name`; refused while another claim holds it.
     pub fn claim(&self, name: &str) -> Result<NameClaim, NameBusy> {
+        self.claim_as(name, false)
+    }
+
+    /// Claims the export name `name` (a set of claims of its own: the service's
+    /// `export_claims`); refused while another claim holds it.
+    pub fn claim_export(&self, name: &str) -> Result<NameClaim, NameBusy> {
+        self.claim_as(name, true)
+    }
+
+    fn claim_as(&self, name: &str, export: bool) -> Result<NameClaim, NameBusy> {
         let mut claimed = self.claimed.lock();
         if !claimed.insert(name.to_string()) {
-            return Err(NameBusy { name: name.to_string() });
+            return Err(NameBusy { name: name.to_string(), export });
         }
         Ok(NameClaim { name: name.to_string(), claimed: self.claimed.clone() })
     }
