@@ -87,7 +87,8 @@ pub fn is_busy(e: &io::Error) -> bool {
 impl DeviceLock {
     /// Takes (or, in this process, shares) the exclusive lock of the device open as `file`;
     /// `name` is for the error. A device another process holds is refused with [`busy_error`]
-    /// once it has stayed held for [`RELEASE_WAIT_MAX`] (blocking the calling thread).
+    /// once it has stayed held for [`RELEASE_WAIT_MAX`] (blocking the calling thread; on a
+    /// multi-threaded tokio runtime its worker hands its other tasks over first).
     pub fn exclusive(file: &File, name: &str) -> io::Result<DeviceLock> {
         DeviceLock::take(file, name, LockMode::Exclusive)
     }
@@ -97,16 +98,21 @@ impl DeviceLock {
         let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         let key = (meta.dev(), meta.ino());
         let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
-        let start = Instant::now();
-        loop {
-            if DeviceLock::try_take(key, &dup, name, mode)? {
-                return Ok(DeviceLock { key });
-            }
-            if start.elapsed() >= RELEASE_WAIT_MAX {
-                return Err(busy_error(name));
-            }
-            std::thread::sleep(RELEASE_POLL);
+        if DeviceLock::try_take(key, &dup, name, mode)? {
+            return Ok(DeviceLock { key });
         }
+        blocking(|| {
+            let start = Instant::now();
+            loop {
+                if start.elapsed() >= RELEASE_WAIT_MAX {
+                    return Err(busy_error(name));
+                }
+                std::thread::sleep(RELEASE_POLL);
+                if DeviceLock::try_take(key, &dup, name, mode)? {
+                    return Ok(DeviceLock { key });
+                }
+            }
+        })
     }
 
     /// Shares this process's lock of `key`, or takes it on `dup`; `false` while another process
@@ -132,6 +138,18 @@ impl DeviceLock {
         let file = dup.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         held.insert(key, Held { file, users: 1 });
         Ok(true)
+    }
+}
+
+/// Runs `f`, which blocks its thread for a while: on a worker of a multi-threaded tokio runtime
+/// the worker's other tasks move to another thread first (`block_in_place`), so a device open
+/// waiting out another process's lock stalls no connection or request that shares the worker.
+/// Elsewhere (a plain thread, a current-thread runtime) it simply runs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -191,6 +209,44 @@ mod tests {
         assert!(is_busy(&e) && e.to_string().contains("/x/dev is in use"), "{e}");
         drop(other);
         assert!(DeviceLock::exclusive(&File::open(&p).unwrap(), "dev").is_ok());
+    }
+
+    /// Waiting out a lock held elsewhere (up to RELEASE_WAIT_MAX) does not hold up the other
+    /// tasks of the runtime worker that opens the device: with one worker, a task that needs
+    /// it runs while the open still waits.
+    #[test]
+    fn waiting_for_a_lock_held_elsewhere_leaves_the_worker_to_other_tasks() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dev");
+        std::fs::write(&p, b"x").unwrap();
+        let other = File::open(&p).unwrap();
+        // SAFETY: flock on a descriptor owned here (another "process" holding the device).
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (started, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (s, d) = (started.clone(), done.clone());
+        let ran_while_waiting = rt.block_on(async move {
+            let other_task = tokio::spawn(async move {
+                while !s.load(Ordering::Acquire) {
+                    tokio::task::yield_now().await;
+                }
+                !d.load(Ordering::Acquire)
+            });
+            let (s, d) = (started.clone(), done.clone());
+            let opener = tokio::spawn(async move {
+                s.store(true, Ordering::Release);
+                let r = DeviceLock::exclusive(&File::open(&p).unwrap(), "dev");
+                d.store(true, Ordering::Release);
+                r.map(drop)
+            });
+            let e = opener.await.unwrap().unwrap_err();
+            assert!(is_busy(&e), "{e}");
+            other_task.await.unwrap()
+        });
+        assert!(ran_while_waiting, "the other task ran only after the open gave up");
+        drop(other);
     }
 
     /// Shared holders (file volumes of two services on one image) let each other in and keep
