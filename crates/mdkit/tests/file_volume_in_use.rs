@@ -4,7 +4,10 @@
 //! arrays were): by `--check-config` naming both volumes, at start where the volume that opens
 //! second fails without creating or opening anything, and on the control socket when an array
 //! or a pool would be built on a file volume's file (by path, link or loop device). Two file
-//! volumes may share a file.
+//! volumes may share a file. A thin volume's external origin file is read only, and wrong as
+//! soon as anything writes it: no array, pool or writable file volume may use it, and no thin
+//! volume takes a device another volume writes as its origin; read-only file volumes and other
+//! thin volumes may read it too.
 
 use crate::common;
 
@@ -97,4 +100,37 @@ fn an_array_or_pool_on_a_file_volume_file_is_refused_on_the_control_socket() {
     }
     assert!(!srv.path("n.img").exists() && !srv.path("tp.data").exists(), "a refused request created a file");
     assert!(all_zero(&srv.path("f.img")), "a refused request wrote the file volume's file");
+}
+
+#[test]
+fn an_external_origin_file_is_read_by_readers_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let thin = "[[volume]]\nname = \"t\"\nkind = \"thin\"\npool = \"p\"\nid = 0\nsize = \"8MiB\"\n\
+                create = true\nexternal_origin = \"gold.img\"\n";
+    let ro = "[[volume]]\nname = \"r\"\nkind = \"file\"\npath = \"gold.img\"\nread_only = true\n";
+    std::fs::write(dir.path().join("gold.img"), vec![7u8; 8 << 20]).unwrap();
+    let (ok, e) = check_config_in(dir.path(), &format!("{POOL_P}{thin}{}", file("w", "gold.img", "8MiB")));
+    assert!(!ok && e.contains("(external origin of \"t\")"), "a writable file volume on an origin:\n{e}");
+    let (ok, e) = check_config_in(dir.path(), &format!("{POOL_P}{thin}{ro}"));
+    assert!(ok, "a read-only file volume on an origin: {e}");
+
+    let srv = Server::start(&format!("{POOL_P}{ro}{}", file("w", "w.img", "8MiB")));
+    std::fs::write(srv.path("gold.img"), vec![7u8; 8 << 20]).unwrap();
+    let gold = srv.path("gold.img").display().to_string();
+    let w = srv.path("w.img").display().to_string();
+    // Readers beside each other: the read-only file volume and two thin volumes.
+    for id in ["1", "2"] {
+        common::mdkit_ok(&srv, &["thin", "create", "p", id, "--size", "8M", "--external-origin", &gold]);
+    }
+    let n = srv.path("n.img").display().to_string();
+    let e = mdkit_err(&srv, &["create", "md9", "--level", "raid1", "--member-size", "8M", &n, &gold]);
+    assert!(e.contains("is already used by thin volume \"p.1\" (as its external origin"), "{e}");
+    let data = srv.path("tp.data").display().to_string();
+    let e = mdkit_err(&srv, &["thin", "pool-create", "tp", "--metadata", &gold, "--data", &data, "--data-size", "8M"]);
+    assert!(e.contains("is already used by thin volume"), "{e}");
+    // The other way round: a file another volume writes is no origin.
+    let e = mdkit_err(&srv, &["thin", "create", "p", "3", "--size", "8M", "--external-origin", &w]);
+    assert!(e.contains("external origin") && e.contains("is already used by file volume \"w\""), "{e}");
+    assert!(!srv.path("n.img").exists() && !srv.path("tp.data").exists(), "a refused request created a file");
+    assert!(std::fs::read(srv.path("gold.img")).unwrap().iter().all(|&b| b == 7), "the origin was written");
 }

@@ -71,7 +71,8 @@ impl VolumeKind for FileKind {
             let path = ctx.resolve(&p.path);
             // Before the file is created or opened: a pool's or an array's device written
             // through a plain export loses their metadata.
-            refuse_in_use(ctx.volumes, Role::File, &[&path.display().to_string()], ctx.data_dir)?;
+            let role = if p.read_only { Role::ReadOnlyFile } else { Role::File };
+            refuse_in_use(ctx.volumes, role, &[&path.display().to_string()], ctx.data_dir)?;
             let want = p.size.map(Size::bytes);
             if !path.exists() {
                 let Some(size) = want else {
@@ -123,7 +124,8 @@ impl VolumeKind for FileKind {
             } else {
                 (dev.clone(), None)
             };
-            Ok(Arc::new(FileVolume { name: spec.name.clone(), dev, device, write_back }) as Arc<dyn Volume>)
+            Ok(Arc::new(FileVolume { name: spec.name.clone(), dev, device, write_back, read_only: p.read_only })
+                as Arc<dyn Volume>)
         })
     }
 }
@@ -134,9 +136,15 @@ pub struct FileVolume {
     /// What is exported: `dev`, or `dev` behind the write-back window.
     device: DeviceRef,
     write_back: Option<WriteBackHandle>,
+    read_only: bool,
 }
 
 impl FileVolume {
+    /// Whether the volume only reads its file (`read_only = true`).
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
     /// The file (or block device) as opened.
     pub fn path(&self) -> &std::path::Path {
         self.dev.path()

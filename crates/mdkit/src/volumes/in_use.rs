@@ -37,6 +37,11 @@ pub enum Role {
     Data,
     /// The file of a `file` volume.
     File,
+    /// The file of a read-only `file` volume: read, never written.
+    ReadOnlyFile,
+    /// A thin volume's external origin given as a path: read, never written (dm-thin's rule),
+    /// and wrong as soon as anything else writes it.
+    Origin,
 }
 
 impl Role {
@@ -46,7 +51,8 @@ impl Role {
             Role::Member => "member",
             Role::Metadata => "metadata",
             Role::Data => "data",
-            Role::File => "file",
+            Role::File | Role::ReadOnlyFile => "file",
+            Role::Origin => "external origin",
         }
     }
 
@@ -55,13 +61,21 @@ impl Role {
         match self {
             Role::Member => "md array",
             Role::Metadata | Role::Data => "thin pool",
-            Role::File => "file volume",
+            Role::File | Role::ReadOnlyFile => "file volume",
+            Role::Origin => "thin volume",
         }
     }
 
-    /// Whether two volumes may use one device in these roles (only two file volumes may).
+    /// Whether the volume writes the device in this role.
+    fn writes(self) -> bool {
+        !matches!(self, Role::ReadOnlyFile | Role::Origin)
+    }
+
+    /// Whether two volumes may use one device in these roles: two file volumes (plain windows on
+    /// the file), and readers beside each other; an external origin beside nothing that writes.
     fn may_share(self, other: Role) -> bool {
-        self == Role::File && other == Role::File
+        let files = |r: Role| matches!(r, Role::File | Role::ReadOnlyFile);
+        (files(self) && files(other)) || (!self.writes() && !other.writes())
     }
 }
 
@@ -74,9 +88,9 @@ pub struct DeviceUse {
     pub source: String,
 }
 
-/// The devices `v` writes: a pool's metadata and data (an inactive pool's too: it comes
+/// The devices `v` uses: a pool's metadata and data (an inactive pool's too: it comes
 /// back), an array's members (not the ones assembly left out: nothing is written to them), a
-/// file volume's file.
+/// file volume's file, a thin volume's external origin file (read only).
 pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
     let volume = v.name().to_string();
     let uses: Vec<(Role, String)> = if let Some(p) = v.as_any().downcast_ref::<ThinPoolVolume>() {
@@ -89,7 +103,12 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         let [m, d] = p.sources();
         vec![(Role::Metadata, m.to_string()), (Role::Data, d.to_string())]
     } else if let Some(f) = v.as_any().downcast_ref::<FileVolume>() {
-        vec![(Role::File, f.path().display().to_string())]
+        let role = if f.read_only() { Role::ReadOnlyFile } else { Role::File };
+        vec![(role, f.path().display().to_string())]
+    } else if let Some(t) = v.as_any().downcast_ref::<super::thin::ThinVolumeVol>() {
+        // An origin that is a volume is that volume's business (`users_of_volume`).
+        let path = t.origin_spec().filter(|s| !s.starts_with("volume:"));
+        path.map(|s| vec![(Role::Origin, s.to_string())]).unwrap_or_default()
     } else {
         Vec::new()
     };
@@ -228,12 +247,17 @@ fn config_devices(spec: &VolumeSpec, data_dir: &Path) -> Vec<(Role, String)> {
         },
         "md" => md_member_specs(spec).into_iter().map(|m| (Role::Member, m)).collect(),
         // Absolute: a file volume's path is never `volume:NAME` or a URI.
-        "file" => spec
-            .params
-            .get("path")
-            .and_then(toml::Value::as_str)
-            .map(|p| vec![(Role::File, data_dir.join(p).display().to_string())])
-            .unwrap_or_default(),
+        "file" => {
+            let read_only = spec.params.get("read_only").and_then(toml::Value::as_bool) == Some(true);
+            let role = if read_only { Role::ReadOnlyFile } else { Role::File };
+            let path = spec.params.get("path").and_then(toml::Value::as_str);
+            path.map(|p| vec![(role, data_dir.join(p).display().to_string())]).unwrap_or_default()
+        }
+        "thin" => {
+            let origin = spec.params.get("external_origin").and_then(toml::Value::as_str);
+            let path = origin.filter(|o| !o.starts_with("volume:"));
+            path.map(|p| vec![(Role::Origin, data_dir.join(p).display().to_string())]).unwrap_or_default()
+        }
         _ => Vec::new(),
     }
 }

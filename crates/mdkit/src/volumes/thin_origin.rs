@@ -26,6 +26,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use mdkit_io::{DeviceRef, FileDevice, FileOptions};
 
+use super::in_use::{Role, refuse_in_use};
 use super::thin::ThinVolumeVol;
 use super::{Volume, Volumes};
 
@@ -37,6 +38,8 @@ pub fn open_origin(spec: &str, data_dir: &Path, volumes: &Volumes) -> Result<Dev
     }
     let path = Path::new(spec);
     let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };
+    // A device another volume writes changes under the thin volume's unmapped blocks.
+    refuse_in_use(volumes, Role::Origin, &[&path.display().to_string()], data_dir).context("external origin")?;
     let dev = FileDevice::open(&path, FileOptions { read_only: true, ..FileOptions::default() })
         .with_context(|| format!("opening external origin {}", path.display()))?;
     Ok(std::sync::Arc::new(dev))
