@@ -37,6 +37,7 @@ pub mod file;
 pub mod flash;
 pub mod flush;
 pub mod lock;
+pub mod loopdev;
 pub mod mem;
 pub mod nbd_client;
 pub mod nbd_wire;

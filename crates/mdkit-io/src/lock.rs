@@ -17,8 +17,10 @@
 //! (`thin check --clear-needs-check`, `thin restore`, `thin repair -o`, offline md create).
 //!
 //! The lock is taken on the device as opened (its inode): two names of one file (links, a
-//! relative and an absolute path) are one lock. A loop device and its backing file are two
-//! inodes and so two locks, as for udev. Read-only users take no lock.
+//! relative and an absolute path) are one lock. A loop device stores its data in its backing
+//! file, so locking a loop device locks its backing file too: a service writing through
+//! `/dev/loopN` keeps an offline tool off the file, and the other way round. Read-only users
+//! take no lock.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -66,6 +68,8 @@ pub enum LockMode {
 #[derive(Debug)]
 pub struct DeviceLock {
     key: Key,
+    /// The lock of a loop device's backing file, taken with it.
+    backing: Option<Box<DeviceLock>>,
 }
 
 /// The error of a device another process holds: kind `ResourceBusy`, naming the device.
@@ -96,10 +100,29 @@ impl DeviceLock {
     /// [`DeviceLock::exclusive`] in either [`LockMode`].
     pub fn take(file: &File, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
         let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+        let backing = match loop_backing(&meta) {
+            Some(path) => Some(Box::new(DeviceLock::take_backing(&path, name, mode)?)),
+            None => None,
+        };
+        let mut lock = DeviceLock::take_inode(file, &meta, name, mode)?;
+        lock.backing = backing;
+        Ok(lock)
+    }
+
+    /// The lock of loop device `name`'s backing file `path`.
+    fn take_backing(path: &std::path::Path, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
+        let what = format!("{name} (backing file {})", path.display());
+        let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+        let meta = f.metadata().map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+        DeviceLock::take_inode(&f, &meta, &what, mode)
+    }
+
+    /// The lock of the inode open as `file` (`meta` its metadata).
+    fn take_inode(file: &File, meta: &std::fs::Metadata, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
         let key = (meta.dev(), meta.ino());
         let dup = file.try_clone().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         if DeviceLock::try_take(key, &dup, name, mode)? {
-            return Ok(DeviceLock { key });
+            return Ok(DeviceLock { key, backing: None });
         }
         blocking(|| {
             let start = Instant::now();
@@ -109,7 +132,7 @@ impl DeviceLock {
                 }
                 std::thread::sleep(RELEASE_POLL);
                 if DeviceLock::try_take(key, &dup, name, mode)? {
-                    return Ok(DeviceLock { key });
+                    return Ok(DeviceLock { key, backing: None });
                 }
             }
         })
@@ -139,6 +162,15 @@ impl DeviceLock {
         held.insert(key, Held { file, users: 1 });
         Ok(true)
     }
+}
+
+/// The backing file of the loop device `meta` describes (`None` for anything else).
+fn loop_backing(meta: &std::fs::Metadata) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    crate::loopdev::loop_backing_file(meta.rdev())
 }
 
 /// Runs `f`, which blocks its thread for a while: on a worker of a multi-threaded tokio runtime
@@ -247,6 +279,37 @@ mod tests {
         });
         assert!(ran_while_waiting, "the other task ran only after the open gave up");
         drop(other);
+    }
+
+    /// A loop device's lock holds its backing file too, both ways.
+    #[test]
+    fn a_loop_device_and_its_backing_file_are_one_lock() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: loop devices need root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+        let out = std::process::Command::new("losetup").args(["-f", "--show"]).arg(&p).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let detach = || drop(std::process::Command::new("losetup").args(["-d", &dev]).status());
+        let lock = DeviceLock::exclusive(&File::open(&dev).unwrap(), &dev).unwrap();
+        let held = !flock_nb(&p);
+        drop(lock);
+        let released = flock_nb(&p);
+        // Another "process" holds the backing file: the loop device is refused, naming both.
+        let other = File::open(&p).unwrap();
+        // SAFETY: flock on a descriptor owned here.
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let refused = DeviceLock::exclusive(&File::open(&dev).unwrap(), &dev);
+        detach();
+        assert!(held, "locking {dev} left its backing file free for another process");
+        assert!(released, "the backing file stayed locked after {dev}'s lock went");
+        let e = refused.unwrap_err();
+        assert!(is_busy(&e) && e.to_string().contains("backing file"), "{e}");
     }
 
     /// Shared holders (file volumes of two services on one image) let each other in and keep

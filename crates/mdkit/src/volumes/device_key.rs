@@ -114,32 +114,14 @@ pub fn file_identity(path: &Path) -> Option<FileIdentity> {
     if !m.file_type().is_block_device() {
         return Some(FileIdentity { dev: m.dev(), ino: m.ino() });
     }
-    match loop_backing_file(m.rdev()) {
+    match mdkit_io::loopdev::loop_backing_file(m.rdev()) {
         Some(file) => std::fs::metadata(file).ok().map(|f| FileIdentity { dev: f.dev(), ino: f.ino() }),
         None => Some(FileIdentity { dev: BLOCK_DEVICE_IDENTITY, ino: m.rdev() }),
     }
 }
 
-/// The backing file of loop device `rdev`; `None` for any other block device, or when the
-/// backing file was deleted.
-fn loop_backing_file(rdev: u64) -> Option<String> {
-    let (major, minor) = (libc_major(rdev), libc_minor(rdev));
-    let backing = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/loop/backing_file")).ok()?;
-    let file = backing.trim_end();
-    (!file.ends_with(" (deleted)")).then(|| file.to_string())
-}
-
 /// The first half of a block device's identity (no file system has this device number).
 const BLOCK_DEVICE_IDENTITY: u64 = u64::MAX;
-
-/// glibc's `major()` / `minor()` of a `dev_t` (both halves split across the word).
-fn libc_major(dev: u64) -> u64 {
-    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff)
-}
-
-fn libc_minor(dev: u64) -> u64 {
-    ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff)
-}
 
 #[cfg(test)]
 mod tests {
