@@ -129,3 +129,29 @@ fn an_export_name_being_taken_is_refused_to_every_other_request() {
     let st = mdkit_json(&srv, &["status", "--json"]);
     assert!(st["exports"].to_string().contains("\"shared\""), "{st}");
 }
+
+/// A member device is claimed like a name while its request opens it: a second create naming
+/// it (however spelt) is refused before it touches anything. Both creates used to pass the
+/// in-use check (it sees registered arrays only) and write their superblocks to one file.
+#[test]
+fn a_member_being_opened_is_refused_to_every_other_request() {
+    let srv = Server::start(SMALL_POOL);
+    let p = |f: &str| srv.path(f).display().to_string();
+    let gate = srv.path("gate.sock");
+    let listener = UnixListener::bind(&gate).unwrap();
+    let uri = format!("nbd+unix:///held?socket={}", gate.display());
+    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("s.img")];
+    std::thread::scope(|s| {
+        let first = s.spawn(|| mdkit(&srv, &first_args));
+        let (held, _) = listener.accept().unwrap();
+        let y = ["create", "y", "--level", "raid1", "--member-size", "8M", &p("./s.img"), &p("t.img")];
+        let e = mdkit_err(&srv, &y);
+        assert!(e.contains("s.img\" is being opened as a member by another request"), "{e}");
+        assert!(!srv.path("t.img").exists(), "the refused create made its members");
+        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
+        drop(held);
+        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
+    });
+    assert!(!srv.path("s.img").exists(), "the failed create left a member file");
+    mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("s.img"), &p("t.img")]);
+}

@@ -239,7 +239,9 @@ async fn create(svc: Arc<Service>, args: Value) -> Result<Value> {
     // Refuse bad parameters before any member file is created.
     a.params.to_options(&a.name, a.members.len(), false)?;
     let how = MemberOpen { create_size_bytes: a.member_size_bytes, ..MemberOpen::default() };
-    let opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    let mut opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    // Held until the array is registered: no other request opens these members meanwhile.
+    let _members = opened.take_claim();
     let assembled = match create_on(&a, &opened).await {
         Ok(assembled) => assembled,
         Err(e) => {
@@ -305,7 +307,9 @@ async fn assemble(svc: Arc<Service>, args: Value) -> Result<Value> {
         None => None,
     };
     let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
-    let opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    let mut opened = open_members_in_service(&a.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    // Held until the array is registered: no other request opens these members meanwhile.
+    let _members = opened.take_claim();
     let opts = AssembleOptions { name: a.name.clone(), force: a.force, uuid, ..AssembleOptions::default() };
     let partial = if a.run { PartialStart::Allowed } else { PartialStart::NeedsRun };
     let missing: Vec<String> = opened.remote.iter().filter_map(|m| m.missing_reason().map(str::to_string)).collect();
@@ -402,7 +406,8 @@ pub async fn restore(svc: &Arc<Service>) {
 async fn start_remembered(svc: &Arc<Service>, r: &Remembered) -> Result<()> {
     let uuid = mdkit_md::format::parse_uuid(&r.uuid).ok_or_else(|| anyhow!("bad uuid {:?} in {STATE_FILE}", r.uuid))?;
     let how = MemberOpen { allow_unreachable: true, ..MemberOpen::default() };
-    let opened = open_members_in_service(&r.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    let mut opened = open_members_in_service(&r.members, &svc.config.data_dir, &svc.volumes, how).await?;
+    let _members = opened.take_claim();
     let vol = start_array(&r.name, opened, None, Some(uuid), false).await?;
     if let Some(l) = &r.then_level {
         resume_then_level(svc, &vol, l);

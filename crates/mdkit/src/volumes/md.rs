@@ -49,6 +49,8 @@ use mdkit_md::layout::{Level, parse_layout, parse_level};
 use serde::Deserialize;
 use tokio::sync::RwLock;
 
+use super::device_claim::DeviceClaim;
+use super::device_key::DeviceKey;
 use super::faults::{self, FaultSpec};
 use super::in_use::{Role, refuse_in_use, refuse_repeated};
 use super::md_remote::{RemoteLinks, RemoteMember, spawn_watch, unreachable_reason};
@@ -144,6 +146,10 @@ pub struct OpenedMembers {
     /// The remote members, opened or (with `allow_unreachable`) missing.
     pub remote: Vec<RemoteMember>,
     pub remote_options: NbdClientOptions,
+    /// The members' claim against other requests (`device_claim.rs`), from
+    /// [`open_members_in_service`]: the caller takes it ([`OpenedMembers::take_claim`]) and
+    /// holds it until the array using the members is registered.
+    pub claim: Option<DeviceClaim>,
 }
 
 /// Member names for messages and `dev-NAME` attributes: the file name when unique in the
@@ -188,13 +194,19 @@ pub async fn open_members_in_service(
     volumes: &RwLock<Volumes>,
     how: MemberOpen,
 ) -> Result<OpenedMembers> {
-    check_member_specs(specs, data_dir, &*volumes.read().await)?;
+    let claim = {
+        let vols = volumes.read().await;
+        check_member_specs(specs, data_dir, &vols)?;
+        vols.claim_devices(specs.iter().map(|s| DeviceKey::new(s, data_dir)).collect())?
+    };
     let names = member_names(specs);
     let (remote_devs, remote) = connect_remote_members(specs, &names, how).await?;
     let vols = volumes.read().await;
     // The table may have changed while the remote members connected.
     check_member_specs(specs, data_dir, &vols)?;
-    open_with_remote(specs, names, remote_devs, remote, data_dir, &vols, how)
+    let mut opened = open_with_remote(specs, names, remote_devs, remote, data_dir, &vols, how)?;
+    opened.claim = Some(claim);
+    Ok(opened)
 }
 
 /// Refuses, before any member file is created or opened and any remote member connected, a
@@ -273,7 +285,7 @@ fn open_with_remote(
             return Err(e);
         }
     };
-    Ok(OpenedMembers { devs, sources, all_created, created_files, remote, remote_options: how.remote })
+    Ok(OpenedMembers { devs, sources, all_created, created_files, remote, remote_options: how.remote, claim: None })
 }
 
 /// The local members of [`open_members`] (files, other volumes) beside the remote ones opened
@@ -308,10 +320,7 @@ fn open_local_members(
         }
         let p = Path::new(spec);
         let path = if p.is_absolute() { p.to_path_buf() } else { data_dir.join(p) };
-        if !path.exists() && how.create_size_bytes.is_some() {
-            created_files.push(path.clone());
-        }
-        let dev = open_member_file(&path, how, &mut all_created)?;
+        let dev = open_member_file(&path, how, &mut all_created, created_files)?;
         devs.push(MemberDev::new(name, dev));
         sources.push(path.display().to_string());
     }
@@ -328,6 +337,12 @@ pub(crate) fn remove_files(paths: &[PathBuf]) {
 }
 
 impl OpenedMembers {
+    /// The members' claim against other requests, for the caller to hold until the array is
+    /// registered (`None` outside the running service).
+    pub fn take_claim(&mut self) -> Option<DeviceClaim> {
+        self.claim.take()
+    }
+
     /// Undoes what opening did on a request that is refused afterwards: closes the members and
     /// removes the files created for it, so a refused create leaves the disk as it was.
     pub fn discard(self) {
@@ -394,7 +409,15 @@ fn write_mostly_names(members: &[String], write_mostly: &[String], opened: &Open
     Ok(names)
 }
 
-fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Result<DeviceRef> {
+/// Opens member file `path`, creating it (sparse, `O_EXCL`) when missing and a size is given;
+/// a file it created is added to `created_files` (removed again if the request is refused),
+/// never one that appeared meanwhile.
+fn open_member_file(
+    path: &Path,
+    how: MemberOpen,
+    all_created: &mut bool,
+    created_files: &mut Vec<PathBuf>,
+) -> Result<DeviceRef> {
     if !path.exists() {
         let Some(size) = how.create_size_bytes else {
             bail!("member {} does not exist (give a member size to create it)", path.display());
@@ -403,6 +426,7 @@ fn open_member_file(path: &Path, how: MemberOpen, all_created: &mut bool) -> Res
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         FileDevice::create_sparse(path, size)?;
+        created_files.push(path.to_path_buf());
         tracing::info!(path = %path.display(), size_bytes = size, "created sparse md member file");
     } else {
         *all_created = false;

@@ -17,6 +17,7 @@
 //! [`VolumeKind::check`] (unknown kind, bad keys) stop `mdkit serve` from starting.
 //! Kind-specific control commands reach their volume through [`Volume::as_any`] and downcast.
 
+pub mod device_claim;
 pub mod device_key;
 pub mod failed;
 pub mod faults;
@@ -173,6 +174,7 @@ pub struct Volumes {
     list: Vec<Arc<dyn Volume>>,
     failed: Vec<FailedVolume>,
     claims: NameClaims,
+    device_claims: device_claim::DeviceClaims,
 }
 
 impl Volumes {
@@ -181,6 +183,15 @@ impl Volumes {
     /// has the name, and inserts its volume before it drops the claim.
     pub fn claim(&self, name: &str) -> Result<NameClaim, NameBusy> {
         self.claims.claim(name)
+    }
+
+    /// Claims devices a request opens as array members, until the array is registered (see
+    /// `device_claim.rs`); refused while another request holds one of them.
+    pub fn claim_devices(
+        &self,
+        keys: Vec<device_key::DeviceKey>,
+    ) -> Result<device_claim::DeviceClaim, device_claim::DeviceBusy> {
+        self.device_claims.claim(keys)
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Volume>> {
