@@ -155,3 +155,26 @@ fn a_member_being_opened_is_refused_to_every_other_request() {
     assert!(!srv.path("s.img").exists(), "the failed create left a member file");
     mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("s.img"), &p("t.img")]);
 }
+
+/// A deactivated pool keeps what it needs to come back: its thin volumes' export names (a
+/// create took one and pool-activate then left the thin volume registered without it, both
+/// state files giving the export to different volumes) and their origin files (an md create
+/// wrote one, and the reactivated thin volume read the md superblock).
+#[test]
+fn a_deactivated_pool_keeps_its_exports_and_origin_files() {
+    let srv = Server::start(SMALL_POOL);
+    let p = |f: &str| srv.path(f).display().to_string();
+    std::fs::write(srv.path("gold.img"), vec![7u8; 8 << 20]).unwrap();
+    let gold = p("gold.img");
+    mdkit_ok(&srv, &["thin", "create", "pool0", "5", "--size", "8M", "--external-origin", &gold, "--export", "e5"]);
+    mdkit_ok(&srv, &["thin", "pool-deactivate", "pool0", "--force"]);
+    let e = mdkit_err(&srv, &["create", "m", "--level", "raid1", "--member-size", "8M", "--export", "e5", &p("m1")]);
+    assert!(e.contains("export name \"e5\" is taken") && e.contains("deactivated pool \"pool0\""), "{e}");
+    let e = mdkit_err(&srv, &["create", "m", "--level", "raid1", "--member-size", "8M", &p("m1"), &gold]);
+    assert!(e.contains("(as its external origin"), "{e}");
+    assert!(!srv.path("m1").exists(), "a refused create made its members");
+    assert!(std::fs::read(srv.path("gold.img")).unwrap().iter().all(|&b| b == 7), "the origin was written");
+    mdkit_ok(&srv, &["thin", "pool-activate", "pool0"]);
+    let st = mdkit_json(&srv, &["status", "--json"]);
+    assert!(st["exports"].to_string().contains("\"e5\""), "{st}");
+}

@@ -158,6 +158,11 @@ pub(crate) async fn check_new_export(svc: &Service, name: &str) -> Result<NameCl
     if let Some(e) = svc.failed_exports.read().await.iter().find(|e| e.spec.name == name) {
         return Err(anyhow!("export name {name:?} is taken (failed volume {:?})", e.spec.volume));
     }
+    if let Some((pool, volume)) = crate::volumes::thin_inactive::export_of_inactive(&*svc.volumes.read().await, name) {
+        return Err(anyhow!(
+            "export name {name:?} is taken (thin volume {volume:?} of the deactivated pool {pool:?}, served again on pool-activate)"
+        ));
+    }
     Ok(claim)
 }
 

@@ -117,6 +117,13 @@ async fn pool_deactivate(svc: Arc<Service>, args: Value) -> Result<Value> {
         let vols = svc.volumes.read().await;
         thins.iter().map(|t| vols.claim(t.name())).collect::<Result<Vec<_>, _>>()?
     };
+    // And their export names, until the inactive pool (which keeps them taken) is registered.
+    let mut _export_claims = Vec::new();
+    for t in &thins {
+        for e in exports_of(&svc, t.name()).await {
+            _export_claims.push(svc.export_claims.claim_export(&e.name)?);
+        }
+    }
     // Flush first, still exported: a healthy pool whose flush fails is left as it was.
     for t in &thins {
         if let Err(e) = t.close().await {
@@ -282,6 +289,15 @@ async fn reopen_thin(
     let _claim = svc.volumes.read().await.claim(&t.name)?;
     if svc.volumes.read().await.contains(&t.name) {
         bail!("the name {:?} was taken while the pool was inactive", t.name);
+    }
+    // Its exports before anything is registered: a thin volume is served with all of them or
+    // not opened (no other request may take one meanwhile).
+    let mut _export_claims = Vec::new();
+    for e in &t.exports {
+        _export_claims.push(svc.export_claims.claim_export(&e.name)?);
+        if let Some(other) = svc.exports.read().await.iter().find(|x| x.name == e.name) {
+            bail!("export {:?} was taken by volume {:?} while the pool was inactive", e.name, other.volume);
+        }
     }
     let origin = OriginArg::open(t.external_origin.as_deref(), &svc.config.data_dir, &*svc.volumes.read().await)?;
     let vol = open_thin(&t.name, pool_name, pool, t.id, Some(t.size_bytes), origin, &svc.config.data_dir).await?;

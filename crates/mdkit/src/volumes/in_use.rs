@@ -99,9 +99,12 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
     } else if let Some(md) = v.as_any().downcast_ref::<MdVolume>() {
         md.member_sources_in_use().into_iter().map(|s| (Role::Member, s)).collect()
     } else if let Some(p) = v.as_any().downcast_ref::<InactivePool>() {
-        // Closed, but coming back: its devices stay reserved in this service.
+        // Closed, but coming back: its devices stay reserved in this service, and so do its
+        // thin volumes' origin files (they read them again on activation).
         let [m, d] = p.sources();
-        vec![(Role::Metadata, m.to_string()), (Role::Data, d.to_string())]
+        let origins = p.thins().iter().filter_map(|t| t.external_origin.as_deref());
+        let origin_files = origins.filter(|o| !o.starts_with("volume:")).map(|o| (Role::Origin, o.to_string()));
+        [(Role::Metadata, m.to_string()), (Role::Data, d.to_string())].into_iter().chain(origin_files).collect()
     } else if let Some(f) = v.as_any().downcast_ref::<FileVolume>() {
         let role = if f.read_only() { Role::ReadOnlyFile } else { Role::File };
         vec![(role, f.path().display().to_string())]
