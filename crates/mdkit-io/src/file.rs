@@ -187,11 +187,16 @@ pub struct FileOptions {
     /// unbatched).
     pub flush_batching: bool,
     /// Hold the device's lock ([`DeviceLock`]) while open: another process that opens it with
-    /// this option (or an offline tool that writes it) is refused. Ignored with `read_only`.
+    /// this option (or an offline tool that writes it) is refused. Ignored with `read_only`
+    /// unless `lock_read_only`.
     pub exclusive: bool,
     /// With `exclusive`, take the lock shared ([`LockMode::Shared`]): other shared holders
     /// (another service's file volume on the same image) are let in, exclusive ones are not.
     pub shared_lock: bool,
+    /// With `exclusive` and `read_only`: take the lock shared all the same, for a reader that
+    /// must not see the device change under it (a thin volume's external origin): arrays,
+    /// pools and offline writers of other processes are refused while it is open.
+    pub lock_read_only: bool,
 }
 
 impl Default for FileOptions {
@@ -203,6 +208,7 @@ impl Default for FileOptions {
             flush_batching: false,
             exclusive: false,
             shared_lock: false,
+            lock_read_only: false,
         }
     }
 }
@@ -406,9 +412,9 @@ impl FileDevice {
         let (file, direct, fallback_reason) = open_file(path, &name, &options)?;
         // Before anything reads the device for its topology: a device another process writes is
         // refused as it is.
-        let lock_mode = if options.shared_lock { LockMode::Shared } else { LockMode::Exclusive };
-        let lock =
-            (options.exclusive && !options.read_only).then(|| DeviceLock::take(&file, &name, lock_mode)).transpose()?;
+        let lock_mode = if options.shared_lock || options.read_only { LockMode::Shared } else { LockMode::Exclusive };
+        let locks = options.exclusive && (!options.read_only || options.lock_read_only);
+        let lock = locks.then(|| DeviceLock::take(&file, &name, lock_mode)).transpose()?;
         let meta = file.metadata().map_err(|e| with_context(e, &name))?;
         let kind = if meta.file_type().is_block_device() {
             Kind::BlockDevice

@@ -132,5 +132,9 @@ fn an_external_origin_file_is_read_by_readers_only() {
     let e = mdkit_err(&srv, &["thin", "create", "p", "3", "--size", "8M", "--external-origin", &w]);
     assert!(e.contains("external origin") && e.contains("is already used by file volume \"w\""), "{e}");
     assert!(!srv.path("n.img").exists() && !srv.path("tp.data").exists(), "a refused request created a file");
+    // Other processes too: an offline writer is refused while the thin volumes read it.
+    let out = common::offline(&["create", "x", "--level", "raid1", "--force", &gold, &n]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("is in use by another process"), "offline md create: {e}");
     assert!(std::fs::read(srv.path("gold.img")).unwrap().iter().all(|&b| b == 7), "the origin was written");
 }

@@ -40,8 +40,9 @@ pub fn open_origin(spec: &str, data_dir: &Path, volumes: &Volumes) -> Result<Dev
     let path = if path.is_absolute() { path.to_path_buf() } else { data_dir.join(path) };
     // A device another volume writes changes under the thin volume's unmapped blocks.
     refuse_in_use(volumes, Role::Origin, &[&path.display().to_string()], data_dir).context("external origin")?;
-    let dev = FileDevice::open(&path, FileOptions { read_only: true, ..FileOptions::default() })
-        .with_context(|| format!("opening external origin {}", path.display()))?;
+    // Locked shared: no other process's array, pool or offline tool writes it while it is read.
+    let opts = FileOptions { read_only: true, exclusive: true, lock_read_only: true, ..FileOptions::default() };
+    let dev = FileDevice::open(&path, opts).with_context(|| format!("opening external origin {}", path.display()))?;
     Ok(std::sync::Arc::new(dev))
 }
 
