@@ -1,7 +1,9 @@
 //! Two requests creating one volume name at once. The "a volume named X already exists" check
 //! only looked at the registry, where a volume appears once it is made: a second request for X
 //! passed it while the first was still opening members, and wrote its superblocks (formatted
-//! its pool, created its thin device) before the registry refused it, or won.
+//! its pool, created its thin device) before the registry refused it, or won. The same for an
+//! export name and a member device a request in progress holds, and for what a deactivated
+//! pool needs to come back; and a request waiting on a remote member holds up no other.
 //!
 //! Deterministic: the first `md create` has a remote member on a socket the test holds, so it
 //! waits in its connect, with everything before it done, until the test lets go. Every other
@@ -16,6 +18,28 @@ use common::{SMALL_POOL, Server, mdkit, mdkit_err, mdkit_json, mdkit_ok, sha256,
 
 const BUSY: &str = "a volume named \"x\" is being created by another request";
 
+/// Stands for the remote member, in [`while_a_create_waits`]'s arguments, that the test holds.
+const HELD: &str = "{held}";
+
+/// Runs `mdkit ARGS` (with [`HELD`] for a remote member on a socket the test holds, so the
+/// request waits in its connect with everything before it done) and `meanwhile` while it waits;
+/// then lets go, and the request fails (no server behind its member).
+fn while_a_create_waits(srv: &Server, args: &[&str], meanwhile: impl FnOnce()) {
+    let gate = srv.path("gate.sock");
+    let listener = UnixListener::bind(&gate).unwrap();
+    let uri = format!("nbd+unix:///held?socket={}", gate.display());
+    let args: Vec<&str> = args.iter().map(|a| if *a == HELD { uri.as_str() } else { a }).collect();
+    std::thread::scope(|s| {
+        let first = s.spawn(|| mdkit(srv, &args));
+        let (held, _) = listener.accept().unwrap();
+        meanwhile();
+        assert!(still_open(&held), "the first request gave up before the others were answered (connect timeout?)");
+        drop(held);
+        assert!(!first.join().unwrap().status.success(), "the first request had no server behind its member");
+    });
+    std::fs::remove_file(&gate).unwrap();
+}
+
 #[test]
 fn a_name_being_created_is_refused_to_every_other_request_before_it_touches_a_device() {
     let srv = Server::start(SMALL_POOL);
@@ -25,19 +49,8 @@ fn a_name_being_created_is_refused_to_every_other_request_before_it_touches_a_de
     mdkit_ok(&srv, &["stop", "old"]);
     let stopped = [sha256(&srv.path("c1")), sha256(&srv.path("c2"))];
 
-    let gate = srv.path("gate.sock");
-    let listener = UnixListener::bind(&gate).unwrap();
-    let uri = format!("nbd+unix:///held?socket={}", gate.display());
-    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("a1")];
-    let first = std::thread::scope(|s| {
-        let first = s.spawn(|| mdkit(&srv, &first_args));
-        let (held, _) = listener.accept().unwrap();
-        refused_while_held(&srv, &stopped);
-        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
-        drop(held);
-        first.join().unwrap()
-    });
-    assert!(!first.status.success(), "the first create had no server behind its remote member");
+    let first = ["create", "x", "--level", "raid1", "--member-size", "8M", HELD, &p("a1")];
+    while_a_create_waits(&srv, &first, || refused_while_held(&srv, &stopped));
     assert!(!srv.path("a1").exists(), "the failed create left a member file");
     // The claim went with the failed request.
     mdkit_ok(&srv, &["create", "x", "--level", "raid1", "--member-size", "8M", &p("b1"), &p("b2")]);
@@ -77,20 +90,12 @@ fn refused_while_held(srv: &Server, stopped: &[String; 2]) {
 fn a_remote_member_connecting_holds_up_no_other_request() {
     let srv = Server::start(SMALL_POOL);
     let p = |f: &str| srv.path(f).display().to_string();
-    let gate = srv.path("gate.sock");
-    let listener = UnixListener::bind(&gate).unwrap();
-    let uri = format!("nbd+unix:///held?socket={}", gate.display());
-    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("a1")];
-    std::thread::scope(|s| {
-        let first = s.spawn(|| mdkit(&srv, &first_args));
-        let (held, _) = listener.accept().unwrap();
+    let first = ["create", "x", "--level", "raid1", "--member-size", "8M", HELD, &p("a1")];
+    while_a_create_waits(&srv, &first, || {
         mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("y1"), &p("y2")]);
         let st = mdkit_json(&srv, &["status", "--json"]);
         assert!(st.to_string().contains("\"y\""), "{st}");
         mdkit_ok(&srv, &["stop", "y"]);
-        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
-        drop(held);
-        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
     });
 }
 
@@ -102,24 +107,15 @@ fn a_remote_member_connecting_holds_up_no_other_request() {
 fn an_export_name_being_taken_is_refused_to_every_other_request() {
     let srv = Server::start(SMALL_POOL);
     let p = |f: &str| srv.path(f).display().to_string();
-    let gate = srv.path("gate.sock");
-    let listener = UnixListener::bind(&gate).unwrap();
-    let uri = format!("nbd+unix:///held?socket={}", gate.display());
-    let first_args =
-        ["create", "x", "--level", "raid1", "--member-size", "8M", "--export", "shared", uri.as_str(), &p("a1")];
+    let first = ["create", "x", "--level", "raid1", "--member-size", "8M", "--export", "shared", HELD, &p("a1")];
     let busy = "export name \"shared\" is being taken by another request";
-    std::thread::scope(|s| {
-        let first = s.spawn(|| mdkit(&srv, &first_args));
-        let (held, _) = listener.accept().unwrap();
+    while_a_create_waits(&srv, &first, || {
         let y = ["create", "y", "--level", "raid1", "--member-size", "8M", "--export", "shared", &p("y1"), &p("y2")];
         let e = mdkit_err(&srv, &y);
         assert!(e.contains(busy), "{e}");
         assert!(!srv.path("y1").exists(), "the refused create made its members");
         let e = mdkit_err(&srv, &["thin", "create", "pool0", "7", "--size", "8M", "--export", "shared"]);
         assert!(e.contains(busy), "{e}");
-        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
-        drop(held);
-        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
     });
     // Released with the failed request.
     mdkit_ok(
@@ -137,20 +133,12 @@ fn an_export_name_being_taken_is_refused_to_every_other_request() {
 fn a_member_being_opened_is_refused_to_every_other_request() {
     let srv = Server::start(SMALL_POOL);
     let p = |f: &str| srv.path(f).display().to_string();
-    let gate = srv.path("gate.sock");
-    let listener = UnixListener::bind(&gate).unwrap();
-    let uri = format!("nbd+unix:///held?socket={}", gate.display());
-    let first_args = ["create", "x", "--level", "raid1", "--member-size", "8M", uri.as_str(), &p("s.img")];
-    std::thread::scope(|s| {
-        let first = s.spawn(|| mdkit(&srv, &first_args));
-        let (held, _) = listener.accept().unwrap();
+    let first = ["create", "x", "--level", "raid1", "--member-size", "8M", HELD, &p("s.img")];
+    while_a_create_waits(&srv, &first, || {
         let y = ["create", "y", "--level", "raid1", "--member-size", "8M", &p("./s.img"), &p("t.img")];
         let e = mdkit_err(&srv, &y);
         assert!(e.contains("s.img\" is being opened as a member by another request"), "{e}");
         assert!(!srv.path("t.img").exists(), "the refused create made its members");
-        assert!(still_open(&held), "the first create gave up before the others were answered (connect timeout?)");
-        drop(held);
-        assert!(!first.join().unwrap().status.success(), "the first create had no server behind its member");
     });
     assert!(!srv.path("s.img").exists(), "the failed create left a member file");
     mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("s.img"), &p("t.img")]);
