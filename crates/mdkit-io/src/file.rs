@@ -459,7 +459,7 @@ impl FileDevice {
     }
 
     /// Creates a new sparse file of `size_bytes` (a non-zero multiple of 512) at `path`; fails
-    /// with `AlreadyExists` rather than overwrite anything.
+    /// with `AlreadyExists` rather than overwrite anything, and leaves no file behind when it fails.
     pub fn create_sparse(path: impl AsRef<Path>, size_bytes: u64) -> io::Result<()> {
         let path = path.as_ref();
         if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
@@ -473,8 +473,12 @@ impl FileDevice {
             .create_new(true)
             .open(path)
             .map_err(|e| with_context(e, format!("{}: creating sparse member file", path.display())))?;
-        file.set_len(size_bytes)
-            .map_err(|e| with_context(e, format!("{}: setting size to {size_bytes} bytes", path.display())))?;
+        if let Err(e) = file.set_len(size_bytes) {
+            // A failed create leaves nothing behind (the file is this call's: create_new).
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(with_context(e, format!("{}: setting size to {size_bytes} bytes", path.display())));
+        }
         Ok(())
     }
 
