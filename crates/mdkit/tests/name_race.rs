@@ -159,7 +159,7 @@ fn a_deactivated_pool_keeps_its_exports_and_origin_files() {
     let e = mdkit_err(&srv, &["create", "m", "--level", "raid1", "--member-size", "8M", "--export", "e5", &p("m1")]);
     assert!(e.contains("export name \"e5\" is taken") && e.contains("deactivated pool \"pool0\""), "{e}");
     let e = mdkit_err(&srv, &["create", "m", "--level", "raid1", "--member-size", "8M", &p("m1"), &gold]);
-    assert!(e.contains("(as its external origin"), "{e}");
+    assert!(e.contains("thin volume \"pool0.5 (pool pool0 inactive)\" (as its external origin"), "{e}");
     assert!(!srv.path("m1").exists(), "a refused create made its members");
     assert!(std::fs::read(srv.path("gold.img")).unwrap().iter().all(|&b| b == 7), "the origin was written");
     mdkit_ok(&srv, &["thin", "pool-activate", "pool0"]);

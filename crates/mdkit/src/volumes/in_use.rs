@@ -100,11 +100,17 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         md.member_sources_in_use().into_iter().map(|s| (Role::Member, s)).collect()
     } else if let Some(p) = v.as_any().downcast_ref::<InactivePool>() {
         // Closed, but coming back: its devices stay reserved in this service, and so do its
-        // thin volumes' origin files (they read them again on activation).
+        // thin volumes' origin files (they read them again on activation; named by the thin
+        // volume).
         let [m, d] = p.sources();
-        let origins = p.thins().iter().filter_map(|t| t.external_origin.as_deref());
-        let origin_files = origins.filter(|o| !o.starts_with("volume:")).map(|o| (Role::Origin, o.to_string()));
-        [(Role::Metadata, m.to_string()), (Role::Data, d.to_string())].into_iter().chain(origin_files).collect()
+        let origin_files = p.thins().iter().filter_map(|t| {
+            let o = t.external_origin.as_deref().filter(|o| !o.starts_with("volume:"))?;
+            let volume = format!("{} (pool {} inactive)", t.name, p.name());
+            Some(DeviceUse { volume, role: Role::Origin, source: o.to_string() })
+        });
+        let pool = [(Role::Metadata, m.to_string()), (Role::Data, d.to_string())];
+        let pool = pool.into_iter().map(|(role, source)| DeviceUse { volume: volume.clone(), role, source });
+        return pool.chain(origin_files).collect();
     } else if let Some(f) = v.as_any().downcast_ref::<FileVolume>() {
         let role = if f.read_only() { Role::ReadOnlyFile } else { Role::File };
         vec![(role, f.path().display().to_string())]
