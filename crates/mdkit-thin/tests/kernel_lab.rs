@@ -21,18 +21,11 @@ const BLOCK_BYTES: u64 = BLOCK_SECTORS as u64 * 512;
 const NR_DATA_BLOCKS: u64 = 512;
 const VOLUME_BLOCKS: u64 = 64;
 
-use crate::pool_util::lab;
+use crate::pool_util::{lab, sha256};
 
 fn pattern(dev: u64, vblock: u64, generation: u32) -> Vec<u8> {
     let line = format!("mdkit dev={dev} vblock={vblock} gen={generation}\n");
     line.bytes().cycle().take(BLOCK_BYTES as usize).collect()
-}
-
-fn sha256(data: &[u8]) -> String {
-    let path = tool_dir().join("sha-input.bin");
-    std::fs::write(&path, data).unwrap();
-    let out = Command::new("sha256sum").arg(&path).output().expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
 }
 
 fn read_block(data: &std::fs::File, b: u64) -> Vec<u8> {

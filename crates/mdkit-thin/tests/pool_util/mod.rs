@@ -119,10 +119,15 @@ pub fn run_lab(lab: &Path, disks: &[&Path], script: &str, name: &str) -> Option<
     Some(text)
 }
 
+/// The SHA-256 of `data` (hex) by coreutils' `sha256sum`, fed on its standard input: a
+/// temporary file named per process was shared by the lab tests running at once, and each
+/// hashed the other's data now and then (two kernel labs failed together under CI load).
 pub fn sha256(data: &[u8]) -> String {
-    let path = crate::common::tool_dir().join(format!("sha-input-{}.bin", std::process::id()));
-    std::fs::write(&path, data).unwrap();
-    let out = Command::new("sha256sum").arg(&path).output().expect("sha256sum");
-    let _ = std::fs::remove_file(&path);
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child =
+        Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("sha256sum runs");
+    child.stdin.take().expect("stdin").write_all(data).expect("feed sha256sum");
+    let out = child.wait_with_output().expect("sha256sum finishes");
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
 }
