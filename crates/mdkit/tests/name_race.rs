@@ -127,7 +127,7 @@ fn an_export_name_being_taken_is_refused_to_every_other_request() {
 }
 
 /// A member device is claimed like a name while its request opens it: a second create naming
-/// it (however spelt) is refused before it touches anything. Both creates used to pass the
+/// it (however spelt), or a pool on it, is refused before it touches anything. Both creates used to pass the
 /// in-use check (it sees registered arrays only) and write their superblocks to one file.
 #[test]
 fn a_member_being_opened_is_refused_to_every_other_request() {
@@ -139,6 +139,11 @@ fn a_member_being_opened_is_refused_to_every_other_request() {
         let e = mdkit_err(&srv, &y);
         assert!(e.contains("s.img\" is being opened as a member by another request"), "{e}");
         assert!(!srv.path("t.img").exists(), "the refused create made its members");
+        // A pool on it too (pools and arrays share the claims).
+        let pool = ["thin", "pool-create", "tp", "--metadata", &p("tp.meta"), "--metadata-size", "4M"];
+        let e = mdkit_err(&srv, &[&pool[..], &["--data", &p("s.img"), "--data-size", "8M"]].concat());
+        assert!(e.contains("s.img\" is being opened as a member by another request"), "{e}");
+        assert!(!srv.path("tp.meta").exists(), "the refused pool made its files");
     });
     assert!(!srv.path("s.img").exists(), "the failed create left a member file");
     mdkit_ok(&srv, &["create", "y", "--level", "raid1", "--member-size", "8M", &p("s.img"), &p("t.img")]);

@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 use super::Registry;
 use crate::config::ExportSpec;
 use crate::service::Service;
+use crate::volumes::device_key::DeviceKey;
 use crate::volumes::name_claim::NameClaim;
 use crate::volumes::open_guard::OpenGuard;
 use crate::volumes::thin::{
@@ -109,6 +110,12 @@ async fn pool_create(svc: Arc<Service>, args: Value) -> Result<Value> {
             );
         }
     }
+    // Held until the pool is registered: no other request opens its devices meanwhile (two
+    // creates on one file both passed the in-use check, which sees registered volumes only).
+    let _devices = {
+        let keys = [&a.params.metadata, &a.params.data].map(|s| DeviceKey::new(s, &svc.config.data_dir));
+        svc.volumes.read().await.claim_devices(keys.into(), "a pool device")?
+    };
     // A device another volume uses is refused by `open_pool` before any file is created.
     // Files the pool would be created on: removed again if it is refused.
     let new_files: Vec<PathBuf> = [&a.params.metadata, &a.params.data]

@@ -149,7 +149,7 @@ pub struct OpenedMembers {
     /// The members' claim against other requests (`device_claim.rs`), from
     /// [`open_members_in_service`]: the caller takes it ([`OpenedMembers::take_claim`]) and
     /// holds it until the array using the members is registered.
-    pub claim: Option<DeviceClaim>,
+    claim: Option<DeviceClaim>,
 }
 
 /// Member names for messages and `dev-NAME` attributes: the file name when unique in the
@@ -197,7 +197,7 @@ pub async fn open_members_in_service(
     let claim = {
         let vols = volumes.read().await;
         check_member_specs(specs, data_dir, &vols)?;
-        vols.claim_devices(specs.iter().map(|s| DeviceKey::new(s, data_dir)).collect())?
+        vols.claim_devices(specs.iter().map(|s| DeviceKey::new(s, data_dir)).collect(), "a member")?
     };
     let names = member_names(specs);
     let (remote_devs, remote) = connect_remote_members(specs, &names, how).await?;

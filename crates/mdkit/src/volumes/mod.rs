@@ -185,13 +185,15 @@ impl Volumes {
         self.claims.claim(name)
     }
 
-    /// Claims devices a request opens as array members, until the array is registered (see
-    /// `device_claim.rs`); refused while another request holds one of them.
+    /// Claims devices a request opens for a new volume (`what`: "a member", "a pool device"),
+    /// until the volume is registered (see `device_claim.rs`); refused while another request
+    /// holds one of them.
     pub fn claim_devices(
         &self,
         keys: Vec<device_key::DeviceKey>,
+        what: &'static str,
     ) -> Result<device_claim::DeviceClaim, device_claim::DeviceBusy> {
-        self.device_claims.claim(keys)
+        self.device_claims.claim(keys, what)
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Volume>> {
