@@ -204,12 +204,23 @@ impl Drop for DeviceLock {
 mod tests {
     use super::*;
 
-    fn flock_nb(path: &std::path::Path) -> bool {
-        // Another open file description, as another process would have.
+    /// `path` locked (`how`: LOCK_EX or LOCK_SH) on an open file description of its own, as
+    /// another process would hold it; `None` when it cannot be locked.
+    fn lock_elsewhere(path: &std::path::Path, how: i32) -> Option<File> {
         let f = File::open(path).unwrap();
-        // SAFETY: flock on a descriptor owned here.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        r == 0
+        // SAFETY: flock on a descriptor owned here, no memory involved.
+        let r = unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) };
+        (r == 0).then_some(f)
+    }
+
+    /// Whether another process could lock `path` exclusively now.
+    fn flock_nb(path: &std::path::Path) -> bool {
+        lock_elsewhere(path, libc::LOCK_EX).is_some()
+    }
+
+    /// `path` locked (`how`) by "another process" (asserted free before).
+    fn held_elsewhere(path: &std::path::Path, how: i32) -> File {
+        lock_elsewhere(path, how).expect("the lock was free")
     }
 
     #[test]
@@ -234,9 +245,7 @@ mod tests {
         let p = dir.path().join("dev");
         std::fs::write(&p, b"x").unwrap();
         // Another "process": a description locked outside the table.
-        let other = File::open(&p).unwrap();
-        // SAFETY: flock on a descriptor owned here.
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let other = held_elsewhere(&p, libc::LOCK_EX);
         let e = DeviceLock::exclusive(&File::open(&p).unwrap(), "/x/dev").unwrap_err();
         assert!(is_busy(&e) && e.to_string().contains("/x/dev is in use"), "{e}");
         drop(other);
@@ -253,9 +262,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("dev");
         std::fs::write(&p, b"x").unwrap();
-        let other = File::open(&p).unwrap();
-        // SAFETY: flock on a descriptor owned here (another "process" holding the device).
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let other = held_elsewhere(&p, libc::LOCK_EX);
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let (started, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let (s, d) = (started.clone(), done.clone());
@@ -301,9 +308,7 @@ mod tests {
         drop(lock);
         let released = flock_nb(&p);
         // Another "process" holds the backing file: the loop device is refused, naming both.
-        let other = File::open(&p).unwrap();
-        // SAFETY: flock on a descriptor owned here.
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let _other = held_elsewhere(&p, libc::LOCK_EX);
         let refused = DeviceLock::exclusive(&File::open(&dev).unwrap(), &dev);
         detach();
         assert!(held, "locking {dev} left its backing file free for another process");
@@ -320,17 +325,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("img");
         std::fs::write(&p, b"x").unwrap();
-        let other = File::open(&p).unwrap();
-        // SAFETY: flock on a descriptor owned here (another "process" holding it shared).
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) }, 0);
+        let other = held_elsewhere(&p, libc::LOCK_SH);
         let f = File::open(&p).unwrap();
         let shared = DeviceLock::take(&f, "img", LockMode::Shared).expect("shared beside shared");
         assert!(!flock_nb(&p), "an exclusive lock elsewhere is refused");
         drop(shared);
         drop(other);
-        let other = File::open(&p).unwrap();
-        // SAFETY: as above, this time held exclusively elsewhere.
-        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let _other = held_elsewhere(&p, libc::LOCK_EX);
         let e = DeviceLock::take(&File::open(&p).unwrap(), "img", LockMode::Shared).unwrap_err();
         assert!(is_busy(&e), "{e}");
     }
