@@ -88,6 +88,12 @@ pub struct DeviceUse {
     pub source: String,
 }
 
+/// The file of an external origin spec: a path, not `volume:NAME` (an origin that is a volume
+/// is that volume's business, `users_of_volume`).
+fn origin_file(spec: &str) -> Option<&str> {
+    (!spec.starts_with("volume:")).then_some(spec)
+}
+
 /// The devices `v` uses: a pool's metadata and data (an inactive pool's too: it comes
 /// back), an array's members (not the ones assembly left out: nothing is written to them), a
 /// file volume's file, a thin volume's external origin file (read only).
@@ -104,7 +110,7 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         // volume).
         let [m, d] = p.sources();
         let origin_files = p.thins().iter().filter_map(|t| {
-            let o = t.external_origin.as_deref().filter(|o| !o.starts_with("volume:"))?;
+            let o = origin_file(t.external_origin.as_deref()?)?;
             let volume = format!("{} (pool {} inactive)", t.name, p.name());
             Some(DeviceUse { volume, role: Role::Origin, source: o.to_string() })
         });
@@ -115,8 +121,7 @@ pub fn device_uses(v: &dyn Volume) -> Vec<DeviceUse> {
         let role = if f.read_only() { Role::ReadOnlyFile } else { Role::File };
         vec![(role, f.path().display().to_string())]
     } else if let Some(t) = v.as_any().downcast_ref::<super::thin::ThinVolumeVol>() {
-        // An origin that is a volume is that volume's business (`users_of_volume`).
-        let path = t.origin_spec().filter(|s| !s.starts_with("volume:"));
+        let path = t.origin_spec().and_then(origin_file);
         path.map(|s| vec![(Role::Origin, s.to_string())]).unwrap_or_default()
     } else {
         Vec::new()
@@ -264,7 +269,7 @@ fn config_devices(spec: &VolumeSpec, data_dir: &Path) -> Vec<(Role, String)> {
         }
         "thin" => {
             let origin = spec.params.get("external_origin").and_then(toml::Value::as_str);
-            let path = origin.filter(|o| !o.starts_with("volume:"));
+            let path = origin.and_then(origin_file);
             path.map(|p| vec![(Role::Origin, data_dir.join(p).display().to_string())]).unwrap_or_default()
         }
         _ => Vec::new(),

@@ -33,8 +33,8 @@ pub struct InactiveThin {
 /// The deactivated pool and thin volume that will serve export `name` again on activation
 /// (such an export name stays taken meanwhile).
 pub fn export_of_inactive(volumes: &super::Volumes, name: &str) -> Option<(String, String)> {
-    let pools = volumes.iter().filter_map(|v| v.as_any().downcast_ref::<InactivePool>());
-    pools.into_iter().find_map(|p| {
+    let mut pools = volumes.iter().filter_map(|v| v.as_any().downcast_ref::<InactivePool>());
+    pools.find_map(|p| {
         let thin = p.thins.iter().find(|t| t.exports.iter().any(|e| e.name == name))?;
         Some((p.name.clone(), thin.name.clone()))
     })
