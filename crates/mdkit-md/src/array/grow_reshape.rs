@@ -68,6 +68,11 @@ fn metadata_end_sectors(sb: &Superblock, bitmap_bytes: u64) -> u64 {
     sb_end.max(bitmap_end).max(bblog_end)
 }
 
+/// The free sectors before the data on a 1.1/1.2 member (see [`metadata_end_sectors`]).
+fn room_before_data_sectors(sb: &Superblock, bitmap_bytes: u64) -> u64 {
+    sb.data_offset_sectors.saturating_sub(metadata_end_sectors(sb, bitmap_bytes))
+}
+
 /// How a reshape starts on disk: where it goes, how far the data moves (down forwards, up
 /// backwards), where the engine starts and the used size per member it runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,14 +224,7 @@ fn same_members_move(start: ReshapeStart, info: &ArrayInfo, old: &[Arc<Member>],
         return start;
     }
     let Some(data_offset) = old.first().map(|m| m.superblock().data_offset_sectors) else { return start };
-    let room = old
-        .iter()
-        .map(|m| {
-            let sb = m.superblock();
-            sb.data_offset_sectors.saturating_sub(metadata_end_sectors(&sb, bitmap_bytes))
-        })
-        .min()
-        .unwrap_or(0);
+    let room = old.iter().map(|m| room_before_data_sectors(&m.superblock(), bitmap_bytes)).min().unwrap_or(0);
     ReshapeStart { move_sectors: move_into_room(data_offset, room, start.move_sectors), ..start }
 }
 
@@ -370,8 +368,7 @@ impl Array {
         let bitmap_bytes = bitmap_area.as_ref().map_or(0, |a| a.len() as u64);
         for m in old.iter().filter(|_| !start.backwards) {
             let sb = m.superblock();
-            let limit = metadata_end_sectors(&sb, bitmap_bytes);
-            let room = sb.data_offset_sectors.saturating_sub(limit);
+            let room = room_before_data_sectors(&sb, bitmap_bytes);
             if room < move_sectors {
                 return Err(refuse(format!(
                     "member {} has {room} free sectors before its data (data_offset {}), the data must move down by {move_sectors}; mdkit does not implement mdadm's backup file",
