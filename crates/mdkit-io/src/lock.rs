@@ -101,7 +101,7 @@ impl DeviceLock {
     pub fn take(file: &File, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
         let meta = file.metadata().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         let backing = match loop_backing(&meta) {
-            Some(path) => Some(Box::new(DeviceLock::take_backing(&path, name, mode)?)),
+            Some(path) => DeviceLock::take_backing(&path, name, mode)?.map(Box::new),
             None => None,
         };
         let mut lock = DeviceLock::take_inode(file, &meta, name, mode)?;
@@ -109,12 +109,18 @@ impl DeviceLock {
         Ok(lock)
     }
 
-    /// The lock of loop device `name`'s backing file `path`.
-    fn take_backing(path: &std::path::Path, name: &str, mode: LockMode) -> io::Result<DeviceLock> {
+    /// The lock of loop device `name`'s backing file `path`; `None` when this process cannot
+    /// open that path (the kernel names it as the process that set the loop device up saw it:
+    /// inside a container, another mount namespace's path may not exist here).
+    fn take_backing(path: &std::path::Path, name: &str, mode: LockMode) -> io::Result<Option<DeviceLock>> {
         let what = format!("{name} (backing file {})", path.display());
-        let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+        let f = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied) => return Ok(None),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{what}: {e}"))),
+        };
         let meta = f.metadata().map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
-        DeviceLock::take_inode(&f, &meta, &what, mode)
+        DeviceLock::take_inode(&f, &meta, &what, mode).map(Some)
     }
 
     /// The lock of the inode open as `file` (`meta` its metadata).
@@ -308,13 +314,19 @@ mod tests {
         drop(lock);
         let released = flock_nb(&p);
         // Another "process" holds the backing file: the loop device is refused, naming both.
-        let _other = held_elsewhere(&p, libc::LOCK_EX);
+        let other = held_elsewhere(&p, libc::LOCK_EX);
         let refused = DeviceLock::exclusive(&File::open(&dev).unwrap(), &dev);
+        drop(other);
+        // A backing path this process cannot open (renamed here; another mount namespace's
+        // path in a container): the loop device is locked without it.
+        std::fs::rename(&p, dir.path().join("moved")).unwrap();
+        let unreachable_backing = DeviceLock::exclusive(&File::open(&dev).unwrap(), &dev).map(drop);
         detach();
         assert!(held, "locking {dev} left its backing file free for another process");
         assert!(released, "the backing file stayed locked after {dev}'s lock went");
         let e = refused.unwrap_err();
         assert!(is_busy(&e) && e.to_string().contains("backing file"), "{e}");
+        unreachable_backing.expect("a loop device whose backing path is gone");
     }
 
     /// Shared holders (file volumes of two services on one image) let each other in and keep
